@@ -1,0 +1,51 @@
+"""The `specdec` command. Each area of the package registers its own subcommands; errors meant for people
+(SpecdecError, bad arguments, unreadable files) print one line on stderr and exit with status 2."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from specdec.errors import SpecdecError
+
+# Modules with a `register(subparsers)` function; each subcommand sets `func(args) -> int | None`.
+COMMAND_MODULES = (
+    "specdec.theory.cli",
+)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line, not a usage block."""
+
+    def error(self, message: str) -> None:  # noqa: D401 - argparse API
+        raise SpecdecError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="specdec", description="Speculative decoding: faster generation, same output.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except SpecdecError as e:
+        print(f"specdec: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # unreadable or unwritable files named by the user
+        where = f": {e.filename}" if getattr(e, "filename", None) else ""
+        print(f"specdec: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specdec: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

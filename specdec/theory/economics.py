@@ -1,0 +1,236 @@
+"""The economics of speculation: expected tokens per round, speedup, best k, and the batch roofline.
+
+Notation, kept everywhere in specdec:
+    a  acceptance rate: the probability that a drafted position survives verification
+    k  draft depth: tokens proposed per round
+    c  draft cost: the cost of drafting one token, in units of one target forward pass
+    verify_cost(n): the cost of one target pass over n token-rows, in units of a 1-row pass (1 by default)
+
+A round yields the accepted prefix plus one target token (recovered or bonus), so
+    E[tokens/round] = (1 - a^(k+1)) / (1 - a)        (k + 1 at a = 1)
+    speedup(k)      = E / (verify_cost(k + 1) + k * c)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from specdec.errors import SpecdecError
+
+CostFn = Callable[[int], float]
+
+
+def check_alpha(a: float) -> float:
+    if not (isinstance(a, (int, float)) and 0.0 <= a <= 1.0) or math.isnan(a):
+        raise SpecdecError(f"acceptance rate must be in [0, 1], got {a}")
+    return float(a)
+
+
+def check_cost(c: float, name: str = "draft cost") -> float:
+    if not (c >= 0.0) or math.isinf(c):
+        raise SpecdecError(f"{name} must be a finite number >= 0, got {c}")
+    return float(c)
+
+
+def check_k(k: int, name: str = "k") -> int:
+    if int(k) != k or k < 1:
+        raise SpecdecError(f"{name} must be an integer >= 1, got {k}")
+    return int(k)
+
+
+def expected_tokens(a: float, k: int) -> float:
+    """E[tokens per round] for acceptance rate a and draft depth k (bonus/correction token included)."""
+    if a >= 1.0:
+        return float(k + 1)
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def unit_verify_cost(n: int) -> float:
+    """The theory's assumption: verifying n rows costs one pass (memory-bound)."""
+    return 1.0
+
+
+@dataclass(frozen=True)
+class CostCurve:
+    """A measured verify cost curve: cost of a target pass over n rows relative to a 1-row pass.
+
+    Points are interpolated linearly; the curve is only trusted inside its measured range.
+    """
+
+    points: tuple[tuple[int, float], ...]  # sorted (n, relative cost), n >= 1
+
+    def __post_init__(self) -> None:
+        if not self.points:
+            raise SpecdecError("verify cost curve is empty")
+        for n, cost in self.points:
+            if n < 1 or not (cost > 0) or math.isinf(cost):
+                raise SpecdecError(f"verify cost curve: bad point {n}:{cost} (need n >= 1 and cost > 0)")
+
+    @classmethod
+    def from_mapping(cls, mapping: dict) -> "CostCurve":
+        try:
+            pts = sorted((int(n), float(v)) for n, v in mapping.items())
+        except (TypeError, ValueError) as e:
+            raise SpecdecError(f"verify cost curve: entries must be n: cost numbers ({e})") from None
+        if pts and pts[0][0] == 1 and pts[0][1] != 1.0:  # absolute times: normalise by the 1-row pass
+            base = pts[0][1]
+            pts = [(n, v / base) for n, v in pts]
+        return cls(tuple(pts))
+
+    @classmethod
+    def parse(cls, text: str) -> "CostCurve":
+        """Parse "n:cost,n:cost,..." (for example "1:1,2:1.02,4:1.1,8:1.6")."""
+        mapping = {}
+        for item in text.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            n, sep, cost = item.partition(":")
+            if not sep:
+                raise SpecdecError(f"verify cost curve: expected n:cost, got {item!r}")
+            try:
+                mapping[int(n)] = float(cost)
+            except ValueError:
+                raise SpecdecError(f"verify cost curve: expected n:cost numbers, got {item!r}") from None
+        return cls.from_mapping(mapping)
+
+    @property
+    def max_rows(self) -> int:
+        return self.points[-1][0]
+
+    def __call__(self, n: int) -> float:
+        pts = self.points
+        if n <= pts[0][0]:
+            return pts[0][1]
+        for (n0, c0), (n1, c1) in zip(pts, pts[1:]):
+            if n <= n1:
+                return c0 + (c1 - c0) * (n - n0) / (n1 - n0)
+        return pts[-1][1]
+
+
+def speedup(a: float, k: int, c: float, verify_cost: CostFn = unit_verify_cost) -> float:
+    """Tokens per unit of target-pass time, relative to plain decoding (1 token per 1-row pass)."""
+    return expected_tokens(a, k) / (verify_cost(k + 1) + k * c)
+
+
+def max_useful_draft_cost(a: float) -> float:
+    """c* = -a ln a / (1 - a): above it, speedup falls from k = 0 on (dS/dk at k = 0 is negative)."""
+    if a <= 0.0:
+        return 0.0
+    if a >= 1.0:
+        return 1.0  # the limit of -a ln a / (1 - a) as a -> 1
+    return -a * math.log(a) / (1.0 - a)
+
+
+@dataclass
+class Plan:
+    alpha: float
+    draft_cost: float
+    curve: list[dict] = field(default_factory=list)  # [{k, expected_tokens, speedup}]
+    best_k: int = 1
+    best_speedup: float = 0.0
+    beats_plain: bool = False
+    max_useful_draft_cost: float = 0.0
+    max_k: int = 1
+
+    def to_json(self) -> dict:
+        return {
+            "alpha": self.alpha,
+            "draft_cost": self.draft_cost,
+            "max_k": self.max_k,
+            "best_k": self.best_k,
+            "best_speedup": self.best_speedup,
+            "beats_plain": self.beats_plain,
+            "max_useful_draft_cost": self.max_useful_draft_cost,
+            "curve": self.curve,
+        }
+
+
+def plan(a: float, c: float, max_k: int = 32, verify_cost: CostFn = unit_verify_cost) -> Plan:
+    """Evaluate k = 1..max_k and pick the best draft depth."""
+    a, c, max_k = check_alpha(a), check_cost(c), check_k(max_k, "max k")
+    if isinstance(verify_cost, CostCurve):
+        if verify_cost.max_rows < 2:
+            raise SpecdecError("verify cost curve must cover at least 2 rows (k = 1)")
+        max_k = min(max_k, verify_cost.max_rows - 1)  # never extrapolate past what was measured
+    curve = [
+        {"k": k, "expected_tokens": expected_tokens(a, k), "speedup": speedup(a, k, c, verify_cost)}
+        for k in range(1, max_k + 1)
+    ]
+    best = max(curve, key=lambda row: row["speedup"])
+    return Plan(
+        alpha=a,
+        draft_cost=c,
+        curve=curve,
+        best_k=best["k"],
+        best_speedup=best["speedup"],
+        beats_plain=best["speedup"] > 1.0,
+        max_useful_draft_cost=max_useful_draft_cost(a),
+        max_k=max_k,
+    )
+
+
+# --- The batch roofline ------------------------------------------------------------------------------
+
+
+def pass_cost(rows: int, knee_rows: float) -> float:
+    """Cost of one target pass over `rows` token-rows, in 1-row passes: memory-bound (flat) up to the knee,
+    compute-bound (linear) above it. No smoothing: the hard max is the roofline itself."""
+    return max(1.0, rows / knee_rows)
+
+
+def batch_ratio(a: float, k: int, c: float, batch: int, knee_rows: float) -> float:
+    """Throughput with speculation relative to without, for `batch` sequences decoding together.
+
+    plain:       batch tokens per pass_cost(batch)
+    speculative: batch * E tokens per [pass_cost(batch * (k + 1)) + k * c * pass_cost(batch)]
+    """
+    plain = pass_cost(batch, knee_rows)
+    spec_round = pass_cost(batch * (k + 1), knee_rows) + k * c * plain
+    return expected_tokens(a, k) * plain / spec_round
+
+
+@dataclass
+class BatchModel:
+    alpha: float
+    k: int
+    draft_cost: float
+    knee_rows: float
+    curve: list[dict]  # [{batch, ratio}]
+    ratio_at_batch_1: float
+    ratio_at_max_batch: float
+    crossover_batch: int | None  # smallest batch at which speculation stops paying (ratio < 1)
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def batch_model(a: float, k: int, c: float, knee_rows: float, max_batch: int = 256) -> BatchModel:
+    a, k, c = check_alpha(a), check_k(k), check_cost(c)
+    if not (knee_rows > 0):
+        raise SpecdecError(f"knee rows must be > 0, got {knee_rows}")
+    max_batch = check_k(max_batch, "max batch")
+    curve = [{"batch": b, "ratio": batch_ratio(a, k, c, b, knee_rows)} for b in range(1, max_batch + 1)]
+    crossover = next((row["batch"] for row in curve if row["ratio"] < 1.0), None)
+    return BatchModel(
+        alpha=a,
+        k=k,
+        draft_cost=c,
+        knee_rows=float(knee_rows),
+        curve=curve,
+        ratio_at_batch_1=curve[0]["ratio"],
+        ratio_at_max_batch=curve[-1]["ratio"],
+        crossover_batch=crossover,
+    )
+
+
+def describe_speedup(s: float) -> str:
+    return f"{s:.2f}x faster" if s >= 1.0 else f"{s:.2f}x: slower than plain decoding"
+
+
+__all__: Sequence[str] = [
+    "expected_tokens", "speedup", "max_useful_draft_cost", "plan", "Plan", "CostCurve",
+    "pass_cost", "batch_ratio", "batch_model", "BatchModel", "describe_speedup",
+]
