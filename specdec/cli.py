@@ -12,6 +12,7 @@ from specdec.errors import SpecdecError
 # Modules with a `register(subparsers)` function; each subcommand sets `func(args) -> int | None`.
 COMMAND_MODULES = (
     "specdec.theory.cli",
+    "specdec.engine.cli",
     "specdec.explain",
 )
 

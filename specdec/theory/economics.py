@@ -115,6 +115,18 @@ def speedup(a: float, k: int, c: float, verify_cost: CostFn = unit_verify_cost) 
     return expected_tokens(a, k) / (verify_cost(k + 1) + k * c)
 
 
+def predict_from_rounds(a: float, drafted: Sequence[int], c: float,
+                        verify_cost: CostFn = unit_verify_cost) -> float:
+    """Predicted speedup for rounds that drafted `drafted[i]` tokens each (a drafter such as n-gram lookup
+    proposes fewer than k, or nothing, when it finds no match): sum of E[tokens] over sum of round costs.
+    A round that drafted nothing is a plain step: 1 token for one 1-row pass."""
+    if not drafted:
+        return 1.0
+    tokens = sum(expected_tokens(a, d) for d in drafted)
+    cost = sum(verify_cost(d + 1) + d * c for d in drafted)
+    return tokens / cost
+
+
 def max_useful_draft_cost(a: float) -> float:
     """c* = -a ln a / (1 - a): above it, speedup falls from k = 0 on (dS/dk at k = 0 is negative)."""
     if a <= 0.0:
@@ -231,6 +243,6 @@ def describe_speedup(s: float) -> str:
 
 
 __all__: Sequence[str] = [
-    "expected_tokens", "speedup", "max_useful_draft_cost", "plan", "Plan", "CostCurve",
+    "expected_tokens", "speedup", "max_useful_draft_cost", "predict_from_rounds", "plan", "Plan", "CostCurve",
     "pass_cost", "batch_ratio", "batch_model", "BatchModel", "describe_speedup",
 ]

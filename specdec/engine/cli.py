@@ -1,0 +1,178 @@
+"""`specdec generate` and `specdec demo`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from specdec.errors import SpecdecError
+
+DEMO_CODE = '''import json
+from dataclasses import dataclass
+
+
+@dataclass
+class Order:
+    order_id: int
+    customer: str
+    items: list[str]
+    total: float
+
+
+def load_orders(path):
+    with open(path) as f:
+        rows = json.load(f)
+    return [Order(r["order_id"], r["customer"], r["items"], r["total"]) for r in rows]
+
+
+def big_orders(orders, threshold):
+    return [o for o in orders if o.total > threshold]
+
+
+def report(orders):
+    for o in orders:
+        print(f"{o.order_id}: {o.customer} spent {o.total:.2f} on {len(o.items)} items")
+'''
+DEMO_PROMPT = ("Rename the class Order to Purchase everywhere in this code (keep everything else the same) "
+               "and return the complete updated code:\n\n```python\n" + DEMO_CODE + "```")
+
+
+def add_model_args(p, drafter_default: str = "ngram") -> None:
+    p.add_argument("--model", default="default", help="'default' (bundled SmolLM2-135M), a HF folder or a .gguf")
+    p.add_argument("--drafter", choices=("ngram", "draft-model", "none"), default=drafter_default)
+    p.add_argument("--draft-model", metavar="PATH", help="folder or .gguf of a draft model (same tokenizer)")
+    p.add_argument("--precision", choices=("fp32", "fp16", "int8", "bf16"), default=None,
+                   help="weights: fp16 (default on CPU), bf16 (default on CUDA), fp32, int8 (changes the model)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--ngram-max", type=int, default=4, help="longest n-gram the lookup matches")
+    p.add_argument("--ngram-min", type=int, default=1)
+
+
+def register(sub) -> None:
+    g = sub.add_parser("generate", help="generate text with speculative decoding")
+    src = g.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="the prompt text")
+    src.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a file")
+    add_model_args(g)
+    g.add_argument("--k", type=int, default=5, help="tokens drafted per round")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    g.add_argument("--chat", action=__import__("argparse").BooleanOptionalAction, default=True,
+                   help="wrap the prompt in the model's chat template (default on)")
+    g.add_argument("--lossy-typical-acceptance", action="store_true",
+                   help="LOSSY: Medusa-style typical acceptance; the output is no longer the target model's")
+    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    g.add_argument("--trace", metavar="FILE", help="write every round as JSON (for `specdec explain`)")
+    g.set_defaults(func=run_generate)
+
+    d = sub.add_parser("demo", help="plain vs speculative greedy decoding side by side on the bundled model")
+    add_model_args(d)
+    d.add_argument("--k", type=int, default=8)
+    d.add_argument("--max-new-tokens", type=int, default=400)
+    d.add_argument("--no-color", action="store_true")
+    d.set_defaults(func=run_demo)
+
+
+def read_prompt(args) -> str:
+    if args.prompt is not None:
+        text = args.prompt
+    elif args.prompt_file:
+        with open(args.prompt_file, encoding="utf-8") as f:
+            text = f.read()
+    elif not sys.stdin.isatty():
+        text = sys.stdin.read()
+    else:
+        raise SpecdecError("no prompt: give --prompt TEXT, --prompt-file FILE, or pipe text on stdin")
+    if not text.strip():
+        raise SpecdecError("the prompt is empty")
+    return text
+
+
+def build(args):
+    """(loaded target, drafter) from the shared model arguments."""
+    from specdec.drafters.base import NoDrafter
+    from specdec.drafters.draft_model import DraftModelDrafter
+    from specdec.drafters.ngram import NgramDrafter
+    from specdec.models.loader import load_model
+
+    if args.device not in ("cpu", "cuda"):
+        raise SpecdecError(f"unknown device {args.device!r} (cpu or cuda)")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SpecdecError("--device cuda: no CUDA device is available here")
+    precision = args.precision or ("bf16" if args.device == "cuda" else "fp16")
+    target = load_model(args.model, precision, args.device)
+    if args.drafter == "ngram":
+        drafter = NgramDrafter(args.ngram_max, args.ngram_min)
+    elif args.drafter == "none":
+        drafter = NoDrafter()
+    else:
+        if not args.draft_model:
+            raise SpecdecError("--drafter draft-model needs --draft-model PATH")
+        draft = load_model(args.draft_model, precision, args.device)
+        DraftModelDrafter.check_compatible(target.tokenizer, draft.tokenizer)
+        drafter = DraftModelDrafter(draft.model, target.model.cfg.vocab_size)
+    return target, drafter
+
+
+def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
+    if chat and tokenizer.chat_template:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return tokenizer.encode(text)
+
+
+def run_generate(args) -> int:
+    from specdec.engine.generate import Engine, GenerationConfig
+    from specdec.engine.policy import FixedK
+    from specdec.engine.trace import build_trace, write_trace
+    from specdec.models.tokenizer import IncrementalDecoder
+    from specdec.sampling.warp import SamplingConfig
+
+    text = read_prompt(args)
+    FixedK(args.k)  # validates k before the model loads
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
+    cfg = GenerationConfig(args.max_new_tokens, sampling, tuple(args.stop), args.lossy_typical_acceptance)
+    if args.lossy_typical_acceptance:
+        print("specdec: warning: --lossy-typical-acceptance is LOSSY: the output is not the model's own",
+              file=sys.stderr)
+    target, drafter = build(args)
+    ids = encode_prompt(target.tokenizer, text, args.chat)
+    engine = Engine(target.model, target.tokenizer, args.device)
+    stream = None
+    if not args.json:
+        dec = IncrementalDecoder(target.tokenizer, skip_special_tokens=True)
+        seen: list[int] = []
+
+        def stream(row, token_ids, origins):
+            seen.extend(token_ids)
+            sys.stdout.write(dec.step(seen))
+            sys.stdout.flush()
+
+    result = engine.generate([ids], cfg, drafter, args.k, on_tokens=stream)[0]
+    summary = result.stats.summary()
+    if args.trace:
+        write_trace(build_trace(result, target.tokenizer, model=target.name, drafter=drafter.name, k=args.k,
+                                temperature=args.temperature, prompt=text), args.trace)
+    if args.json:
+        print(json.dumps({"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
+                          "model": target.name, "drafter": drafter.name, "k": args.k, **summary}, indent=1))
+        return 0
+    sys.stdout.write(dec.flush(seen) + "\n")
+    a = summary["alpha"]
+    print(f"[{summary['generated_tokens']} tokens, {summary['tokens_per_s']:.1f} tok/s, "
+          f"{summary['mean_tokens_per_round']:.2f} tokens/round, "
+          f"a = {'n/a' if a is None else f'{a:.2f}'}, ttft {summary['ttft_s'] * 1000:.0f} ms, "
+          f"finish: {result.finish_reason}]", file=sys.stderr)
+    return 0
+
+
+def run_demo(args) -> int:
+    from specdec.engine.demo import demo
+
+    return demo(args)

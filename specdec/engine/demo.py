@@ -1,0 +1,81 @@
+"""`specdec demo`: plain and speculative greedy decoding of one copy-heavy prompt, side by side."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+
+from specdec.theory.economics import expected_tokens, predict_from_rounds
+
+COLORS = {"accepted": "\033[32m", "recovered": "\033[33m", "bonus": "\033[35m", "prefill": "\033[36m"}
+RESET = "\033[0m"
+
+
+def colour(tokenizer, ids: list[int], origins: list[str], on: bool) -> str:
+    if not on:
+        return tokenizer.decode(ids)
+    out, start = [], 0
+    for i in range(1, len(ids) + 1):  # group runs of one origin so multi-byte characters decode whole
+        if i == len(ids) or origins[i] != origins[start]:
+            out.append(COLORS[origins[start]] + tokenizer.decode(ids[start:i]) + RESET)
+            start = i
+    return "".join(out)
+
+
+def measured_costs(plain, spec) -> tuple[float, dict[int, float]]:
+    """Draft cost per token c, and verify cost per pass size, both in plain decode steps."""
+    step = statistics.median(r.verify_s for r in plain.stats.rounds)
+    drafted = spec.stats.drafted
+    c = spec.stats.draft_s / drafted / step if drafted else 0.0
+    by_rows: dict[int, list[float]] = {}
+    for r in spec.stats.rounds:
+        by_rows.setdefault(len(r.drafted) + 1, []).append(r.verify_s)
+    return c, {n: statistics.median(v) / step for n, v in by_rows.items()}
+
+
+def demo(args) -> int:
+    from specdec.engine.cli import DEMO_PROMPT, build, encode_prompt
+    from specdec.engine.generate import Engine, GenerationConfig
+    from specdec.drafters.base import NoDrafter
+
+    use_colour = not args.no_color and sys.stdout.isatty()
+    target, drafter = build(args)
+    tok = target.tokenizer
+    ids = encode_prompt(tok, DEMO_PROMPT, chat=True)
+    engine = Engine(target.model, tok, args.device)
+    cfg = GenerationConfig(max_new_tokens=args.max_new_tokens)
+    print(f"model: {target.name} ({target.backend}, {target.model.precision}), drafter: {drafter.name}, "
+          f"k = {args.k}, greedy, {len(ids)} prompt tokens")
+    print("task: rename a class in a code snippet that is in the prompt (the answer copies most of it)\n")
+    engine.generate([ids], GenerationConfig(max_new_tokens=8), drafter, args.k)  # warm-up
+    plain = engine.generate([ids], cfg, NoDrafter())[0]
+    spec = engine.generate([ids], cfg, drafter, args.k)[0]
+
+    print(colour(tok, spec.token_ids, spec.origins, use_colour))
+    if use_colour:
+        print("\n" + "  ".join(f"{COLORS[o]}{o}{RESET}" for o in ("prefill", "accepted", "recovered", "bonus")))
+    st = spec.stats
+    speedup = st.tokens_per_s / plain.stats.tokens_per_s
+    print(f"\nplain decoding:        {plain.stats.generated_tokens} tokens, {plain.stats.tokens_per_s:6.1f} tok/s")
+    print(f"speculative decoding:  {st.generated_tokens} tokens, {st.tokens_per_s:6.1f} tok/s "
+          f"({len(st.rounds)} target passes for {sum(r.emitted for r in st.rounds)} tokens)")
+    alpha = st.alpha or 0.0
+    print(f"acceptance rate a = {alpha:.3f}; mean tokens per round = {st.mean_tokens_per_round:.2f} "
+          f"(formula at k = {args.k}: {expected_tokens(alpha, args.k):.2f})")
+    c, verify = measured_costs(plain, spec)
+    drafted = [len(r.drafted) for r in st.rounds]
+    predicted = predict_from_rounds(alpha, drafted, c, lambda n: verify.get(n, 1.0))
+    ideal = predict_from_rounds(alpha, drafted, c)
+    print(f"speedup: measured {speedup:.2f}x; theory from the measured a and costs {predicted:.2f}x "
+          f"(c = {c:.4f}, verify pass of {args.k + 1} rows = {verify.get(args.k + 1, float('nan')):.2f} steps; "
+          f"if verification were free: {ideal:.2f}x)")
+    if speedup < 1.0:
+        print("speculation made this SLOWER than plain decoding: the drafter's acceptance is too low here")
+    same = spec.token_ids == plain.token_ids
+    print("outputs identical: " + ("yes, token for token" if same else "NO"))
+    if not same:
+        n = next((i for i, (a, b) in enumerate(zip(spec.token_ids, plain.token_ids)) if a != b),
+                 min(len(spec.token_ids), len(plain.token_ids)))
+        print(f"first difference at generated token {n}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,116 @@
+"""What a generation measured: one record per round per sequence, then totals per request.
+
+Vocabulary as in specdec.sampling.verify: a round drafts tokens, the target accepts a prefix and adds one
+token, recovered (after a rejection) or bonus (after full acceptance, or in a round that drafted nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RoundRecord:
+    drafted: list[int]  # tokens proposed for this sequence this round
+    accepted: int  # how many of them the target kept
+    token: int  # the target's own token: recovered or bonus
+    kind: str  # "recovered" | "bonus"
+    emitted: int  # tokens this round added to the output (fewer than accepted + 1 when a stop cut it)
+    draft_s: float  # time spent drafting (whole batch)
+    verify_s: float  # time in the target pass and the verification (whole batch)
+    t: float  # seconds since the request started, when this round's tokens became available
+
+
+@dataclass
+class RequestStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    ttft_s: float = 0.0  # time to the first generated token (prefill)
+    total_s: float = 0.0
+    rounds: list[RoundRecord] = field(default_factory=list)
+    token_times: list[float] = field(default_factory=list)  # when each generated token became available
+
+    @property
+    def drafted(self) -> int:
+        return sum(len(r.drafted) for r in self.rounds)
+
+    @property
+    def accepted(self) -> int:
+        return sum(r.accepted for r in self.rounds)
+
+    @property
+    def alpha(self) -> float | None:
+        """Acceptance rate: accepted / drafted tokens (None when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_tokens_per_round(self) -> float:
+        """Generated tokens per target decode pass, bonus included (1.00 for plain decoding)."""
+        n = sum(r.emitted for r in self.rounds)
+        return n / len(self.rounds) if self.rounds else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.total_s if self.total_s > 0 else 0.0
+
+    def per_position_acceptance(self) -> list[float]:
+        """For each draft position i: of the rounds that drafted a token there, the share that accepted it."""
+        depth = max((len(r.drafted) for r in self.rounds), default=0)
+        out = []
+        for i in range(depth):
+            drafted = [r for r in self.rounds if len(r.drafted) > i]
+            out.append(sum(r.accepted > i for r in drafted) / len(drafted))
+        return out
+
+    def inter_token_latencies(self) -> list[float]:
+        """Gaps between consecutive generated tokens (0 for tokens that arrive in the same round)."""
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+    @property
+    def draft_s(self) -> float:
+        return sum(r.draft_s for r in self.rounds)
+
+    @property
+    def verify_s(self) -> float:
+        return sum(r.verify_s for r in self.rounds)
+
+    def summary(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "rounds": len(self.rounds),
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "alpha": self.alpha,
+            "mean_tokens_per_round": self.mean_tokens_per_round,
+            "per_position_acceptance": self.per_position_acceptance(),
+            "tokens_per_s": self.tokens_per_s,
+            "ttft_s": self.ttft_s,
+            "total_s": self.total_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+        }
+
+
+class AcceptanceMeter:
+    """The running acceptance-rate estimate a server exports: totals and an exponential moving average."""
+
+    def __init__(self, halflife_tokens: float = 500.0):
+        self.drafted = 0
+        self.accepted = 0
+        self.ema: float | None = None
+        self._decay = 0.5 ** (1.0 / halflife_tokens)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        self.drafted += drafted
+        self.accepted += accepted
+        w = self._decay ** drafted
+        rate = accepted / drafted
+        self.ema = rate if self.ema is None else w * self.ema + (1 - w) * rate
+
+    @property
+    def alpha(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None

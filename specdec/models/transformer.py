@@ -1,0 +1,214 @@
+"""A compact Llama-family transformer (Llama, SmolLM, Qwen2, Mistral blocks) built for speculative decoding.
+
+The KV cache is preallocated and addressed by position: a pass over tokens at positions [pos, pos + n)
+writes their keys and values there, and every query attends to keys at positions <= its own. Rejecting a
+draft therefore costs nothing: the sequence's length simply does not advance, and the stale entries are
+masked out until the next round overwrites them.
+
+Decode passes (one token, or a verify pass over k+1) use an attention formulation whose result for a query
+row is bit-identical whatever the other rows, their number or the cache's filled length: keys are read in
+fixed chunks of CHUNK positions, every matrix product has a fixed width, and query groups are padded to at
+least MIN_QUERY_POSITIONS positions and split at MAX_QUERY_ROWS rows (MKL picks another kernel above ~32
+rows). Prefill uses torch's fused attention.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specdec.models.config import ModelConfig
+from specdec.models.linear import Linear
+
+CHUNK = 64  # keys per attention block; cache capacity is a multiple of it
+MIN_QUERY_POSITIONS = 3
+MAX_QUERY_ROWS = 30  # query rows (heads per group x positions) per matrix product
+
+
+class KVCache:
+    """Keys and values of `batch` sequences, [batch, kv_heads, capacity, head_dim] per layer."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, device="cpu", dtype=torch.float32):
+        self.capacity = math.ceil(capacity / CHUNK) * CHUNK
+        shape = (batch, cfg.num_kv_heads, self.capacity, cfg.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+
+    @property
+    def batch(self) -> int:
+        return self.k[0].shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+class Block:
+    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, precision: str):
+        p = f"model.layers.{i}."
+        att = p + "self_attn."
+        qkv_w = torch.cat([w[att + "q_proj.weight"], w[att + "k_proj.weight"], w[att + "v_proj.weight"]])
+        qkv_b = None
+        if cfg.attention_bias:
+            qkv_b = torch.cat([w[att + "q_proj.bias"], w[att + "k_proj.bias"], w[att + "v_proj.bias"]])
+        self.qkv = Linear(qkv_w, qkv_b, precision)  # one fused call: fewer, larger calls are faster here
+        self.o = Linear(w[att + "o_proj.weight"], None, precision)
+        mlp = p + "mlp."
+        self.gate_up = Linear(torch.cat([w[mlp + "gate_proj.weight"], w[mlp + "up_proj.weight"]]), None, precision)
+        self.down = Linear(w[mlp + "down_proj.weight"], None, precision)
+        self.norm1 = w[p + "input_layernorm.weight"].float()
+        self.norm2 = w[p + "post_attention_layernorm.weight"].float()
+
+    @property
+    def linears(self) -> list[Linear]:
+        return [self.qkv, self.o, self.gate_up, self.down]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in the rotate-half convention. x [B, n, heads, d]; cos/sin [B, n, 1, d]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Transformer:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], precision: str = "fp16",
+                 device: str = "cpu"):
+        self.cfg, self.precision, self.device = cfg, precision, torch.device(device)
+        weights = {name: t.to(self.device) for name, t in weights.items()}
+        self.embed = weights["model.embed_tokens.weight"].float()  # [vocab, hidden]
+        self.blocks = [Block(cfg, weights, i, precision) for i in range(cfg.num_layers)]
+        self.norm = weights["model.norm.weight"].float()
+        head = weights.get("lm_head.weight", self.embed) if not cfg.tie_word_embeddings else self.embed
+        self.lm_head = Linear(head, None, precision)
+        d = cfg.head_dim
+        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        angles = torch.arange(cfg.max_position_embeddings).float()[:, None] * inv_freq[None, :]
+        angles = torch.cat([angles, angles], dim=-1).to(self.device)  # [positions, d]
+        self.cos, self.sin = angles.cos(), angles.sin()
+
+    @classmethod
+    def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu") -> "Transformer":
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        weights = {}
+        for f in sorted(path.glob("*.safetensors")):
+            weights.update(load_file(f))
+        return cls(ModelConfig.from_dir(path), weights, precision, device)
+
+    # --- accounting --------------------------------------------------------------------------------------
+
+    @property
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights read by one decode pass (the embedding lookup reads one row, ignored)."""
+        lin = sum(l.nbytes for b in self.blocks for l in b.linears) + self.lm_head.nbytes
+        norms = sum(b.norm1.numel() + b.norm2.numel() for b in self.blocks) * 4
+        return lin + norms
+
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.cfg.num_layers * self.cfg.num_kv_heads * self.cfg.head_dim * 4
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        if capacity > self.cfg.max_position_embeddings:
+            capacity = self.cfg.max_position_embeddings
+        return KVCache(self.cfg, batch, capacity, self.device)
+
+    # --- forward -----------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor, cache: KVCache,
+                last_only: torch.Tensor | None = None, prefill: bool = False) -> torch.Tensor:
+        """Run tokens [B, n] at positions start[b] + i, writing their keys/values into `cache`.
+
+        Returns logits [B, n, vocab], or [B, vocab] at index last_only[b] of each row when given.
+        """
+        cfg = self.cfg
+        dev = self.device
+        tokens, start = tokens.to(dev), start.to(dev)
+        b, n = tokens.shape
+        pos = start.view(b, 1) + torch.arange(n, device=dev).view(1, n)  # [B, n]
+        x = F.embedding(tokens, self.embed).view(b * n, cfg.hidden_size)  # [B*n, hidden]
+        cos, sin = self.cos[pos].unsqueeze(2), self.sin[pos].unsqueeze(2)  # [B, n, 1, d]
+        hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        for layer, blk in enumerate(self.blocks):
+            h = rms_norm(x, blk.norm1, cfg.rms_norm_eps)
+            qkv = blk.qkv(h).view(b, n, hq + 2 * hk, d)  # [B, n, heads, d]
+            q = rotate(qkv[:, :, :hq], cos, sin)  # [B, n, hq, d]
+            k = rotate(qkv[:, :, hq:hq + hk], cos, sin)  # [B, n, hk, d]
+            v = qkv[:, :, hq + hk:]  # [B, n, hk, d]
+            write_kv(cache.k[layer], cache.v[layer], k, v, pos)
+            if prefill:
+                att = attend_prefill(q, cache.k[layer], cache.v[layer], pos)
+            else:
+                att = attend_decode(q, cache.k[layer], cache.v[layer], pos, cfg.group_size)
+            x = x + blk.o(att.reshape(b * n, hq * d))
+            h = rms_norm(x, blk.norm2, cfg.rms_norm_eps)
+            gate, up = blk.gate_up(h).chunk(2, dim=-1)
+            x = x + blk.down(F.silu(gate) * up)
+        x = x.view(b, n, cfg.hidden_size)
+        if last_only is not None:
+            x = x[torch.arange(b, device=dev), last_only.to(dev)]  # [B, hidden]
+            return self.lm_head(rms_norm(x, self.norm, cfg.rms_norm_eps))  # [B, vocab]
+        logits = self.lm_head(rms_norm(x.view(b * n, -1), self.norm, cfg.rms_norm_eps))
+        return logits.view(b, n, -1)  # [B, n, vocab]
+
+
+def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             pos: torch.Tensor) -> None:
+    """Scatter keys/values k, v [B, n, hk, d] into caches [B, hk, capacity, d] at positions pos [B, n]."""
+    b, n, hk, d = k.shape
+    rows = torch.arange(b, device=k.device).view(b, 1).expand(b, n)  # [B, n]
+    k_cache.transpose(1, 2)[rows, pos] = k  # cache viewed [B, capacity, hk, d]
+    v_cache.transpose(1, 2)[rows, pos] = v
+
+
+def attend_prefill(q, k_cache, v_cache, pos) -> torch.Tensor:
+    """q [B, n, hq, d] at positions pos [B, n]; returns [B, n, hq, d]. Fused attention, masked by position."""
+    end = int(pos.max()) + 1
+    mask = torch.arange(end, device=q.device).view(1, 1, 1, end) <= pos.view(pos.shape[0], 1, -1, 1)  # [B,1,n,end]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k_cache[:, :, :end], v_cache[:, :, :end],
+                                         attn_mask=mask, enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+def attend_decode(q, k_cache, v_cache, pos, group: int) -> torch.Tensor:
+    """Batch-invariant attention for a few query positions. q [B, n, hq, d]; returns [B, n, hq, d]."""
+    b, n, hq, d = q.shape
+    per_call = max(1, MAX_QUERY_ROWS // group)  # positions per matrix product
+    outs = []
+    for s in range(0, n, per_call):
+        outs.append(_attend_group(q[:, s:s + per_call], k_cache, v_cache, pos[:, s:s + per_call], group))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+
+def _attend_group(q, k_cache, v_cache, pos, group: int) -> torch.Tensor:
+    b, m, hq, d = q.shape
+    real = m
+    if m < MIN_QUERY_POSITIONS:  # pad with copies of the last query so every product has the same shape
+        extra = MIN_QUERY_POSITIONS - m
+        q = torch.cat([q, q[:, -1:].expand(b, extra, hq, d)], dim=1)
+        pos = torch.cat([pos, pos[:, -1:].expand(b, extra)], dim=1)
+        m = MIN_QUERY_POSITIONS
+    hk = hq // group
+    n_chunks = int(pos.max()) // CHUNK + 1
+    length = n_chunks * CHUNK
+    kc = k_cache[:, :, :length].view(b, hk, n_chunks, CHUNK, d)  # [B, hk, C#, C, d]
+    vc = v_cache[:, :, :length].view(b, hk, n_chunks, CHUNK, d)
+    qg = q.view(b, m, hk, group, d).permute(0, 2, 3, 1, 4).reshape(b, hk, 1, group * m, d)  # [B, hk, 1, g*m, d]
+    s = torch.matmul(qg, kc.transpose(-1, -2)) * (d ** -0.5)  # [B, hk, C#, g*m, C]
+    s = s.view(b, hk, n_chunks, group, m, CHUNK)
+    keypos = torch.arange(length, device=q.device).view(1, 1, n_chunks, 1, 1, CHUNK)
+    s = s.masked_fill(keypos > pos.view(b, 1, 1, 1, m, 1), float("-inf"))
+    e = torch.exp(s - s.amax(dim=(2, 5), keepdim=True))  # [B, hk, C#, g, m, C]
+    den = e.sum(dim=-1).sum(dim=2)  # [B, hk, g, m]
+    num = torch.matmul(e.view(b, hk, n_chunks, group * m, CHUNK), vc).sum(dim=2)  # [B, hk, g*m, d]
+    out = num.view(b, hk, group, m, d) / den.unsqueeze(-1)  # [B, hk, g, m, d]
+    return out.permute(0, 3, 1, 2, 4).reshape(b, m, hq, d)[:, :real]
