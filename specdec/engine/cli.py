@@ -43,6 +43,8 @@ def add_model_args(p, drafter_default: str = "ngram") -> None:
     p.add_argument("--draft-model", metavar="PATH", help="folder or .gguf of a draft model (same tokenizer)")
     p.add_argument("--precision", choices=("fp32", "fp16", "int8", "bf16"), default=None,
                    help="weights: fp16 (default on CPU), bf16 (default on CUDA), fp32, int8 (changes the model)")
+    p.add_argument("--draft-precision", choices=("fp32", "fp16", "int8", "bf16"), default=None,
+                   help="the draft model's weights (default: as the target's)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--ngram-max", type=int, default=4, help="longest n-gram the lookup matches")
     p.add_argument("--ngram-min", type=int, default=1)
@@ -115,7 +117,7 @@ def build(args):
     else:
         if not args.draft_model:
             raise SpecdecError("--drafter draft-model needs --draft-model PATH")
-        draft = load_model(args.draft_model, precision, args.device)
+        draft = load_model(args.draft_model, args.draft_precision or precision, args.device)
         DraftModelDrafter.check_compatible(target.tokenizer, draft.tokenizer)
         drafter = DraftModelDrafter(draft.model, target.model.cfg.vocab_size)
     return target, drafter
