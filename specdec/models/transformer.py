@@ -47,7 +47,7 @@ class KVCache:
 
 
 class Block:
-    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, precision: str):
+    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, precision: str, native: bool):
         p = f"model.layers.{i}."
         att = p + "self_attn."
         qkv_w = torch.cat([w[att + "q_proj.weight"], w[att + "k_proj.weight"], w[att + "v_proj.weight"]])
@@ -57,10 +57,16 @@ class Block:
         self.qkv = Linear(qkv_w, qkv_b, precision)  # one fused call: fewer, larger calls are faster here
         self.o = Linear(w[att + "o_proj.weight"], None, precision)
         mlp = p + "mlp."
-        self.gate_up = Linear(torch.cat([w[mlp + "gate_proj.weight"], w[mlp + "up_proj.weight"]]), None, precision)
+        gate_up_w = torch.cat([w[mlp + "gate_proj.weight"], w[mlp + "up_proj.weight"]])
+        self.gate_up = Linear(gate_up_w, None, precision)
         self.down = Linear(w[mlp + "down_proj.weight"], None, precision)
-        self.norm1 = w[p + "input_layernorm.weight"].float()
-        self.norm2 = w[p + "post_attention_layernorm.weight"].float()
+        self.norm1 = w[p + "input_layernorm.weight"].float().contiguous()
+        self.norm2 = w[p + "post_attention_layernorm.weight"].float().contiguous()
+        self.native = None
+        if native:  # the same fp16 weights, laid out for the native decode kernel
+            self.native = (self.norm1, qkv_w.half().contiguous(), None if qkv_b is None else qkv_b.float(),
+                           w[att + "o_proj.weight"].half().contiguous(), self.norm2,
+                           gate_up_w.half().contiguous(), w[mlp + "down_proj.weight"].half().contiguous())
 
     @property
     def linears(self) -> list[Linear]:
@@ -83,11 +89,18 @@ class Transformer:
                  device: str = "cpu"):
         self.cfg, self.precision, self.device = cfg, precision, torch.device(device)
         weights = {name: t.to(self.device) for name, t in weights.items()}
+        self.kernels = None
+        if precision == "fp16" and self.device.type == "cpu" and cfg.head_dim % 8 == 0 and cfg.hidden_size % 8 == 0:
+            from specdec.kernels import decode_kernels
+
+            self.kernels = decode_kernels()  # None when they cannot be built: the torch path is used
+        native = self.kernels is not None
         self.embed = weights["model.embed_tokens.weight"].float()  # [vocab, hidden]
-        self.blocks = [Block(cfg, weights, i, precision) for i in range(cfg.num_layers)]
-        self.norm = weights["model.norm.weight"].float()
+        self.blocks = [Block(cfg, weights, i, precision, native) for i in range(cfg.num_layers)]
+        self.norm = weights["model.norm.weight"].float().contiguous()
         head = weights.get("lm_head.weight", self.embed) if not cfg.tie_word_embeddings else self.embed
         self.lm_head = Linear(head, None, precision)
+        self.lm_head_half = head.half().contiguous() if native else None
         d = cfg.head_dim
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
         angles = torch.arange(cfg.max_position_embeddings).float()[:, None] * inv_freq[None, :]
@@ -136,6 +149,8 @@ class Transformer:
         b, n = tokens.shape
         pos = start.view(b, 1) + torch.arange(n, device=dev).view(1, n)  # [B, n]
         x = F.embedding(tokens, self.embed).view(b * n, cfg.hidden_size)  # [B*n, hidden]
+        if self.kernels is not None and not prefill:
+            return self._forward_native(x, pos, cache, last_only)
         cos, sin = self.cos[pos].unsqueeze(2), self.sin[pos].unsqueeze(2)  # [B, n, 1, d]
         hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         for layer, blk in enumerate(self.blocks):
@@ -159,6 +174,22 @@ class Transformer:
             return self.lm_head(rms_norm(x, self.norm, cfg.rms_norm_eps))  # [B, vocab]
         logits = self.lm_head(rms_norm(x.view(b * n, -1), self.norm, cfg.rms_norm_eps))
         return logits.view(b, n, -1)  # [B, n, vocab]
+
+
+    def _forward_native(self, x, pos, cache, last_only):
+        """The decode/verify pass through the native kernel: one call per block, x updated in place."""
+        cfg, ext = self.cfg, self.kernels
+        b, n = pos.shape
+        x = x.contiguous()
+        for layer, blk in enumerate(self.blocks):
+            ext.decode_block(x, pos, *blk.native, cache.k[layer], cache.v[layer], self.cos, self.sin,
+                             cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps)
+        x = x.view(b, n, cfg.hidden_size)
+        if last_only is not None:
+            x = x[torch.arange(b), last_only]  # [B, hidden]
+        h = ext.rms_norm(x.reshape(-1, cfg.hidden_size), self.norm, cfg.rms_norm_eps)
+        logits = ext.gemv_f16(h, self.lm_head_half, None)
+        return logits if last_only is not None else logits.view(b, n, -1)
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

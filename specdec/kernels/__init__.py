@@ -1,0 +1,47 @@
+"""Native CPU kernels for the decode pass (AVX2 + FMA + F16C), compiled on first use and cached.
+
+`decode_f16.cpp` runs a whole decoder block of a decode/verify pass in one call, with fp16 weights read
+once per call whatever the number of rows, and every result computed per row in a fixed order (batch
+invariance by construction). Without a compiler, or on a CPU without AVX2, specdec falls back to the
+torch path (fbgemm), which is slower but equally exact.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+
+SOURCE = Path(__file__).with_name("decode_f16.cpp")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
+
+
+def _cpu_supports() -> bool:
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+
+
+@functools.lru_cache(maxsize=1)
+def decode_kernels():
+    """The compiled module, or None (with one line on stderr saying why) when it cannot be had."""
+    if os.environ.get("SPECDEC_NO_KERNELS"):
+        return None
+    try:
+        if not _cpu_supports():
+            raise RuntimeError("this CPU has no AVX2")
+        from torch.utils.cpp_extension import load
+
+        from specdec.models.gguf_convert import cache_root
+
+        build = cache_root() / "kernels"
+        build.mkdir(parents=True, exist_ok=True)
+        if not any(build.glob("*.so")):
+            print("specdec: compiling the decode kernels (once, about a minute)", file=sys.stderr)
+        return load("specdec_decode_f16", [str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                    build_directory=str(build), verbose=False)
+    except Exception as e:  # no compiler, no ninja, an unsupported CPU: stay correct, get slower
+        print(f"specdec: native decode kernels unavailable ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+              "using the torch path", file=sys.stderr)
+        return None

@@ -1,0 +1,251 @@
+// y[M, N] = x[M, K] (fp32) . w[N, K]^T (fp16 weights) + bias, for the few rows of a decode or verify pass.
+//
+// Memory-bound by design: every weight is read from DRAM once per call whatever M is (a slab of weight rows
+// stays in L2 while blocks of up to 6 activation rows pass over it). Batch-invariant by construction: the result
+// for (m, n) is one 8-lane FMA chain over K in ascending order followed by a fixed horizontal sum, so it
+// does not depend on M, on the other rows, or on which tile n falls in.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  __m128 s = _mm_add_ps(lo, hi);                 // 4 lanes
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));        // 2 lanes
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x1));  // 1 lane
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 load_w(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// One tile: weight rows n and n+1 against activation rows [m0, m0 + MB). Each (m, n) accumulates in its own
+// register in ascending k; the tile shape only decides which chains run side by side.
+template <int MB>
+inline void tile2(const float* x, const at::Half* w0, const at::Half* w1, const float* bias, float* y,
+                  int64_t N, int64_t K, int64_t m0, int64_t n, bool prefetch) {
+  __m256 a0[MB], a1[MB];
+  for (int i = 0; i < MB; ++i) { a0[i] = _mm256_setzero_ps(); a1[i] = _mm256_setzero_ps(); }
+  for (int64_t k = 0; k < K; k += 8) {
+    if (prefetch && (k & 31) == 0) {  // pull the next tile's weights in while this one computes
+      _mm_prefetch(reinterpret_cast<const char*>(w1 + K + k), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w1 + 2 * K + k), _MM_HINT_T0);
+    }
+    const __m256 v0 = load_w(w0 + k), v1 = load_w(w1 + k);
+    for (int i = 0; i < MB; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + (m0 + i) * K + k);
+      a0[i] = _mm256_fmadd_ps(xv, v0, a0[i]);
+      a1[i] = _mm256_fmadd_ps(xv, v1, a1[i]);
+    }
+  }
+  for (int i = 0; i < MB; ++i) {
+    y[(m0 + i) * N + n] = hsum(a0[i]) + (bias ? bias[n] : 0.f);
+    y[(m0 + i) * N + n + 1] = hsum(a1[i]) + (bias ? bias[n + 1] : 0.f);
+  }
+}
+
+template <int MB>
+inline void tile1(const float* x, const at::Half* w0, const float* bias, float* y, int64_t N, int64_t K,
+                  int64_t m0, int64_t n) {
+  __m256 a0[MB];
+  for (int i = 0; i < MB; ++i) a0[i] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    const __m256 v0 = load_w(w0 + k);
+    for (int i = 0; i < MB; ++i) a0[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (m0 + i) * K + k), v0, a0[i]);
+  }
+  for (int i = 0; i < MB; ++i) y[(m0 + i) * N + n] = hsum(a0[i]) + (bias ? bias[n] : 0.f);
+}
+
+constexpr int64_t MBLOCK = 6;  // activation rows per pass over a tile (12 accumulators + 3 operands fit AVX2)
+
+template <int MB>
+void pass(const float* x, const at::Half* w, const float* bias, float* y, int64_t N, int64_t K, int64_t m0,
+          int64_t n0, int64_t n1, bool prefetch) {
+  int64_t n = n0;
+  for (; n + 2 <= n1; n += 2) tile2<MB>(x, w + n * K, w + (n + 1) * K, bias, y, N, K, m0, n, prefetch);
+  if (n < n1) tile1<MB>(x, w + n * K, bias, y, N, K, m0, n);
+}
+
+void rows(const float* x, const at::Half* w, const float* bias, float* y,
+          int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  // Weight rows in slabs that stay in L2 while every block of activation rows passes over them.
+  const int64_t slab = std::max<int64_t>(2, (int64_t(1) << 17) / (K * 2)) & ~int64_t(1);
+  for (int64_t s0 = n0; s0 < n1; s0 += slab) {
+    const int64_t s1 = std::min(n1, s0 + slab);
+    for (int64_t m0 = 0; m0 < M; m0 += MBLOCK) {
+      const bool first = m0 == 0;
+      switch (std::min(MBLOCK, M - m0)) {
+        case 1: pass<1>(x, w, bias, y, N, K, m0, s0, s1, first); break;
+        case 2: pass<2>(x, w, bias, y, N, K, m0, s0, s1, first); break;
+        case 3: pass<3>(x, w, bias, y, N, K, m0, s0, s1, first); break;
+        case 4: pass<4>(x, w, bias, y, N, K, m0, s0, s1, first); break;
+        case 5: pass<5>(x, w, bias, y, N, K, m0, s0, s1, first); break;
+        default: pass<6>(x, w, bias, y, N, K, m0, s0, s1, first); break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void gemv_raw(const float* xp, const at::Half* wp, const float* b, float* yp, int64_t M, int64_t N, int64_t K) {
+  // Split the weight rows between threads in pairs (the split does not change any result).
+  const int64_t pairs = (N + 1) / 2;
+  at::parallel_for(0, pairs, 32, [&](int64_t p0, int64_t p1) {
+    rows(xp, wp, b, yp, M, N, K, p0 * 2, std::min(N, p1 * 2));
+  });
+}
+
+torch::Tensor gemv_f16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && w.dtype() == torch::kHalf, "x float32, w float16");
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "x [M, K], w [N, K]");
+  TORCH_CHECK(w.size(1) % 8 == 0, "K must be a multiple of 8");
+  x = x.contiguous();
+  TORCH_CHECK(w.is_contiguous(), "w must be contiguous");
+  const int64_t M = x.size(0), N = w.size(0), K = w.size(1);
+  auto y = torch::empty({M, N}, x.options());
+  const float* b = nullptr;
+  torch::Tensor bc;
+  if (bias.has_value()) { bc = bias->contiguous(); b = bc.data_ptr<float>(); }
+  const float* xp = x.data_ptr<float>();
+  const at::Half* wp = w.data_ptr<at::Half>();
+  float* yp = y.data_ptr<float>();
+  gemv_raw(xp, wp, b, yp, M, N, K);
+  return y;
+}
+
+
+// ---- One decoder block for a decode or verify pass, in place on the residual stream -------------------
+// Every step is per row (or per query) with a fixed order of operations, so a row's result does not depend
+// on the other rows: the pass over k+1 tokens gives bit for bit what k+1 one-token passes give.
+
+namespace {
+
+void rms_norm_rows(const float* x, const float* w, float* out, int64_t R, int64_t H, float eps) {
+  for (int64_t r = 0; r < R; ++r) {
+    const float* xr = x + r * H;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < H; i += 8) { __m256 v = _mm256_loadu_ps(xr + i); acc = _mm256_fmadd_ps(v, v, acc); }
+    const float inv = 1.0f / std::sqrt(hsum(acc) / float(H) + eps);
+    for (int64_t i = 0; i < H; ++i) out[r * H + i] = w[i] * (xr[i] * inv);
+  }
+}
+
+inline void rope(float* v, const float* cos, const float* sin, int64_t d) {
+  const int64_t half = d / 2;
+  for (int64_t j = 0; j < half; ++j) {
+    const float a = v[j], b = v[j + half];
+    v[j] = a * cos[j] - b * sin[j];
+    v[j + half] = b * cos[j + half] + a * sin[j + half];
+  }
+}
+
+inline float dot(const float* a, const float* b, int64_t d) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  return hsum(acc);
+}
+
+}  // namespace
+
+// x [B*n, H] (updated in place); pos [B, n]; caches [B, hk, cap, d]; cos/sin [max_pos, d].
+void decode_block(torch::Tensor x, torch::Tensor pos, torch::Tensor norm1, torch::Tensor qkv_w,
+                  c10::optional<torch::Tensor> qkv_b, torch::Tensor o_w, torch::Tensor norm2,
+                  torch::Tensor gate_up_w, torch::Tensor down_w, torch::Tensor k_cache, torch::Tensor v_cache,
+                  torch::Tensor cos, torch::Tensor sin, int64_t hq, int64_t hk, double eps) {
+  TORCH_CHECK(x.is_contiguous() && x.dtype() == torch::kFloat32, "x: contiguous float32");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  const int64_t B = pos.size(0), n = pos.size(1), R = B * n, H = x.size(1);
+  const int64_t d = k_cache.size(3), cap = k_cache.size(2), group = hq / hk;
+  const int64_t qkv_n = (hq + 2 * hk) * d, inter = down_w.size(1);
+  TORCH_CHECK(d % 8 == 0 && H % 8 == 0 && inter % 8 == 0, "sizes must be multiples of 8");
+  auto opts = x.options();
+  auto h = torch::empty({R, H}, opts);
+  auto qkv = torch::empty({R, qkv_n}, opts);
+  auto att = torch::empty({R, hq * d}, opts);
+  auto o = torch::empty({R, H}, opts);
+  auto gu = torch::empty({R, 2 * inter}, opts);
+  auto act = torch::empty({R, inter}, opts);
+  float* xp = x.data_ptr<float>();
+  const int64_t* pp = pos.contiguous().data_ptr<int64_t>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  torch::Tensor qb;
+  const float* qbp = nullptr;
+  if (qkv_b.has_value()) { qb = qkv_b->contiguous(); qbp = qb.data_ptr<float>(); }
+  for (int64_t p = 0; p < R; ++p) TORCH_CHECK(pp[p] >= 0 && pp[p] < cap, "position outside the cache");
+
+  rms_norm_rows(xp, norm1.data_ptr<float>(), h.data_ptr<float>(), R, H, float(eps));
+  gemv_raw(h.data_ptr<float>(), qkv_w.data_ptr<at::Half>(), qbp, qkv.data_ptr<float>(), R, qkv_n, H);
+  float* qp = qkv.data_ptr<float>();
+  for (int64_t r = 0; r < R; ++r) {  // rotate q and k; write k and v at their positions
+    const int64_t b = r / n, p = pp[r];
+    float* row = qp + r * qkv_n;
+    for (int64_t hh = 0; hh < hq + hk; ++hh) rope(row + hh * d, cp + p * d, sp + p * d, d);
+    for (int64_t g = 0; g < hk; ++g) {
+      std::memcpy(kc + ((b * hk + g) * cap + p) * d, row + (hq + g) * d, d * sizeof(float));
+      std::memcpy(vc + ((b * hk + g) * cap + p) * d, row + (hq + hk + g) * d, d * sizeof(float));
+    }
+  }
+  const float scale = 1.0f / std::sqrt(float(d));
+  float* ap = att.data_ptr<float>();
+  at::parallel_for(0, R * hq, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> s;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r = t / hq, head = t % hq, b = r / n, g = head / group, p = pp[r];
+      const float* q = qp + r * qkv_n + head * d;
+      const float* kb = kc + (b * hk + g) * cap * d;
+      const float* vb = vc + (b * hk + g) * cap * d;
+      s.resize(p + 1);
+      float mx = -INFINITY;
+      for (int64_t j = 0; j <= p; ++j) { s[j] = dot(q, kb + j * d, d) * scale; mx = std::max(mx, s[j]); }
+      float den = 0.f;
+      for (int64_t j = 0; j <= p; ++j) { s[j] = std::exp(s[j] - mx); den += s[j]; }
+      float* out = ap + r * hq * d + head * d;
+      for (int64_t i = 0; i < d; i += 8) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t j = 0; j <= p; ++j)
+          acc = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), _mm256_loadu_ps(vb + j * d + i), acc);
+        _mm256_storeu_ps(out + i, _mm256_div_ps(acc, _mm256_set1_ps(den)));
+      }
+    }
+  });
+  gemv_raw(ap, o_w.data_ptr<at::Half>(), nullptr, o.data_ptr<float>(), R, H, hq * d);
+  const float* op = o.data_ptr<float>();
+  for (int64_t i = 0; i < R * H; ++i) xp[i] += op[i];
+  rms_norm_rows(xp, norm2.data_ptr<float>(), h.data_ptr<float>(), R, H, float(eps));
+  gemv_raw(h.data_ptr<float>(), gate_up_w.data_ptr<at::Half>(), nullptr, gu.data_ptr<float>(), R, 2 * inter, H);
+  const float* gp = gu.data_ptr<float>();
+  float* actp = act.data_ptr<float>();
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t i = 0; i < inter; ++i) {
+      const float gate = gp[r * 2 * inter + i], up = gp[r * 2 * inter + inter + i];
+      actp[r * inter + i] = gate / (1.0f + std::exp(-gate)) * up;
+    }
+  gemv_raw(actp, down_w.data_ptr<at::Half>(), nullptr, o.data_ptr<float>(), R, H, inter);
+  for (int64_t i = 0; i < R * H; ++i) xp[i] += op[i];
+}
+
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
+  x = x.contiguous();
+  auto out = torch::empty_like(x);
+  rms_norm_rows(x.data_ptr<float>(), w.data_ptr<float>(), out.data_ptr<float>(), x.size(0), x.size(1), float(eps));
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gemv_f16", &gemv_f16, "fp16-weight GEMV for a few rows");
+  m.def("decode_block", &decode_block, "one decoder block for a decode/verify pass, in place");
+  m.def("rms_norm", &rms_norm, "RMSNorm over rows");
+}
