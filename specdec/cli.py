@@ -14,6 +14,7 @@ COMMAND_MODULES = (
     "specdec.theory.cli",
     "specdec.engine.cli",
     "specdec.explain",
+    "specdec.bench.cli",
 )
 
 

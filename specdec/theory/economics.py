@@ -246,3 +246,80 @@ __all__: Sequence[str] = [
     "expected_tokens", "speedup", "max_useful_draft_cost", "predict_from_rounds", "plan", "Plan", "CostCurve",
     "pass_cost", "batch_ratio", "batch_model", "BatchModel", "describe_speedup",
 ]
+
+
+# --- Measured acceptance: per-position rates and draft lengths ----------------------------------------------
+# A drafter such as n-gram lookup is bursty: a long match is either copied whole or rejected early, so one
+# acceptance rate a (iid positions) misjudges it. These use a_i = P(position i accepted | positions < i were),
+# measured, with the measured draft length of every round.
+
+
+def conditional_acceptance(drafted: Sequence[int], accepted: Sequence[int]) -> list[float | None]:
+    """a_i for draft positions i = 0..max(drafted)-1, from rounds that drafted drafted[r] tokens and kept
+    accepted[r] of them: of the rounds that drafted position i and accepted every position before it, the
+    share that accepted position i too. None where no round reached position i."""
+    depth = max(drafted, default=0)
+    out: list[float | None] = []
+    for i in range(depth):
+        reached = sum(1 for d, n in zip(drafted, accepted) if d > i and n >= i)
+        kept = sum(1 for d, n in zip(drafted, accepted) if d > i and n > i)
+        out.append(kept / reached if reached else None)
+    return out
+
+
+def expected_tokens_positional(a_pos: Sequence[float | None], d: int) -> float:
+    """E[tokens per round | d drafted] = 1 + sum_{i<d} prod_{j<=i} a_j (a missing or None a_j counts as 0)."""
+    total, survive = 1.0, 1.0
+    for i in range(d):
+        a = a_pos[i] if i < len(a_pos) and a_pos[i] is not None else 0.0
+        survive *= a
+        total += survive
+    return total
+
+
+def predict_from_positional(a_pos: Sequence[float | None], drafted: Sequence[int], c: float,
+                            verify_cost: CostFn = unit_verify_cost) -> float:
+    """Predicted speedup of the decode phase for rounds that drafted `drafted[r]` tokens, with per-position
+    conditional acceptance a_pos: sum of E[tokens | d] over sum of (verify_cost(d + 1) + d * c)."""
+    if not drafted:
+        return 1.0
+    tokens = sum(expected_tokens_positional(a_pos, d) for d in drafted)
+    cost = sum(verify_cost(d + 1) + d * c for d in drafted)
+    return tokens / cost
+
+
+def end_to_end_speedup(decode_speedup: float, tokens: int, prefill_steps: float) -> float:
+    """Speedup of a whole request whose first token comes from a prefill costing `prefill_steps` plain decode
+    steps (the same with and without speculation) and whose other tokens - 1 come `decode_speedup` times faster."""
+    if tokens <= 1 or decode_speedup <= 0:
+        return 1.0
+    plain = prefill_steps + (tokens - 1)
+    return plain / (prefill_steps + (tokens - 1) / decode_speedup)
+
+
+def first_exceeding(curve: CostFn, max_rows: int, threshold: float = 1.5) -> int | None:
+    """The knee by threshold: the first n in 1..max_rows whose pass costs more than `threshold` 1-row passes."""
+    return next((n for n in range(1, max_rows + 1) if curve(n) > threshold), None)
+
+
+def fit_knee(points: Sequence[tuple[int, float]]) -> float:
+    """The roofline max(1, n / knee) that fits measured (n, relative cost) points best (least squares over
+    knee in 1..256, steps of 0.05)."""
+    if not points:
+        raise SpecdecError("no points to fit a knee to")
+    best, best_err = 1.0, math.inf
+    for step in range(20, 256 * 20 + 1):
+        knee = step / 20
+        err = sum((cost - max(1.0, n / knee)) ** 2 for n, cost in points)
+        if err < best_err:
+            best, best_err = knee, err
+    return best
+
+
+def batch_capacity(budget_bytes: float, weight_bytes: float, kv_bytes_per_token: float, context: int) -> int:
+    """Sequences of `context` tokens whose KV caches fit in a memory budget next to the weights."""
+    free = budget_bytes - weight_bytes
+    per_seq = kv_bytes_per_token * context
+    if free <= 0:
+        return 0
+    return int(free // per_seq) if per_seq > 0 else 0

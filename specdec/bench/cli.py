@@ -1,0 +1,167 @@
+"""`specdec profile` and `specdec bench`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from specdec.errors import SpecdecError
+
+DEFAULT_K = 5
+AUTO_FIXED_KS = (2, 4, 6, 8)  # with --k auto, these and the default k run too, on the same prompts
+
+
+def register(sub) -> None:
+    from specdec.engine.cli import add_model_args
+
+    p = sub.add_parser("profile", help="measure verify cost curve, draft cost, knee, memory and bandwidth")
+    add_model_args(p)
+    p.add_argument("--json", metavar="FILE", help="write the profile (for `specdec plan/bench --profile FILE`)")
+    p.add_argument("--reps", type=int, default=5, help="timed runs per measurement (medians are reported)")
+    p.add_argument("--contexts", default="128,512,1024", help="context lengths to time passes at")
+    p.add_argument("--max-rows", type=int, default=32, help="largest pass, in token-rows, of the verify curve")
+    p.add_argument("--k", type=int, default=DEFAULT_K, help="draft depth at which n-gram lookup is timed")
+    p.add_argument("--memory-budget-gb", type=float, default=None, help="memory for weights + KV (default: RAM)")
+    p.add_argument("--batch-context", type=int, default=None,
+                   help="tokens per sequence for the batch capacity (default: the middle of --contexts)")
+    p.add_argument("--bandwidth-gib", type=float, default=1.0, help="tensor size for the bandwidth test")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_profile)
+
+    b = sub.add_parser("bench", help="plain vs speculative decoding on Spec-Bench (or JSONL) prompts")
+    b.add_argument("--prompts", required=True, metavar="FILE.jsonl",
+                   help="Spec-Bench question.jsonl, or JSONL lines of {\"prompt\": ...}")
+    b.add_argument("--categories", help="comma-separated categories (default: all in the file)")
+    b.add_argument("--per-category", type=int, default=None, metavar="N", help="first N prompts of each category")
+    b.add_argument("--max-new-tokens", type=int, default=256)
+    add_model_args(b)
+    b.add_argument("--k", default=str(DEFAULT_K), help=f"tokens drafted per round, or 'auto' (default {DEFAULT_K})")
+    b.add_argument("--profile", metavar="FILE.json", help="a `specdec profile` output, for the predicted speedup")
+    b.add_argument("--json", metavar="FILE", help="write everything, per prompt too, as JSON")
+    b.add_argument("--markdown", metavar="FILE", help="write the tables as Markdown")
+    b.add_argument("--plot", metavar="FILE.png", help="speedup per category, with the predictions")
+    b.add_argument("--compare", choices=("hf",), help="also run Hugging Face transformers generate")
+    b.add_argument("--drift-margin", type=float, default=0.10,
+                   help="flag categories whose acceptance rate differs from the overall one by more (absolute)")
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.set_defaults(func=run_bench)
+
+
+def parse_ints(text: str, name: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpecdecError(f"{name}: expected comma-separated integers, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise SpecdecError(f"{name}: expected integers >= 1, got {text!r}")
+    return vals
+
+
+def parse_k(text: str) -> int | str:
+    if text == "auto":
+        return "auto"
+    try:
+        k = int(text)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise SpecdecError(f"--k must be an integer >= 1 or 'auto', got {text!r}")
+    return k
+
+
+def check_output(path: str | None) -> None:
+    if path and not Path(path).expanduser().resolve().parent.is_dir():
+        raise SpecdecError(f"cannot write {path}: its folder does not exist")
+
+
+def run_profile(args) -> int:
+    from specdec.bench.profile import profile
+    from specdec.bench.report import render_profile
+    from specdec.engine.cli import build
+
+    contexts = parse_ints(args.contexts, "--contexts")
+    if args.bandwidth_gib <= 0 or (args.memory_budget_gb is not None and args.memory_budget_gb <= 0):
+        raise SpecdecError("--bandwidth-gib and --memory-budget-gb must be > 0")
+    check_output(args.json)
+    target, drafter = build(args)
+    budget = args.memory_budget_gb * 2**30 if args.memory_budget_gb else None
+    prof = profile(target, drafter, contexts, args.max_rows, args.reps, args.k, int(args.bandwidth_gib * 2**30),
+                   budget, args.batch_context, progress=not args.quiet)
+    print(render_profile(prof))
+    if args.json:
+        Path(args.json).write_text(json.dumps(prof, indent=1))
+        print(f"wrote {args.json}: `specdec plan --profile {args.json} --alpha A` picks k with these costs")
+    return 0
+
+
+def run_bench(args) -> int:
+    import torch
+
+    from specdec.bench.prompts import load_prompts, parse_categories, select
+    from specdec.bench.report import build_report, markdown, plot
+    from specdec.bench.runner import engine_method, logit_gap_fn, mark_identity, run_bench as run_all
+    from specdec.drafters.base import NoDrafter
+    from specdec.engine.cli import build
+    from specdec.engine.generate import Engine
+    from specdec.engine.policy import AutoK
+    from specdec.theory.cli import load_profile
+    from specdec.theory.economics import CostCurve
+
+    prompts = select(load_prompts(args.prompts), parse_categories(args.categories), args.per_category)
+    k = parse_k(args.k)
+    if args.max_new_tokens < 1:
+        raise SpecdecError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not args.drift_margin >= 0:
+        raise SpecdecError(f"--drift-margin must be >= 0, got {args.drift_margin}")
+    for out in (args.json, args.markdown, args.plot):
+        check_output(out)
+    prof = load_profile(args.profile) if args.profile else None
+    source = f"file {args.profile}" if prof else None
+    target, drafter = build(args)
+    if isinstance(drafter, NoDrafter):
+        raise SpecdecError("bench compares plain decoding with a drafter: choose --drafter ngram or draft-model")
+    if prof and (prof.get("model"), prof.get("precision")) != (target.name, target.model.precision):
+        print(f"specdec: warning: the profile was measured for {prof.get('model')} ({prof.get('precision')}), "
+              f"not {target.name} ({target.model.precision})", file=sys.stderr)
+    if k == "auto" and prof is None:
+        from specdec.bench.profile import quick_profile
+
+        print("specdec: --k auto without --profile: measuring a quick profile first", file=sys.stderr)
+        prof, source = quick_profile(target, drafter, progress=not args.quiet), "quick built-in profile"
+
+    engine = lambda: Engine(target.model, target.tokenizer, args.device)  # noqa: E731  one meter per method
+    methods = [engine_method("plain", engine(), NoDrafter(), 1)]
+    default_k = DEFAULT_K if k == "auto" else k
+    if k == "auto":
+        policy = AutoK(draft_cost=float(prof.get("draft_cost") or 0.0),
+                       curve=CostCurve.from_mapping(prof["verify_cost"]))
+        methods.append(engine_method(f"{drafter.name} k=auto", engine(), drafter, policy, "plain", "auto"))
+    for kk in sorted(set(AUTO_FIXED_KS) | {default_k}) if k == "auto" else [k]:
+        methods.append(engine_method(f"{drafter.name} k={kk}", engine(), drafter, kk, "plain", kk))
+    if args.compare == "hf":
+        from specdec.bench.hf_compare import hf_methods
+        from specdec.models.loader import resolve_model_dir
+
+        draft_path = resolve_model_dir(args.draft_model) if args.drafter == "draft-model" else None
+        methods += hf_methods(target.path, target.tokenizer, default_k, args.ngram_max, draft_path)
+
+    samples = run_all(prompts, methods, target.tokenizer, args.max_new_tokens, progress=not args.quiet)
+    mark_identity(samples, methods, logit_gap_fn(target.model))
+    config = {"model": target.name, "model_path": str(target.path), "backend": target.backend,
+              "precision": target.model.precision, "device": args.device, "drafter": drafter.name,
+              "k": k, "default_k": default_k, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
+              "prompt_file": args.prompts, "categories": args.categories, "per_category": args.per_category,
+              "compare": args.compare, "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "greedy": True, "batch": 1, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    report = build_report(samples, methods, config, prof, source, args.drift_margin)
+    text = markdown(report)
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    if args.plot:
+        plot(report, args.plot)
+    return 0

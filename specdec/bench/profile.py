@@ -1,0 +1,214 @@
+"""`specdec profile`: the hardware-dependent inputs of the theory, measured on this machine.
+
+- verify cost curve: the target's time for a pass over n = 1..max_rows token-rows at batch 1 (a decode or
+  verify pass), at a few context lengths, as T(n)/T(1); medians of repeated runs, the sizes interleaved;
+- draft cost c: the drafter's time per drafted token in target passes (n-gram lookup, or a draft model's
+  one-token pass over the target's);
+- the batch knee, memory (weights, KV per token, batch capacity lost to a draft model) and bandwidth, with
+  the physical floor on time per token it implies.
+The result is a JSON profile that `specdec plan --profile` and `specdec bench --profile` read.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+import tracemalloc
+from typing import Callable, Sequence
+
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.theory.economics import CostCurve, batch_capacity, first_exceeding, fit_knee
+
+PROFILE_FORMAT, PROFILE_VERSION = "specdec-profile", 1
+KNEE_THRESHOLD = 1.5
+KNEE_RULE = (f"threshold: the first n whose pass costs more than {KNEE_THRESHOLD} 1-row passes; "
+             "roofline: the knee of max(1, n / knee) fitted to T(n)/T(1) by least squares")
+Tick = Callable[[], None]
+
+
+def time_passes(model, context: int, rows: Sequence[int], reps: int, tick: Tick = lambda: None) -> dict[int, list]:
+    """Seconds of target passes over n rows after `context` cached tokens, reps times per n (rep-major,
+    alternating direction, so that drift spreads over every n)."""
+    limit = model.cfg.max_position_embeddings
+    if context < 1 or context + max(rows) > limit:
+        raise SpecdecError(f"context {context} + {max(rows)} rows does not fit the model's {limit} positions")
+    g = torch.Generator().manual_seed(0)
+    vocab = model.cfg.vocab_size
+    cache = model.new_cache(1, context + max(rows) + 1)
+    model.forward(torch.randint(0, vocab, (1, context), generator=g), torch.zeros(1, dtype=torch.long), cache,
+                  last_only=torch.tensor([context - 1]), prefill=True)
+    start = torch.tensor([context])
+    toks = {n: torch.randint(0, vocab, (1, n), generator=g) for n in rows}  # [1, n] each
+    for n in (rows[0], rows[-1]):  # warm-up
+        model.forward(toks[n], start, cache)
+    times: dict[int, list] = {n: [] for n in rows}
+    for rep in range(reps):
+        for n in (rows if rep % 2 == 0 else list(reversed(rows))):
+            t0 = time.perf_counter()
+            model.forward(toks[n], start, cache)
+            times[n].append(time.perf_counter() - t0)
+            tick()
+    return times
+
+
+def context_entry(context: int, times: dict[int, list]) -> dict:
+    med = {n: statistics.median(v) for n, v in times.items()}
+    curve = {str(n): med[n] / med[1] for n in sorted(med)}
+    cc = CostCurve.from_mapping(curve)
+    return {"context": context, "step_s": med[1], "times_s": {str(n): med[n] for n in sorted(med)},
+            "verify_cost": curve,
+            "knee_threshold_rows": first_exceeding(cc, cc.max_rows, KNEE_THRESHOLD),
+            "knee_roofline_rows": fit_knee(cc.points)}
+
+
+def demo_context(tokenizer, length: int) -> list[int]:
+    """A realistic context for n-gram lookup: the demo's code-editing prompt, repeated to `length` tokens."""
+    from specdec.engine.cli import DEMO_PROMPT, encode_prompt
+
+    ids = encode_prompt(tokenizer, DEMO_PROMPT, chat=True) if tokenizer else list(range(1, 300))
+    return (ids * (length // len(ids) + 1))[:length]
+
+
+def time_ngram(drafter, context: list[int], k: int, rounds: int = 50) -> dict:
+    """Seconds per propose() as the engine calls it: the context grows by 2 tokens a round."""
+    half = len(context) // 2
+    rounds = max(1, min(rounds, (len(context) - half) // 2))
+    drafter.begin([context[:half]])
+    drafter.propose([context[:half]], k, [True])  # indexes the first half (a prefill's worth), untimed
+    times, drafted = [], []
+    for i in range(1, rounds + 1):
+        ctx = context[: half + 2 * i]
+        t0 = time.perf_counter()
+        d = drafter.propose([ctx], k, [True])
+        times.append(time.perf_counter() - t0)
+        drafted.append(int((d.tokens >= 0).sum()))
+    # the index's memory per context token, at worst (every n-gram distinct: random tokens); it is Python dicts
+    # and tuples, so tracemalloc sees all of it
+    distinct = torch.randint(0, 1 << 30, (len(context),), generator=torch.Generator().manual_seed(0)).tolist()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    drafter.begin([distinct])
+    drafter.propose([distinct], k, [True])
+    index_bytes = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return {"seconds_per_round": statistics.median(times), "k": k, "tokens_per_round": statistics.median(drafted),
+            "context": len(context), "index_bytes_per_token": index_bytes / len(context)}
+
+
+def measure_bandwidth(nbytes: int, reps: int, tick: Tick = lambda: None) -> dict:
+    """Read bandwidth (a sum over an nbytes tensor) and copy bandwidth (read + write bytes over time)."""
+    x = torch.ones(nbytes // 4, dtype=torch.float32)
+    y = torch.empty_like(x)
+    x.sum(), y.copy_(x)  # warm-up: page faults
+    sums, copies = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        x.sum()
+        t1 = time.perf_counter()
+        y.copy_(x)
+        copies.append(time.perf_counter() - t1)
+        sums.append(t1 - t0)
+        tick()
+    n = x.numel() * 4
+    return {"bytes": n, "read_GBps": n / statistics.median(sums) / 1e9, "read_GBps_best": n / min(sums) / 1e9,
+            "copy_GBps": 2 * n / statistics.median(copies) / 1e9, "copy_GBps_best": 2 * n / min(copies) / 1e9,
+            "method": "read: torch sum over the tensor; copy: torch copy_ into another, counting read + write"}
+
+
+def model_memory(model) -> dict:
+    read = int(model.weight_bytes_per_token)
+    embed = getattr(model, "embed", None)  # the embedding table: resident, but one row read per token
+    resident = read + (embed.numel() * embed.element_size() if isinstance(embed, torch.Tensor) else 0)
+    kv = model.kv_bytes_per_token() if hasattr(model, "kv_bytes_per_token") else None
+    return {"weight_bytes_read_per_token": read, "resident_weight_bytes": resident, "kv_bytes_per_token": kv}
+
+
+def memory_entry(target: dict, draft: dict | None, ngram_bytes_per_token: float, budget: float, context: int) -> dict:
+    """Batch capacity at `context` tokens per sequence, without and with the drafter's memory."""
+    kv_t = target["kv_bytes_per_token"] or 0
+    alone = batch_capacity(budget, target["resident_weight_bytes"], kv_t, context)
+    d_w = draft["resident_weight_bytes"] if draft else 0
+    d_kv = (draft["kv_bytes_per_token"] or 0) if draft else ngram_bytes_per_token
+    both = batch_capacity(budget, target["resident_weight_bytes"] + d_w, kv_t + d_kv, context)
+    return {"target": target, "draft": draft, "drafter_bytes_per_token": d_kv, "budget_bytes": budget,
+            "context": context, "sequences_without_drafter": alone, "sequences_with_drafter": both,
+            "sequences_lost": alone - both, "share_lost": (alone - both) / alone if alone else None}
+
+
+def measure_draft(loaded, drafter, context: int, target_step_s: float, reps: int, k: int,
+                  tick: Tick = lambda: None) -> tuple[dict, float]:
+    """(what was measured, c): the drafter's cost per drafted token in target passes at `context`."""
+    from specdec.drafters.draft_model import DraftModelDrafter
+    from specdec.drafters.ngram import NgramDrafter
+
+    if isinstance(drafter, DraftModelDrafter):
+        t = statistics.median(time_passes(drafter.model, context, [1], reps, tick)[1])
+        return {"kind": "draft-model", "step_s": t, "context": context,
+                "rule": "c = the draft model's 1-token pass / the target's, at the typical context"}, t / target_step_s
+    if isinstance(drafter, NgramDrafter):
+        draft = {"kind": "ngram", **time_ngram(drafter, demo_context(loaded.tokenizer, context), k),
+                 "rule": "c = seconds per lookup / k / the target's 1-row pass (lookup cost is flat in k)"}
+        tick()
+        return draft, draft["seconds_per_round"] / k / target_step_s
+    return {"kind": drafter.name}, 0.0
+
+
+def physical_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_rows: int = 32, reps: int = 5,
+            k: int = 5, bandwidth_bytes: int = 1 << 30, budget_bytes: float | None = None,
+            batch_context: int | None = None, progress: bool = True) -> dict:
+    """Measure everything; bandwidth_bytes = 0 skips bandwidth and memory (the quick profile of `bench`)."""
+    from tqdm import tqdm
+
+    from specdec.drafters.draft_model import DraftModelDrafter
+
+    if reps < 1 or max_rows < 2:
+        raise SpecdecError(f"--reps must be >= 1 and --max-rows >= 2 (got {reps} and {max_rows})")
+    model, contexts = loaded.model, sorted(set(contexts))
+    typical = contexts[len(contexts) // 2]
+    rows = list(range(1, max_rows + 1))
+    draft_model = drafter.model if isinstance(drafter, DraftModelDrafter) else None
+    total = len(contexts) * len(rows) * reps + (reps if draft_model else 1) + (reps if bandwidth_bytes else 0)
+    with tqdm(total=total, desc="profile", unit="pass", file=sys.stderr, disable=not progress,
+              dynamic_ncols=True) as bar:
+        entries = []
+        for ctx in contexts:
+            bar.set_postfix_str(f"target, context {ctx}", refresh=False)
+            entries.append(context_entry(ctx, time_passes(model, ctx, rows, reps, bar.update)))
+        mid = next(e for e in entries if e["context"] == typical)
+        bar.set_postfix_str(f"drafter {drafter.name}", refresh=False)
+        draft, c = measure_draft(loaded, drafter, typical, mid["step_s"], reps, k, bar.update)
+        out = {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "model": loaded.name,
+               "backend": loaded.backend, "precision": getattr(model, "precision", None),
+               "drafter": drafter.name, "threads": torch.get_num_threads(), "reps": reps,
+               "typical_context": typical, "verify_cost": mid["verify_cost"], "step_s": mid["step_s"],
+               "draft_cost": c, "draft": draft, "contexts": entries,
+               "knee": {"rule": KNEE_RULE, "context": typical, "threshold": KNEE_THRESHOLD,
+                        "threshold_rows": mid["knee_threshold_rows"], "roofline_rows": mid["knee_roofline_rows"]}}
+        if bandwidth_bytes:
+            bar.set_postfix_str("memory bandwidth", refresh=False)
+            bw = measure_bandwidth(bandwidth_bytes, reps, bar.update)
+            target_mem = model_memory(model)
+            floor = target_mem["weight_bytes_read_per_token"] / (bw["read_GBps"] * 1e9)
+            out["bandwidth"] = bw
+            out["floor"] = {"seconds_per_token": floor, "tokens_per_s": 1.0 / floor,
+                            "rule": "weight bytes read per token / read bandwidth",
+                            "measured_step_s": entries[0]["step_s"], "context": entries[0]["context"],
+                            "measured_over_floor": entries[0]["step_s"] / floor}
+            out["memory"] = memory_entry(target_mem, model_memory(draft_model) if draft_model else None,
+                                         draft.get("index_bytes_per_token", 0.0), budget_bytes or physical_memory(),
+                                         batch_context or typical)
+    return out
+
+
+def quick_profile(loaded, drafter, progress: bool = True) -> dict:
+    """The profile `bench` measures when none is given: 2 contexts, up to 13 rows, 3 reps (some seconds)."""
+    return profile(loaded, drafter, contexts=(128, 512), max_rows=13, reps=3, bandwidth_bytes=0,
+                   progress=progress)

@@ -1,0 +1,231 @@
+"""The runner's order and multi-turn handling with fake methods, the report's tables and plot, and the whole
+`specdec profile` / `specdec bench` path on a tiny random-weight Llama with a word-level tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec.bench.prompts import Prompt
+from specdec.bench.report import OVERALL, build_report, leaderboard, markdown, plot
+from specdec.bench.runner import Method, Round, Turn, encode_turns, mark_identity, run_bench
+from specdec.cli import main
+
+
+class WordTokenizer:
+    """Each character is a token; no chat template, so turns are joined by blank lines."""
+
+    chat_template = None
+    eos_token_ids: set = set()
+
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def fake_method(name, calls, baseline=None, answer="ok", rounds=((2, 2, 3, 0.0, 0.01),), times=(0.1, 0.2, 0.2, 0.2)):
+    def generate(ids, max_new):
+        calls.append((name, WordTokenizer().decode(ids), max_new))
+        toks = [ord(c) for c in (answer * 4)[: len(times)]]
+        return Turn(list(ids), toks, WordTokenizer().decode(toks), "length", times[-1], times[0], list(times),
+                    [Round(*r) for r in rounds])
+
+    return Method(name, generate, "specdec", baseline, None if baseline is None else 3)
+
+
+def test_rotation_warmup_and_own_answers():
+    calls = []
+    methods = [fake_method("plain", calls), fake_method("spec", calls, "plain", answer="xy")]
+    prompts = [Prompt("1", "a", ("hi", "more")), Prompt("2", "b", ("yo",))]
+    samples = run_bench(prompts, methods, WordTokenizer(), 16, warmup_tokens=4, progress=False)
+    assert calls[:2] == [("plain", "hi", 4), ("spec", "hi", 4)]  # one warm-up each, short
+    order = [(c[0], c[1]) for c in calls[2:]]
+    assert order == [("plain", "hi"), ("plain", "hi\n\nokok\n\nmore"),  # turn 2 follows the method's own answer
+                     ("spec", "hi"), ("spec", "hi\n\nxyxy\n\nmore"),
+                     ("spec", "yo"), ("plain", "yo")]  # prompt 2: the order rotates
+    assert [(s.qid, s.method, len(s.turns)) for s in samples] == [
+        ("1", "plain", 2), ("1", "spec", 2), ("2", "spec", 1), ("2", "plain", 1)]
+
+
+def test_encode_turns_with_a_chat_template():
+    class Chat(WordTokenizer):
+        chat_template = "x"
+
+        def apply_chat_template(self, messages, add_generation_prompt=True):
+            return "|".join(f"{m['role'][0]}:{m['content']}" for m in messages) + "|a:"
+
+    assert Chat().decode(encode_turns(Chat(), ["q1", "q2"], ["r1"])) == "u:q1|a:r1|u:q2|a:"
+
+
+def test_identity_mismatch_position_and_logit_gap():
+    calls = []
+    methods = [fake_method("plain", calls, answer="abcd"), fake_method("spec", calls, "plain", answer="abXd")]
+    samples = run_bench([Prompt("1", "a", ("p",))], methods, WordTokenizer(), 8, warmup_tokens=0, progress=False)
+    seen = []
+    mark_identity(samples, methods, lambda ids: seen.append(ids) or (0.25, 7, 9))
+    spec = samples[1]
+    assert spec.identical is False
+    assert spec.mismatch == {"turn": 0, "position": 2, "token": ord("X"), "baseline_token": ord("c"),
+                             "logit_gap": 0.25, "top1": 7, "top2": 9}
+    assert seen == [[ord("p"), ord("a"), ord("b")]]  # the baseline's prefix up to the difference
+    assert samples[0].identical is None
+
+
+def _report(profile=None, spec_answer="ok"):
+    calls = []
+    methods = [fake_method("plain", calls, rounds=[(0, 0, 1, 0.0, 0.09)] * 3, times=(0.1, 0.2, 0.3, 0.4)),
+               fake_method("ngram k=3", calls, "plain", answer=spec_answer)]
+    prompts = [Prompt("1", "writing", ("a",)), Prompt("2", "coding", ("b",)), Prompt("3", "coding", ("c",))]
+    samples = run_bench(prompts, methods, WordTokenizer(), 4, warmup_tokens=0, progress=False)
+    mark_identity(samples, methods, lambda ids: (0.5, 1, 2))
+    config = {"model": "m", "precision": "fp32", "drafter": "ngram", "max_new_tokens": 4, "prompts": 3,
+              "prompt_file": "f", "default_k": 3}
+    return build_report(samples, methods, config, profile, "test" if profile else None, 0.1)
+
+
+def test_report_tables_and_plot(tmp_path):
+    report = _report()
+    res = report["results"]["ngram k=3"]
+    assert report["categories"] == ["writing", "coding"]
+    # plain: 4 tokens in 0.4 s; spec: 4 tokens in 0.2 s
+    assert res[OVERALL]["speedup"] == pytest.approx(2.0) and res["categories"]["coding"]["prompts"] == 2
+    assert res[OVERALL]["tokens_per_pass"] == 3.0 and res[OVERALL]["identical_rate"] == 1.0
+    assert res[OVERALL]["predicted_speedup_rounds"] is not None and "predicted_speedup" not in res[OVERALL]
+    lines = leaderboard(report).splitlines()
+    assert lines[0] == "| Method | writing | coding | Overall | Mean accepted tokens |"
+    assert lines[1].count("---") == 5 and len(lines) == 3
+    assert lines[2].startswith("| ngram k=3 | 2.00x | 2.00x | 2.00x | 3.00 |")
+    md = markdown(report)
+    assert "## Details" in md and "acceptance drift, ngram k=3" in md
+    assert report["timing"]["plain"]["slow_qids"] == [] and "timing, plain: decode step median 100.0 ms; 0 of 3 prompts" in md
+    assert "- prediction error, ngram k=3: conditional a_i: overall " in md
+    detail_rows = [x for x in md.splitlines() if x.startswith("| ngram k=3 |") or x.startswith("| plain |")]
+    assert len(detail_rows) == 1 + 3 + 3  # leaderboard row + (2 categories + overall) per method in details
+    png = tmp_path / "s.png"
+    plot(report, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    json.dumps(report)  # everything serialises
+
+
+def test_report_lists_outputs_that_differ():
+    report = _report(spec_answer="oX")
+    assert report["results"]["ngram k=3"][OVERALL]["identical_rate"] == 0.0
+    md = markdown(report)
+    assert (f"- output differs, ngram k=3: question 1, turn 1, token 1: {ord('X')} instead of {ord('k')}, "
+            "target logit gap top1 - top2 = 0.5000") in md
+
+
+def test_report_with_profile_predicts_from_it():
+    prof = {"verify_cost": {"1": 1.0, "4": 1.0}, "draft_cost": 0.0}
+    res = _report(prof)["results"]["ngram k=3"][OVERALL]
+    assert res["predicted_speedup"] is not None and res["predicted_speedup_error"] is not None
+
+
+# --- end to end on a tiny model ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 2-layer random Llama (vocab 64) with a word-level tokenizer: words w0..w61, <eos> = 0."""
+    import torch
+    from tokenizers import Tokenizer, decoders
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      initializer_range=0.5, eos_token_id=0, bos_token_id=1, pad_token_id=0)
+    LlamaForCausalLM(cfg).eval().save_pretrained(path)
+    tok = Tokenizer(WordLevel({"<eos>": 0, "<unk>": 1, **{f"w{i}": i + 2 for i in range(62)}}, unk_token="<unk>"))
+    tok.pre_tokenizer, tok.decoder = WhitespaceSplit(), decoders.WordPiece()
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
+    words = lambda *ix: " ".join(f"w{i}" for i in ix)  # noqa: E731
+    prompts = path / "q.jsonl"
+    prompts.write_text("\n".join(json.dumps(x) for x in [
+        {"question_id": 1, "category": "copy", "turns": [words(*range(3, 20), *range(3, 12)), words(5, 6, 7)]},
+        {"question_id": 2, "category": "copy", "turns": [words(*range(20, 40), *range(20, 30))]},
+        {"question_id": 3, "category": "other", "turns": [words(7, 3, 9, 2, 7, 3, 9)]},
+    ]) + "\n")
+    return path
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matrices: one thread avoids thread hand-off stalls on a shared machine (the suite stays fast)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_profile_then_bench_on_a_tiny_model(tiny, tmp_path, capsys, one_thread):
+    prof = tmp_path / "profile.json"
+    assert main(["profile", "--model", str(tiny), "--precision", "fp32", "--contexts", "16,32", "--max-rows", "13",
+                 "--reps", "1", "--bandwidth-gib", "0.01", "--json", str(prof), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "verify cost T(n)/T(1)" in out and "knee:" in out and "physical floor" in out
+    p = json.loads(prof.read_text())
+    assert p["verify_cost"]["1"] == 1.0 and len(p["verify_cost"]) == 13 and p["typical_context"] == 32
+    assert p["draft"]["kind"] == "ngram" and p["draft_cost"] > 0
+    assert p["memory"]["sequences_without_drafter"] >= p["memory"]["sequences_with_drafter"] > 0
+    assert main(["plan", "--alpha", "0.7", "--profile", str(prof), "--json"]) == 0  # the plan command reads it
+    assert json.loads(capsys.readouterr().out)["max_k"] == 12
+
+    out_json, md, png = tmp_path / "b.json", tmp_path / "b.md", tmp_path / "b.png"
+    assert main(["bench", "--prompts", str(tiny / "q.jsonl"), "--model", str(tiny), "--precision", "fp32",
+                 "--max-new-tokens", "12", "--k", "auto", "--profile", str(prof), "--compare", "hf",
+                 "--json", str(out_json), "--markdown", str(md), "--plot", str(png), "--quiet"]) == 0
+    r = json.loads(out_json.read_text())
+    names = [m["name"] for m in r["methods"]]
+    assert names == ["plain", "ngram k=auto", "ngram k=2", "ngram k=4", "ngram k=5", "ngram k=6", "ngram k=8",
+                     "hf plain", "hf prompt-lookup k=5"]
+    assert r["categories"] == ["copy", "other"] and len(r["samples"]) == 3 * len(names)
+    auto = r["results"]["ngram k=auto"][OVERALL]
+    assert auto["speedup"] > 0 and auto["predicted_speedup"] > 0 and auto["identical_rate"] is not None
+    assert set(r["auto_k"][OVERALL]) >= {"auto", "best_fixed_k", "gain_vs_best", "gain_vs_default"}
+    assert "ngram k=5 / hf plain" in r["hf"][OVERALL] and "ngram k=auto" in r["meters"]
+    assert len(r["meters"]["ngram k=auto"]["trace"]) == 3 and "ngram k=auto" in r["drift"]
+    assert "## Speedup (Spec-Bench layout)" in md.read_text() and png.stat().st_size > 1000
+    two_turns = next(s for s in r["samples"] if s["qid"] == "1" and s["method"] == "plain")
+    assert len(two_turns["turns"]) == 2 and two_turns["turns"][1]["prompt_tokens"] > 26  # turn 2 sees turn 1
+
+
+@pytest.mark.slow
+def test_bench_smoke_on_the_bundled_model(tmp_path, capsys):
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"prompt": "Repeat exactly: the cat sat on the mat. the cat sat on the mat."}) + "\n")
+    assert main(["bench", "--prompts", str(q), "--max-new-tokens", "8", "--json", str(tmp_path / "r.json"),
+                 "--quiet"]) == 0
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["results"]["ngram k=5"][OVERALL]["identical_rate"] == 1.0
+
+
+def test_draft_model_profile_and_bench_on_a_tiny_model(tiny, tmp_path, capsys, one_thread):
+    """The tiny model as its own draft model: c is about 1, the draft's weights and cache take batch capacity."""
+    model = ["--model", str(tiny), "--precision", "fp32", "--drafter", "draft-model", "--draft-model", str(tiny)]
+    prof = tmp_path / "profile.json"
+    assert main(["profile", *model, "--contexts", "16", "--max-rows", "4", "--reps", "1", "--bandwidth-gib", "0.01",
+                 "--memory-budget-gb", "0.001", "--batch-context", "64", "--json", str(prof), "--quiet"]) == 0
+    p = json.loads(prof.read_text())
+    assert p["draft"]["kind"] == "draft-model" and 0.2 < p["draft_cost"] < 5
+    mem = p["memory"]
+    assert mem["draft"]["kv_bytes_per_token"] == mem["target"]["kv_bytes_per_token"]
+    assert mem["sequences_lost"] > 0 and mem["budget_bytes"] == 2**30 / 1000 and mem["context"] == 64
+    assert "draft weights" in capsys.readouterr().out
+    out_json = tmp_path / "b.json"
+    assert main(["bench", "--prompts", str(tiny / "q.jsonl"), *model, "--categories", "other", "--max-new-tokens",
+                 "6", "--k", "3", "--compare", "hf", "--json", str(out_json), "--quiet"]) == 0
+    r = json.loads(out_json.read_text())
+    assert [m["name"] for m in r["methods"]] == ["plain", "draft-model k=3", "hf plain", "hf prompt-lookup k=3",
+                                                 "hf assisted k=3"]
+    spec = r["results"]["draft-model k=3"][OVERALL]
+    assert spec["alpha"] == 1.0 and spec["identical_rate"] == 1.0  # its own draft: every token accepted
