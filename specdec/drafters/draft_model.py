@@ -63,15 +63,18 @@ class DraftModelDrafter:
 
     def propose(self, contexts, k: int, active) -> Draft:
         b = len(contexts)
-        feed = [list(ctx[self.valid[r]:]) for r, ctx in enumerate(contexts)]  # >= 1 token per row
-        n = max(len(f) for f in feed)
+        # finished rows ride along with one junk token at position 0 and then hold nothing valid: writing where
+        # their context ends could run past the cache once the context is full
+        feed = [list(ctx[self.valid[r]:]) if on else [0] for r, (ctx, on) in enumerate(zip(contexts, active))]
+        n = max(len(f) for f in feed)  # every active row feeds >= 1 token
         tokens = torch.zeros(b, n, dtype=torch.long)
         for r, f in enumerate(feed):
             tokens[r, : len(f)] = torch.tensor(f)
-        start = torch.tensor(self.valid)
+        tokens[tokens >= self.model.cfg.vocab_size] = 0  # an id only the target has: any stand-in stays exact
+        start = torch.tensor([v if on else 0 for v, on in zip(self.valid, active)])  # [B]
         last = torch.tensor([len(f) - 1 for f in feed])
         logits = self.model.forward(tokens, start, self.cache, last_only=last, prefill=n > PREFILL_ABOVE)
-        pos = torch.tensor([len(c) for c in contexts])  # [B]: where the first drafted token goes
+        pos = start + torch.tensor([len(f) for f in feed])  # [B]: where the first drafted token goes
         drafted, probs = [], []
         for i in range(k):
             q = self._probs(logits)  # [B, vocab]
@@ -80,7 +83,7 @@ class DraftModelDrafter:
             probs.append(q)
             if i < k - 1:
                 logits = self.model.forward(x.view(b, 1), pos + i, self.cache)[:, 0]
-        self.valid = [len(c) for c in contexts]
+        self.valid = [len(c) if on else 0 for c, on in zip(contexts, active)]
         self._fed = k - 1
         tokens = torch.stack(drafted, dim=1)  # [B, k]
         inactive = ~torch.tensor(list(active), dtype=torch.bool)

@@ -85,7 +85,7 @@ def read_prompt(args) -> str:
     elif args.prompt_file:
         with open(args.prompt_file, encoding="utf-8") as f:
             text = f.read()
-    elif not sys.stdin.isatty():
+    elif sys.stdin is not None and not sys.stdin.closed and not sys.stdin.isatty():  # None: stdin closed
         text = sys.stdin.read()
     else:
         raise SpecdecError("no prompt: give --prompt TEXT, --prompt-file FILE, or pipe text on stdin")
@@ -108,6 +108,8 @@ def build(args):
 
         if not torch.cuda.is_available():
             raise SpecdecError("--device cuda: no CUDA device is available here")
+    if args.drafter == "draft-model" and not args.draft_model:  # before loading anything
+        raise SpecdecError("--drafter draft-model needs --draft-model PATH")
     precision = args.precision or ("bf16" if args.device == "cuda" else "fp16")
     target = load_model(args.model, precision, args.device)
     if args.drafter == "ngram":
@@ -115,8 +117,6 @@ def build(args):
     elif args.drafter == "none":
         drafter = NoDrafter()
     else:
-        if not args.draft_model:
-            raise SpecdecError("--drafter draft-model needs --draft-model PATH")
         draft = load_model(args.draft_model, args.draft_precision or precision, args.device)
         DraftModelDrafter.check_compatible(target.tokenizer, draft.tokenizer)
         drafter = DraftModelDrafter(draft.model, target.model.cfg.vocab_size)

@@ -109,20 +109,28 @@ class _Run:
             self.stats[r].ttft_s = now
             self._emit(r, [int(first[r])], ["prefill"], now)
 
-        while not all(self.finish):
+        while True:
+            for r in range(b):  # a row whose context fills the cache cannot take another pass
+                if self.finish[r] is None and int(lengths[r]) >= self.capacity:
+                    self.finish[r] = "length"
+            if all(self.finish):
+                break
             active = [f is None for f in self.finish]
+            live = torch.tensor(active)  # [B]
             contexts = [p + o for p, o in zip(self.prompts, self.out)]
             k = max(self.policy.choose(s.drafted, s.accepted) for s, on in zip(self.stats, active) if on)
             if isinstance(self.drafter, NoDrafter):
                 k = 0
-            k = max(0, min(k, self.capacity - 1 - int(lengths.max())))  # never write past the cache
+            k = max(0, min(k, self.capacity - 1 - int(lengths[live].max())))  # never write past the cache
+            # finished rows ride along (static batch); keep their junk writes inside the cache too
+            start = torch.where(live, lengths, lengths.clamp(max=self.capacity - 1 - k))  # [B]
             td = time.perf_counter()
             draft = self.drafter.propose(contexts, k, active) if k > 0 else None
             tokens = draft.tokens if draft is not None else torch.empty(b, 0, dtype=torch.long)  # [B, k']
             tv = time.perf_counter()
             last = torch.tensor([c[-1] for c in contexts]).view(b, 1)  # [B, 1]
             step_in = torch.cat([last, tokens.clamp(min=0)], dim=1)  # [B, k'+1]; PAD slots are junk, never read
-            logits = self.model.forward(step_in, lengths, cache)  # [B, k'+1, vocab]
+            logits = self.model.forward(step_in, start, cache)  # [B, k'+1, vocab]
             out = self._verify(tokens, draft.probs if draft is not None else None, logits)
             t1 = time.perf_counter()
             num_acc = out.num_accepted.tolist()
@@ -141,7 +149,7 @@ class _Run:
                     draft_s=tv - td, verify_s=t1 - tv, t=now))
                 self.engine.meter.update(len(drafted), n)
             # the last token and the accepted drafts are now cached; finished rows stay where they are
-            lengths = lengths + torch.where(torch.tensor(active), out.num_accepted + 1, 0)
+            lengths = lengths + torch.where(live, out.num_accepted + 1, 0)
 
         total = time.perf_counter() - t0
         results = []

@@ -17,6 +17,7 @@ def build_trace(result, tokenizer, *, model: str, drafter: str, k: int, temperat
         "token": r.token,
         "token_text": piece(r.token),
         "kind": r.kind,
+        "emitted": r.emitted,  # tokens kept: fewer than accepted + 1 when EOS, a stop or the budget cut the round
         "draft_s": r.draft_s,
         "verify_s": r.verify_s,
     } for r in result.stats.rounds]

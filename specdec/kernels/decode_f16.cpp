@@ -1,7 +1,7 @@
 // y[M, N] = x[M, K] (fp32) . w[N, K]^T (fp16 weights) + bias, for the few rows of a decode or verify pass.
 //
-// Memory-bound by design: every weight is read from DRAM once per call whatever M is (a slab of weight rows
-// stays in L2 while blocks of up to 6 activation rows pass over it). Batch-invariant by construction: the result
+// Memory-bound by design: for up to 12 rows every weight is read once per call and used for all rows while
+// it is in registers. Batch-invariant by construction: the result
 // for (m, n) is one 8-lane FMA chain over K in ascending order followed by a fixed horizontal sum, so it
 // does not depend on M, on the other rows, or on which tile n falls in.
 #include <torch/extension.h>
@@ -65,31 +65,55 @@ inline void tile1(const float* x, const at::Half* w0, const float* bias, float* 
   for (int i = 0; i < MB; ++i) y[(m0 + i) * N + n] = hsum(a0[i]) + (bias ? bias[n] : 0.f);
 }
 
-constexpr int64_t MBLOCK = 6;  // activation rows per pass over a tile (12 accumulators + 3 operands fit AVX2)
-
 template <int MB>
-void pass(const float* x, const at::Half* w, const float* bias, float* y, int64_t N, int64_t K, int64_t m0,
-          int64_t n0, int64_t n1, bool prefetch) {
+void pass2(const float* x, const at::Half* w, const float* bias, float* y, int64_t N, int64_t K, int64_t m0,
+           int64_t n0, int64_t n1, bool prefetch) {
   int64_t n = n0;
   for (; n + 2 <= n1; n += 2) tile2<MB>(x, w + n * K, w + (n + 1) * K, bias, y, N, K, m0, n, prefetch);
   if (n < n1) tile1<MB>(x, w + n * K, bias, y, N, K, m0, n);
 }
 
+template <int MB>
+void pass1(const float* x, const at::Half* w, const float* bias, float* y, int64_t N, int64_t K, int64_t m0,
+           int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t k = 0; k < K; k += 32) _mm_prefetch(reinterpret_cast<const char*>(w + (n + 1) * K + k), _MM_HINT_T0);
+    tile1<MB>(x, w + n * K, bias, y, N, K, m0, n);
+  }
+}
+
+// Up to 6 rows: tiles of 2 weight rows x all rows (12 accumulators). 7 to 12 rows: tiles of 1 weight row x
+// all rows, so the weights still pass once. More rows (prefill-sized): blocks of 12 over slabs kept in L2.
 void rows(const float* x, const at::Half* w, const float* bias, float* y,
           int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
-  // Weight rows in slabs that stay in L2 while every block of activation rows passes over them.
-  const int64_t slab = std::max<int64_t>(2, (int64_t(1) << 17) / (K * 2)) & ~int64_t(1);
+  if (M <= 6) {
+    switch (M) {
+      case 1: pass2<1>(x, w, bias, y, N, K, 0, n0, n1, true); break;
+      case 2: pass2<2>(x, w, bias, y, N, K, 0, n0, n1, true); break;
+      case 3: pass2<3>(x, w, bias, y, N, K, 0, n0, n1, true); break;
+      case 4: pass2<4>(x, w, bias, y, N, K, 0, n0, n1, true); break;
+      case 5: pass2<5>(x, w, bias, y, N, K, 0, n0, n1, true); break;
+      default: pass2<6>(x, w, bias, y, N, K, 0, n0, n1, true); break;
+    }
+    return;
+  }
+  const int64_t slab = std::max<int64_t>(2, (int64_t(1) << 17) / (K * 2));
   for (int64_t s0 = n0; s0 < n1; s0 += slab) {
     const int64_t s1 = std::min(n1, s0 + slab);
-    for (int64_t m0 = 0; m0 < M; m0 += MBLOCK) {
-      const bool first = m0 == 0;
-      switch (std::min(MBLOCK, M - m0)) {
-        case 1: pass<1>(x, w, bias, y, N, K, m0, s0, s1, first); break;
-        case 2: pass<2>(x, w, bias, y, N, K, m0, s0, s1, first); break;
-        case 3: pass<3>(x, w, bias, y, N, K, m0, s0, s1, first); break;
-        case 4: pass<4>(x, w, bias, y, N, K, m0, s0, s1, first); break;
-        case 5: pass<5>(x, w, bias, y, N, K, m0, s0, s1, first); break;
-        default: pass<6>(x, w, bias, y, N, K, m0, s0, s1, first); break;
+    for (int64_t m0 = 0; m0 < M; m0 += 12) {
+      switch (std::min<int64_t>(12, M - m0)) {
+        case 1: pass1<1>(x, w, bias, y, N, K, m0, s0, s1); break;
+        case 2: pass1<2>(x, w, bias, y, N, K, m0, s0, s1); break;
+        case 3: pass1<3>(x, w, bias, y, N, K, m0, s0, s1); break;
+        case 4: pass1<4>(x, w, bias, y, N, K, m0, s0, s1); break;
+        case 5: pass1<5>(x, w, bias, y, N, K, m0, s0, s1); break;
+        case 6: pass1<6>(x, w, bias, y, N, K, m0, s0, s1); break;
+        case 7: pass1<7>(x, w, bias, y, N, K, m0, s0, s1); break;
+        case 8: pass1<8>(x, w, bias, y, N, K, m0, s0, s1); break;
+        case 9: pass1<9>(x, w, bias, y, N, K, m0, s0, s1); break;
+        case 10: pass1<10>(x, w, bias, y, N, K, m0, s0, s1); break;
+        case 11: pass1<11>(x, w, bias, y, N, K, m0, s0, s1); break;
+        default: pass1<12>(x, w, bias, y, N, K, m0, s0, s1); break;
       }
     }
   }

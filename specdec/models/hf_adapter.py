@@ -47,7 +47,7 @@ class HFAdapter:
     def forward(self, tokens, start, cache: HFCache, last_only=None, prefill: bool = False):
         s = int(start[0])
         if s < cache.length:
-            cache.cache.crop(s)  # rollback: forget the rejected tail
+            cache.cache.crop(s - cache.length)  # rollback: forget the rejected tail (transformers 5: a negative count)
         elif s > cache.length:
             raise SpecdecError(f"cache holds {cache.length} positions, asked to continue at {s}")
         n = tokens.shape[1]

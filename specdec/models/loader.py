@@ -46,6 +46,8 @@ def resolve_model_dir(spec: str) -> Path:
 def load_model(spec: str = "default", precision: str = "fp16", device: str = "cpu") -> LoadedModel:
     import json
 
+    from safetensors import SafetensorError
+
     from specdec.models.tokenizer import Tokenizer
 
     if precision not in PRECISIONS:
@@ -72,5 +74,5 @@ def load_model(spec: str = "default", precision: str = "fp16", device: str = "cp
         return LoadedModel(HFAdapter(path, device), tokenizer, name, path, "transformers")
     except SpecdecError:
         raise
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:  # a truncated or garbage file
         raise SpecdecError(f"{path}: cannot load the model ({type(e).__name__}: {e})") from None

@@ -1,0 +1,243 @@
+"""Shared fixtures and helpers for the engine and drafter tests: tiny random-weight Llama/Qwen2 models written as
+Hugging Face folders (built once per session), the bundled SmolLM2-135M loaded once per precision, a fake
+tokenizer, a scripted drafter, the plain greedy loop written out, and a report of where two greedy outputs part.
+
+Torch runs single-threaded here (set SPECDEC_TEST_THREADS to change it): on two shared cores, intra-op threads
+contend with other work and a tiny model's pass can take 30x longer. Results do not depend on the thread count
+(test_engine_model checks it)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec.drafters.base import Draft, pad_rows
+
+torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "1")))
+
+
+# ---- tiny models -----------------------------------------------------------------------------------------------
+
+def write_tiny_model(path: Path, vocab: int = 64, seed: int = 0, max_pos: int = 256, std: float = 0.02,
+                     arch: str = "llama", layers: int = 2, perturb: float = 0.0) -> Path:
+    """A random-weight model folder (config.json + model.safetensors) in transformers' own layout.
+
+    std: the weights' init scale; larger values give peakier, more varied next-token distributions.
+    perturb: add this much relative noise to every weight (from another seed): a close relative of the
+    seed's model, which makes a draft that agrees with it often but not always."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
+    cfg = config_cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_pos,
+                     initializer_range=std, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = model_cls(cfg).eval()
+    g = torch.Generator().manual_seed(10_000 + seed)
+    with torch.no_grad():
+        for name, w in model.named_parameters():
+            if name.endswith(".bias"):  # transformers zeroes biases; random ones make the Qwen2 check mean something
+                w.copy_(torch.randn(w.shape, generator=g) * std)
+            if perturb:
+                w.add_(torch.randn(w.shape, generator=g) * perturb * w.abs().mean())
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """tiny_dir(**kw) -> folder of a tiny model (see write_tiny_model); each distinct model is written once."""
+    made: dict[tuple, Path] = {}
+
+    def make(**kw) -> Path:
+        key = tuple(sorted(kw.items()))
+        if key not in made:
+            made[key] = write_tiny_model(tmp_path_factory.mktemp("tiny"), **kw)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_dir):
+    """tiny_model(precision="fp16", **kw) -> specdec Transformer over tiny_dir(**kw), built once per arguments."""
+    from specdec.models.transformer import Transformer
+
+    made: dict[tuple, object] = {}
+
+    def make(precision: str = "fp16", **kw):
+        key = (precision, *sorted(kw.items()))
+        if key not in made:
+            made[key] = Transformer.from_dir(tiny_dir(**kw), precision)
+        return made[key]
+
+    return make
+
+
+def write_word_tokenizer(path: Path, words: list[str]) -> None:
+    """A whitespace word-level tokenizer.json (ids in list order) with "<eos>" as its eos token, and no chat
+    template: enough for the CLI to load a tiny model folder."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece()  # joins words with spaces
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>", "unk_token": words[0]}))
+
+
+# ---- the bundled model -----------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def bundled_path() -> Path:
+    """The converted bundled model (converted into the default cache on first use)."""
+    from specdec.models.gguf_convert import bundled_model_dir
+
+    return bundled_model_dir()
+
+
+@pytest.fixture(scope="session")
+def bundled(bundled_path):
+    """bundled(precision) -> LoadedModel of SmolLM2-135M-Instruct, loaded once per precision."""
+    from specdec.models.loader import load_model
+
+    made: dict[str, object] = {}
+
+    def load(precision: str = "fp16"):
+        if precision not in made:
+            made[precision] = load_model("default", precision)
+        return made[precision]
+
+    return load
+
+
+# ---- helpers ---------------------------------------------------------------------------------------------------
+
+class FakeTokenizer:
+    """Token id i is the character chr(ord('a') + i); `eos` ids end generation."""
+
+    def __init__(self, eos=()):
+        self.eos_token_ids = set(eos)
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return "".join(chr(ord("a") + i) for i in ids)
+
+
+class ScriptedDrafter:
+    """Drafts from a known continuation: for row r, the next k tokens of `futures[r]` (prompt + the plain
+    output), of which only the first `correct(round)` are right and the rest are junk (token + 1 mod vocab).
+    Records every proposal, and calls `on_propose(contexts)` first (the engine's state between rounds)."""
+
+    name = "scripted"
+
+    def __init__(self, futures, vocab: int, correct=lambda i: 10**9, on_propose=None):
+        self.futures, self.vocab, self.correct, self.on_propose = futures, vocab, correct, on_propose
+        self.rounds = 0
+        self.proposed: list[list[list[int]]] = []  # per round, per row
+        self.heard: list[list[int]] = []  # per round, the accepted counts
+
+    def begin(self, prompts, capacity, sampling) -> None:
+        pass
+
+    def propose(self, contexts, k, active) -> Draft:
+        if self.on_propose:
+            self.on_propose(contexts)
+        j = self.correct(self.rounds)
+        self.rounds += 1
+        rows = []
+        for ctx, future, on in zip(contexts, self.futures, active):
+            true = list(future[len(ctx):len(ctx) + k]) if on else []
+            rows.append([t if i < j else (t + 1) % self.vocab for i, t in enumerate(true)])
+        self.proposed.append(rows)
+        return Draft(pad_rows(rows, k))
+
+    def accepted(self, num_accepted) -> None:
+        self.heard.append(list(num_accepted))
+
+
+def prefill_cache(model, prompts, capacity: int):
+    """What the engine's prefill does: right-padded prompts in one prefill pass. Returns (cache, logits [B, vocab])."""
+    b = len(prompts)
+    lengths = torch.tensor([len(p) for p in prompts])
+    padded = torch.zeros(b, int(lengths.max()), dtype=torch.long)
+    for r, p in enumerate(prompts):
+        padded[r, : len(p)] = torch.tensor(p)
+    cache = model.new_cache(b, capacity)
+    logits = model.forward(padded, torch.zeros(b, dtype=torch.long), cache, last_only=lengths - 1, prefill=True)
+    return cache, logits
+
+
+def teacher_forced(model, prompts, continuations, capacity: int = 256):
+    """Plain one-token decode passes over known continuations, all rows together (row r gets continuation[r][i]
+    at its own position; rows that ran out repeat their last token, out of the way).
+    Returns (cache, logits): logits[r][i] predicts continuation[r][i] (index 0 from the prefill)."""
+    cache, first = prefill_cache(model, prompts, capacity)
+    logits = [[first[r]] for r in range(len(prompts))]
+    for i in range(max(len(c) for c in continuations) - 1):
+        toks = torch.tensor([[c[min(i, len(c) - 1)]] for c in continuations])  # [B, 1]
+        pos = torch.tensor([len(p) + min(i, len(c) - 1) for p, c in zip(prompts, continuations)])
+        out = model.forward(toks, pos, cache)[:, 0]  # [B, vocab]
+        for r, c in enumerate(continuations):
+            if i + 1 < len(c):
+                logits[r].append(out[r])
+    return cache, [torch.stack(l) for l in logits]
+
+
+def prefill_rows(model, prompts, capacity: int = 128):
+    """A batch cache whose row r holds prompt r as its own batch-1 prefill wrote it (the prefill is not
+    batch-invariant: see test_engine_model.test_prefill_is_batch_invariant). Returns (cache, logits [B, vocab])."""
+    cache = model.new_cache(len(prompts), capacity)
+    logits = []
+    for r, p in enumerate(prompts):
+        one, first = prefill_cache(model, [p], capacity)
+        logits.append(first[0])
+        for layer in range(len(cache.k)):
+            cache.k[layer][r], cache.v[layer][r] = one.k[layer][0], one.v[layer][0]
+    return cache, torch.stack(logits)
+
+
+def greedy_reference(model, prompt, n: int) -> list[int]:
+    """Plain greedy decoding written out: prefill, then one token per pass, argmax. No engine involved."""
+    return greedy_reference_rows(model, [prompt], n)[0]
+
+
+def greedy_reference_rows(model, prompts, n: int) -> list[list[int]]:
+    """greedy_reference for several prompts at once: each row prefilled alone, then one-token passes for all
+    rows together (decode passes are batch-invariant, so each row is what it would be alone)."""
+    cache, logits = prefill_rows(model, prompts, max(len(p) for p in prompts) + n + 1)
+    out = [[int(t)] for t in logits.argmax(-1)]
+    for i in range(n - 1):
+        pos = torch.tensor([len(p) + i for p in prompts])
+        step = model.forward(torch.tensor([[o[-1]] for o in out]), pos, cache)[:, 0]  # [B, vocab]
+        for o, t in zip(out, step.argmax(-1).tolist()):
+            o.append(t)
+    return out
+
+
+def first_divergence(model, prompt, expected: list[int], got: list[int]) -> tuple[int, float] | None:
+    """Where two greedy outputs first differ, and the target's top-1 minus top-2 logit there (from plain
+    one-token passes over the expected context). None when they are equal."""
+    i = next((j for j, (a, b) in enumerate(zip(expected, got)) if a != b), None)
+    if i is None:
+        if len(expected) == len(got):
+            return None
+        return min(len(expected), len(got)), float("nan")
+    _, logits = teacher_forced(model, [prompt], [expected[: i + 1]], len(prompt) + i + 2)
+    top = logits[0][i].float().topk(2).values
+    return i, float(top[0] - top[1])
+
+
+def divergence_message(model, prompt, expected, got) -> str:
+    found = first_divergence(model, prompt, expected, got)
+    if found is None:
+        return "outputs are equal"
+    i, gap = found
+    exp = expected[i] if i < len(expected) else None
+    was = got[i] if i < len(got) else None
+    return (f"speculative output differs from plain greedy at generated token {i} (plain {exp}, speculative {was}); "
+            f"the target's top-1 minus top-2 logit there is {gap:.3g}")

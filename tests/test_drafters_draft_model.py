@@ -1,0 +1,85 @@
+"""The draft-model drafter: vocabulary check, the shape of what it proposes, vocabularies of other sizes, and
+the target drafting for itself (every draft accepted, at temperature 0 and 1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.engine.generate import Engine, GenerationConfig
+from specdec.errors import SpecdecError
+from specdec.models.tokenizer import Tokenizer
+from specdec.sampling.verify import PAD
+from specdec.sampling.warp import SamplingConfig
+from tests.conftest import greedy_reference_rows, write_word_tokenizer
+
+VOCAB = 32
+WORDS = ["<unk>", "<eos>", *[f"w{i}" for i in range(VOCAB - 2)]]
+
+
+def test_check_compatible(tmp_path):
+    folders = {}
+    for name, words in (("a", WORDS), ("b", WORDS), ("swapped", [WORDS[0], WORDS[1], WORDS[3], WORDS[2], *WORDS[4:]]),
+                        ("renamed", [*WORDS[:-1], "other"]), ("short", WORDS[:-1])):
+        folders[name] = tmp_path / name
+        folders[name].mkdir()
+        write_word_tokenizer(folders[name], words)
+    tok = {name: Tokenizer.from_dir(path) for name, path in folders.items()}
+    DraftModelDrafter.check_compatible(tok["a"], tok["b"])
+    for other in ("swapped", "renamed", "short"):
+        with pytest.raises(SpecdecError, match="tokenizer differs"):
+            DraftModelDrafter.check_compatible(tok["a"], tok[other])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_proposal_shape_and_inactive_rows(tiny_model, temperature):
+    draft = DraftModelDrafter(tiny_model("fp16", vocab=VOCAB, seed=1), VOCAB)
+    ctxs = [[1, 2, 3, 4, 5], [6, 7], [8] * 20]  # the last one is fed through the prefill path
+    draft.begin(ctxs, 64, SamplingConfig(temperature, seed=0))
+    out = draft.propose(ctxs, 4, [True, False, True])
+    assert out.tokens.shape == (3, 4) and out.tokens.dtype == torch.long
+    assert (out.tokens[1] == PAD).all() and (out.tokens[[0, 2]] >= 0).all()
+    if temperature == 0:
+        assert out.probs is None  # greedy: q is one-hot on the drafted tokens
+    else:
+        assert out.probs.shape == (3, 4, VOCAB)
+        assert torch.allclose(out.probs.sum(-1), torch.ones(3, 4))
+        assert (out.probs.gather(2, out.tokens.clamp(min=0).unsqueeze(2)) > 0).all()
+    draft.accepted([2, 0, 4])
+    assert draft.valid == [5 + 2, 0, 20 + 3]  # at most k-1 drafts were fed to the draft model
+
+
+@pytest.mark.parametrize("draft_vocab", [VOCAB - 4, VOCAB + 8])
+def test_draft_vocabulary_of_another_size(tiny_model, draft_vocab):
+    """A draft model with a padded (larger) or smaller embedding: q is cut and renormalised, or zero-filled,
+    to the target's vocabulary, and speculative output stays the target's."""
+    target = tiny_model("fp16", vocab=VOCAB)
+    draft = DraftModelDrafter(tiny_model("fp16", vocab=draft_vocab, seed=1), VOCAB)
+    ctxs = [[1, 2, 3]]
+    draft.begin(ctxs, 32, SamplingConfig(1.0, seed=0))
+    q = draft.propose(ctxs, 3, [True]).probs
+    assert q.shape == (1, 3, VOCAB) and torch.allclose(q.sum(-1), torch.ones(1, 3))
+    if draft_vocab < VOCAB:
+        assert (q[..., draft_vocab:] == 0).all()
+    prompts = [[1, 2, 3], [4, 5]]
+    plain = greedy_reference_rows(target, prompts, 20)
+    results = Engine(target, None).generate(prompts, GenerationConfig(20), draft, 3)
+    assert [r.token_ids for r in results] == plain
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_target_drafting_for_itself_is_always_accepted(tiny_model, temperature):
+    """q comes from the draft's one-token passes, p from the target's verify pass over the same tokens: on the
+    fp16 path they agree bit for bit, so u * q < p always holds (only the prompt's keys and values differ, by
+    rounding, between the target's prefill and the draft's decode-path feed: a rejection chance near 1e-7 per
+    token). Any real batch dependence would show as rejections."""
+    model = tiny_model("fp16", vocab=VOCAB, std=0.3)
+    prompts = [[1, 2, 3, 4], [5, 6], [7, 8, 9, 10, 11, 12, 13]] * 20
+    results = Engine(model, None).generate(prompts, GenerationConfig(12, SamplingConfig(temperature, seed=3)),
+                                           DraftModelDrafter(model, VOCAB), 4)
+    drafted = sum(r.stats.drafted for r in results)
+    accepted = sum(r.stats.accepted for r in results)
+    assert drafted > 0 and accepted == drafted
+    if temperature > 0:
+        assert len({tuple(r.token_ids) for r in results}) > 3  # it did sample

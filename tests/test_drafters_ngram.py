@@ -1,0 +1,135 @@
+"""Prompt lookup (n-gram drafter): what it proposes, and that its index stays incremental."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from specdec.drafters.ngram import NgramDrafter
+from specdec.errors import SpecdecError
+from specdec.sampling.verify import PAD
+
+
+def lookup(ctx, k=3, max_n=4, min_n=1):
+    d = NgramDrafter(max_n, min_n)
+    d.begin([ctx])
+    return d.lookup(0, ctx, k)
+
+
+def test_proposes_what_followed_the_most_recent_match():
+    #      0  1  2  3  4  5  6  7  8  9 10
+    ctx = [1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3]
+    assert lookup(ctx, k=3) == [7, 8, 1]  # (1, 2, 3) last occurred at 4..6, not at 0..2
+
+
+def test_prefers_the_longest_n():
+    # the suffix (5, 1): its 2-gram last occurred at 0..1 (followed by 8); the 1-gram (1) more recently at 4
+    ctx = [5, 1, 8, 6, 1, 9, 5, 1]
+    assert lookup(ctx, k=2) == [8, 6]
+    assert lookup(ctx, k=2, max_n=1) == [9, 5]  # with 1-grams only, the most recent (1) wins
+
+
+def test_min_n_ignores_short_matches():
+    ctx = [4, 1, 7, 2, 1]  # only a 1-gram match
+    assert lookup(ctx, k=2) == [7, 2]
+    assert lookup(ctx, k=2, min_n=2) == []
+
+
+def test_nothing_without_a_match():
+    assert lookup([1, 2, 3, 4, 5]) == []
+    assert lookup([7]) == []
+
+
+def test_proposes_at_most_k_and_what_exists():
+    ctx = list(range(12)) + [0, 1, 2]
+    for k in (1, 2, 5, 8):
+        assert lookup(ctx, k=k) == list(range(3, 3 + k))
+    assert lookup([1, 2, 1], k=5) == [2, 1]  # the match is followed by only two tokens
+    # a periodic context: the most recent match sits just before the suffix, so less than k is left after it
+    assert lookup([1, 2, 3] * 10, k=8) == [1, 2, 3]
+
+
+def test_propose_pads_rows_and_skips_inactive_ones():
+    d = NgramDrafter()
+    ctxs = [[1, 2, 3, 1, 2], [4, 5, 6], [1, 1, 1, 1]]
+    d.begin(ctxs)
+    draft = d.propose(ctxs, 3, [True, True, False])
+    assert draft.probs is None  # deterministic: q is one-hot on the drafted tokens
+    assert draft.tokens.dtype == torch.long
+    assert draft.tokens.tolist() == [[3, 1, 2], [PAD, PAD, PAD], [PAD, PAD, PAD]]
+
+
+def test_bad_sizes_are_refused():
+    for lo, hi in ((0, 3), (3, 2)):
+        with pytest.raises(SpecdecError):
+            NgramDrafter(hi, lo)
+
+
+def test_incremental_as_the_context_grows():
+    """Growing a context token by token (as rounds accept tokens), each new position is indexed once, and the
+    proposals equal a fresh drafter's over the whole context."""
+    g = torch.Generator().manual_seed(0)
+    ctx = torch.randint(0, 6, (300,), generator=g).tolist()
+    grown = NgramDrafter(3, 1)
+    grown.begin([ctx[:1]])
+    for n in range(1, len(ctx) + 1):
+        got = grown.lookup(0, ctx[:n], 4)
+        if n % 37 == 0:
+            fresh = NgramDrafter(3, 1)
+            fresh.begin([ctx[:n]])
+            assert got == fresh.lookup(0, ctx[:n], 4), n
+
+
+class CountingDict(dict):
+    def __init__(self):
+        super().__init__()
+        self.writes = 0
+
+    def __setitem__(self, key, value):
+        self.writes += 1
+        super().__setitem__(key, value)
+
+
+def test_indexing_is_linear_in_the_context():
+    """A 20k-token context grown one token at a time: every position is indexed exactly once (one write per
+    n-gram size), and the second half takes about as long as the first."""
+    n_tokens, max_n = 20_000, 4
+    g = torch.Generator().manual_seed(1)
+    ctx = torch.randint(0, 50, (n_tokens,), generator=g).tolist()
+    d = NgramDrafter(max_n, 1)
+    d.begin([ctx[:1]])
+    counter = d.rows[0].last_end = CountingDict()
+    half = []
+    started = time.perf_counter()
+    for n in range(1, n_tokens + 1):
+        d.propose([_Tail(ctx, n)], 3, [True])
+        if n == n_tokens // 2:
+            half.append(time.perf_counter() - started)
+    half.append(time.perf_counter() - started - half[0])
+    # positions 1 .. n-1 are indexed (the suffix itself is not), each with min(max_n, end) n-grams
+    expected = sum(min(max_n, end) for end in range(1, n_tokens))
+    assert counter.writes == expected
+    assert d.rows[0].indexed_to == n_tokens - 1
+    assert half[1] < 4 * half[0] + 0.2, f"first 10k tokens {half[0]:.2f} s, second 10k {half[1]:.2f} s"
+
+
+class _Tail:
+    """ctx[:n] without copying it: the drafter only reads len(), slices and items near the end."""
+
+    def __init__(self, ctx, n):
+        self.ctx, self.n = ctx, n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            start, stop, step = i.indices(self.n)
+            return self.ctx[start:stop:step]
+        if i < 0:
+            i += self.n
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return self.ctx[i]

@@ -1,0 +1,212 @@
+"""`specdec generate` from the command line: bad input gives exit status 2 and one clear line on stderr (never a
+traceback), and --json / --trace report a generation faithfully."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import specdec.models.loader as loader
+from specdec.cli import main
+from tests.conftest import write_tiny_model, write_word_tokenizer
+
+WORDS = ["<unk>", "<eos>", *[f"w{i}" for i in range(30)]]
+
+
+@pytest.fixture(scope="module")
+def tiny_cli_model(tmp_path_factory) -> Path:
+    """A loadable tiny model folder with 64 positions and a word-level tokenizer ("w0 w1 ...")."""
+    folder = tmp_path_factory.mktemp("tiny-cli")
+    write_tiny_model(folder, vocab=len(WORDS), max_pos=64)
+    write_word_tokenizer(folder, WORDS)
+    return folder
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["generate", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_clear_error(code: int, err: str, *fragments: str) -> None:
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("specdec: error: "), err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_tiny_model_folder_works(capsys, tiny_cli_model):
+    """The folder the error cases below build on does load and generate."""
+    code, out, err = run_cli(capsys, "--model", str(tiny_cli_model), "--prompt", "w1 w2 w3", "--no-chat",
+                             "--max-new-tokens", "6", "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["token_ids"]) == 6
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--k", "0"], ["k must be an integer >= 1"]),
+    (["--k", "-3"], ["k must be an integer >= 1"]),
+    (["--temperature", "-0.5"], ["temperature must be >= 0"]),
+    (["--top-p", "0"], ["top-p must be in (0, 1]"]),
+    (["--top-p", "1.5"], ["top-p must be in (0, 1]"]),
+    (["--max-new-tokens", "0"], ["max new tokens"]),
+    (["--drafter", "draft-model"], ["needs --draft-model"]),
+    (["--k", "many"], ["invalid int value"]),
+], ids=["k=0", "k<0", "temperature<0", "top-p=0", "top-p=1.5", "no-tokens", "no-draft-path", "k-not-int"])
+def test_bad_settings(capsys, tiny_cli_model, args, fragments):
+    code, _, err = run_cli(capsys, "--model", str(tiny_cli_model), "--prompt", "w1", *args)
+    assert_clear_error(code, err, *fragments)
+
+
+def test_missing_model_path(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "--model", str(tmp_path / "nowhere"), "--prompt", "hi")
+    assert_clear_error(code, err, "model not found")
+
+
+def test_missing_prompt_file(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "--prompt-file", str(tmp_path / "nope.txt"))
+    assert_clear_error(code, err, "nope.txt")
+
+
+@pytest.mark.parametrize("damage", ["config-not-json", "config-missing-field", "weights-garbage",
+                                    "weights-truncated", "weights-missing", "tokenizer-garbage"])
+def test_broken_model_folder(capsys, tmp_path, tiny_cli_model, damage):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for f in tiny_cli_model.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    weights = folder / "model.safetensors"
+    if damage == "config-not-json":
+        (folder / "config.json").write_text("{not json")
+    elif damage == "config-missing-field":
+        cfg = json.loads((folder / "config.json").read_text())
+        del cfg["hidden_size"]
+        (folder / "config.json").write_text(json.dumps(cfg))
+    elif damage == "weights-garbage":
+        weights.write_bytes(b"\x00" * 64 + b"garbage" * 50)
+    elif damage == "weights-truncated":
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    elif damage == "weights-missing":
+        weights.unlink()
+    else:
+        (folder / "tokenizer.json").write_text('{"version": "1.0", "model": 7}')
+    code, _, err = run_cli(capsys, "--model", str(folder), "--prompt", "w1", "--no-chat")
+    assert_clear_error(code, err, str(folder))
+
+
+@pytest.mark.parametrize("content", [os.urandom(4096), b"GGUF\x03\x00\x00\x00" + b"\xff" * 40],
+                         ids=["random", "bad-header"])
+def test_garbage_gguf(capsys, tmp_path, monkeypatch, content):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))  # where a conversion would be cached
+    path = tmp_path / "model.gguf"
+    path.write_bytes(content)
+    code, _, err = run_cli(capsys, "--model", str(path), "--prompt", "hi")
+    assert_clear_error(code, err, "model.gguf")
+
+
+def test_prompt_longer_than_the_context(capsys, tiny_cli_model):
+    code, _, err = run_cli(capsys, "--model", str(tiny_cli_model), "--no-chat", "--prompt", " ".join(["w3"] * 70))
+    assert_clear_error(code, err, "70 tokens", "context of 64")
+
+
+@pytest.mark.parametrize("stdin", ["none", "closed"])
+def test_no_prompt_and_stdin_closed(capsys, monkeypatch, stdin):
+    """Python makes sys.stdin None when file descriptor 0 is closed (`specdec generate <&-`); a closed file
+    object is the other way to meet a closed stdin."""
+    import io
+
+    closed = io.StringIO("text")
+    closed.close()
+    monkeypatch.setattr(sys, "stdin", None if stdin == "none" else closed)
+    code, _, err = run_cli(capsys)
+    assert_clear_error(code, err, "no prompt")
+
+
+def test_empty_prompt_on_stdin(capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("  \n"))
+    code, _, err = run_cli(capsys)
+    assert_clear_error(code, err, "the prompt is empty")
+
+
+# ---- the bundled model -----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def reuse_bundled(bundled, monkeypatch):
+    """Let the CLI's loader hand out the session's already loaded bundled model for 'default' (loading it
+    takes seconds); any other model is loaded for real."""
+    real = loader.load_model
+
+    def load(spec="default", precision="fp16", device="cpu"):
+        if spec in ("default", "", None) and device == "cpu":
+            return bundled(precision)
+        return real(spec, precision, device)
+
+    monkeypatch.setattr(loader, "load_model", load)
+
+
+@pytest.mark.slow
+def test_draft_model_with_another_tokenizer(capsys, tmp_path, bundled_path, reuse_bundled):
+    """A copy of the bundled model (weights and config linked) whose tokenizer.json has two tokens swapped."""
+    copy = tmp_path / "draft"
+    copy.mkdir()
+    for f in bundled_path.iterdir():
+        if f.name != "tokenizer.json":
+            (copy / f.name).symlink_to(f)
+    tok = json.loads((bundled_path / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tok["model"]["vocab"]
+    a, b = (next(t for t, i in vocab.items() if i == n) for n in (1000, 1001))
+    vocab[a], vocab[b] = 1001, 1000
+    (copy / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False), encoding="utf-8")
+    code, _, err = run_cli(capsys, "--prompt", "hi", "--precision", "fp32", "--drafter", "draft-model",
+                           "--draft-model", str(copy))
+    assert_clear_error(code, err, "tokenizer differs")
+
+
+@pytest.mark.slow
+def test_prompt_longer_than_the_bundled_context(capsys, tmp_path, bundled, reuse_bundled):
+    limit = bundled("fp16").model.cfg.max_position_embeddings
+    assert limit == 8192
+    prompt = tmp_path / "long.txt"
+    prompt.write_text(" apple" * (limit + 10))
+    code, _, err = run_cli(capsys, "--prompt-file", str(prompt), "--no-chat")
+    assert_clear_error(code, err, "does not fit", str(limit))
+
+
+@pytest.mark.slow
+def test_json_and_trace(capsys, tmp_path, reuse_bundled):
+    trace_path = tmp_path / "trace.json"
+    code, out, err = run_cli(capsys, "--prompt", "Repeat exactly: red green blue, red green blue, red green blue.",
+                             "--max-new-tokens", "16", "--k", "4", "--json", "--trace", str(trace_path))
+    assert code == 0, err
+    report = json.loads(out)
+    for key in ("text", "token_ids", "alpha", "mean_tokens_per_round", "rounds", "tokens_per_s", "ttft_s",
+                "per_position_acceptance"):
+        assert key in report, key
+    ids = report["token_ids"]
+    assert 0 < len(ids) <= 16 and isinstance(report["text"], str) and report["text"]
+    assert report["finish_reason"] in ("length", "eos")
+
+    trace = json.loads(trace_path.read_text())
+    assert trace["format"] == "specdec-trace" and trace["version"] == 1 and trace["k"] == 4
+    assert trace["first_token"] == ids[0]
+    assert trace["summary"]["rounds"] == len(trace["rounds"]) == report["rounds"]
+    assert trace["summary"]["tokens"] == len(ids)
+    replay = [trace["first_token"]]
+    for r in trace["rounds"]:
+        assert set(r) >= {"drafted", "accepted", "token", "kind"}
+        assert 0 <= r["accepted"] <= len(r["drafted"]) <= 4
+        assert r["kind"] == ("bonus" if r["accepted"] == len(r["drafted"]) else "recovered")
+        assert len(r["drafted_text"]) == len(r["drafted"])
+        replay += (r["drafted"][: r["accepted"]] + [r["token"]])[: r["emitted"]]
+    assert replay == ids
+    drafted = sum(len(r["drafted"]) for r in trace["rounds"])
+    accepted = sum(r["accepted"] for r in trace["rounds"])
+    assert report["alpha"] == pytest.approx(accepted / drafted)

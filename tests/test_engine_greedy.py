@@ -1,0 +1,167 @@
+"""Temperature 0: speculative output is plain greedy output, token for token, for every drafter; on tiny models
+and on the bundled SmolLM2-135M, one prompt and a batch of prompts of different lengths."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.drafters.base import NoDrafter
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine.generate import Engine, GenerationConfig
+from specdec.engine.policy import AutoK
+from tests.conftest import (
+    ScriptedDrafter, divergence_message, first_divergence, greedy_reference, greedy_reference_rows,
+)
+
+VOCAB = 64
+TARGET = dict(vocab=VOCAB)  # tiny target: std 0.02 weights, its greedy output soon repeats (n-grams match)
+RELATIVE = dict(vocab=VOCAB, perturb=0.5)  # the target with noisy weights: agrees with it often, not always
+STRANGER = dict(vocab=VOCAB, seed=1)  # another random model: rarely agrees
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [20, 21, 22, 20, 21], [7]]
+N = 40
+
+
+def drafter_for(name: str, tiny_model, precision: str = "fp16"):
+    if name == "none":
+        return NoDrafter()
+    if name == "ngram":
+        return NgramDrafter(4, 1)
+    if name == "draft-model":
+        return DraftModelDrafter(tiny_model(precision, **RELATIVE), VOCAB)
+    if name == "draft-stranger":
+        return DraftModelDrafter(tiny_model(precision, **STRANGER), VOCAB)
+    if name == "draft-self":  # the target drafting for itself: every token must be accepted
+        return DraftModelDrafter(tiny_model(precision, **TARGET), VOCAB)
+    raise ValueError(name)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_model):
+    model = tiny_model("fp16", **TARGET)
+    return {tuple(p): out for p, out in zip(PROMPTS, greedy_reference_rows(model, PROMPTS, N))}
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+@pytest.mark.parametrize("name", ["none", "ngram", "draft-model", "draft-stranger", "draft-self"])
+def test_tiny_greedy_equals_plain(tiny_model, plain, name, k):
+    model = tiny_model("fp16", **TARGET)
+    engine = Engine(model, None)
+    drafted = accepted = 0
+    for prompt in PROMPTS:
+        res = engine.generate([prompt], GenerationConfig(N), drafter_for(name, tiny_model), k)[0]
+        expected = plain[tuple(prompt)]
+        assert res.token_ids == expected, divergence_message(model, prompt, expected, res.token_ids)
+        assert res.finish_reason == "length"
+        drafted, accepted = drafted + res.stats.drafted, accepted + res.stats.accepted
+    if name == "none":
+        assert drafted == 0
+    elif name == "draft-self":
+        assert accepted == drafted > 0  # bit-identical passes: the draft is the target
+    else:
+        assert 0 < accepted < drafted or name == "draft-stranger", (accepted, drafted)  # rounds of every kind
+
+
+def test_tiny_greedy_with_auto_k(tiny_model, plain):
+    model = tiny_model("fp16", **TARGET)
+    res = Engine(model, None).generate([PROMPTS[0]], GenerationConfig(N), NgramDrafter(), AutoK(max_k=6))[0]
+    assert res.token_ids == plain[tuple(PROMPTS[0])]
+    assert len({len(r.drafted) for r in res.stats.rounds}) > 1  # k did change along the way
+
+
+@pytest.mark.parametrize("name", ["ngram", "draft-model"])
+def test_tiny_batch_rows_equal_their_own_plain_output(tiny_model, plain, name):
+    """Three prompts of different lengths in one static batch: each row is its prompt's plain greedy output."""
+    model = tiny_model("fp16", **TARGET)
+    results = Engine(model, None).generate(PROMPTS, GenerationConfig(N), drafter_for(name, tiny_model), 4)
+    for prompt, res in zip(PROMPTS, results):
+        expected = plain[tuple(prompt)]
+        assert res.token_ids == expected, divergence_message(model, prompt, expected, res.token_ids)
+
+
+def test_scripted_acceptance_patterns(tiny_model, plain):
+    """A drafter that is right for exactly j tokens and then wrong: the target must accept exactly j each round
+    (j = 0 .. k, so rejected, partial and full rounds all occur) and the output must not change."""
+    model = tiny_model("fp16", **TARGET)
+    futures = [p + greedy_reference(model, p, N + 8) for p in PROMPTS]
+    k = 4
+    drafter = ScriptedDrafter(futures, VOCAB, correct=lambda i: i % (k + 1))
+    results = Engine(model, None).generate(PROMPTS, GenerationConfig(N), drafter, k)
+    for prompt, res in zip(PROMPTS, results):
+        assert res.token_ids == plain[tuple(prompt)]
+        assert [r.accepted for r in res.stats.rounds] == [i % (k + 1) for i in range(len(res.stats.rounds))]
+        kinds = [r.kind for r in res.stats.rounds]
+        assert "bonus" in kinds and "recovered" in kinds
+
+
+def test_fp32_greedy_parts_from_plain_only_at_near_ties(tiny_model):
+    """fp32 (MKL) is not batch-invariant (see test_engine_model), so a verify pass can flip an argmax that
+    one-token passes would not; that can only happen where the top two logits are within rounding. If the
+    outputs differ, the first difference must be at such a near-tie: the message gives the position and gap."""
+    model = tiny_model("fp32", **TARGET)
+    engine = Engine(model, None)
+    for prompt in PROMPTS:
+        expected = greedy_reference(model, prompt, N)
+        for drafter in (NgramDrafter(), DraftModelDrafter(tiny_model("fp32", **RELATIVE), VOCAB)):
+            got = engine.generate([prompt], GenerationConfig(N), drafter, 4)[0].token_ids
+            found = first_divergence(model, prompt, expected, got)
+            if found is not None:
+                print(divergence_message(model, prompt, expected, got))
+                assert found[1] < 1e-4, divergence_message(model, prompt, expected, got)
+
+
+# ---- the bundled model ---------------------------------------------------------------------------------------
+
+COPY_PROMPT = ("Repeat this list exactly, one item per line:\napple pie\nbanana bread\ncherry tart\n"
+               "date loaf\nelderberry jam\nfig roll")
+OTHER_PROMPTS = ["Name three colours.", "Write a haiku about the sea in English, please, with a title."]
+BUNDLED_N = 48
+BATCH_N = 16
+
+
+@pytest.fixture(scope="module")
+def bundled_plain(bundled):
+    """Plain greedy outputs of the bundled model (fp16), written-out loop, no engine."""
+    from specdec.engine.cli import encode_prompt
+
+    loaded = bundled("fp16")
+    texts = [COPY_PROMPT, *OTHER_PROMPTS]
+    ids = {text: encode_prompt(loaded.tokenizer, text, chat=True) for text in texts}
+    outs = greedy_reference_rows(loaded.model, [ids[t] for t in texts], BUNDLED_N)
+    return ids, dict(zip(texts, outs))
+
+
+def cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    return next((tokens[:i] for i, t in enumerate(tokens) if t in eos), tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["none", "ngram", "draft-model"])
+def test_bundled_greedy_equals_plain(bundled, bundled_plain, name):
+    loaded = bundled("fp16")
+    ids, plain = bundled_plain
+    prompt = ids[COPY_PROMPT]
+    if name == "draft-model":  # the same model with int8 weights: a real, imperfect draft sharing the tokenizer
+        DraftModelDrafter.check_compatible(loaded.tokenizer, bundled("int8").tokenizer)
+        drafter = DraftModelDrafter(bundled("int8").model, loaded.model.cfg.vocab_size)
+    else:
+        drafter = NoDrafter() if name == "none" else NgramDrafter()
+    res = Engine(loaded.model, loaded.tokenizer).generate([prompt], GenerationConfig(BUNDLED_N), drafter, 5)[0]
+    expected = cut_at_eos(plain[COPY_PROMPT], loaded.tokenizer.eos_token_ids)
+    assert res.token_ids == expected, divergence_message(loaded.model, prompt, expected, res.token_ids)
+    if name != "none":
+        print(f"bundled {name}: alpha {res.stats.alpha:.2f}, {res.stats.mean_tokens_per_round:.2f} tokens/round")
+        assert res.stats.accepted > 0
+
+
+@pytest.mark.slow
+def test_bundled_batch_rows_equal_their_own_plain_output(bundled, bundled_plain):
+    loaded = bundled("fp16")
+    ids, plain = bundled_plain
+    texts = [COPY_PROMPT, *OTHER_PROMPTS]
+    assert len({len(ids[t]) for t in texts}) == 3
+    results = Engine(loaded.model, loaded.tokenizer).generate([ids[t] for t in texts], GenerationConfig(BATCH_N),
+                                                              NgramDrafter(), 5)
+    for text, res in zip(texts, results):
+        expected = cut_at_eos(plain[text][:BATCH_N], loaded.tokenizer.eos_token_ids)
+        assert res.token_ids == expected, divergence_message(loaded.model, ids[text], expected, res.token_ids)

@@ -1,0 +1,164 @@
+"""When generation ends: EOS (not emitted), stop strings (the text is cut at the stop string), the token budget
+(never exceeded, even when a round yields k+1 tokens) and a full context; and the statistics a request reports."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine.generate import Engine, GenerationConfig
+from specdec.engine.stats import AcceptanceMeter, RequestStats, RoundRecord
+from specdec.errors import SpecdecError
+from tests.conftest import FakeTokenizer, ScriptedDrafter, greedy_reference, greedy_reference_rows
+
+VOCAB = 26  # the fake tokenizer spells token i as one letter
+PROMPT = [1, 2, 3, 4, 5, 6]
+K = 4
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model):
+    return tiny_model("fp16", vocab=VOCAB, std=0.1)
+
+
+@pytest.fixture(scope="module")
+def plain(model):
+    out = greedy_reference_rows(model, [PROMPT], 60)[0]
+    assert len(set(out[5:])) >= 2  # something to stop at
+    return out
+
+
+def oracle(plain, correct=lambda i: 10**9):
+    """Drafts the plain continuation: every round accepts all k drafts and adds a bonus token."""
+    return ScriptedDrafter([PROMPT + plain], VOCAB, correct)
+
+
+def test_eos_ends_generation_and_is_not_emitted(model, plain):
+    for at in (0, 3, 9, 14):  # the first EOS at various places, also inside a round of accepted drafts
+        eos = plain[at]
+        first = plain.index(eos)
+        for drafter in (None, NgramDrafter(), oracle(plain)):
+            res = Engine(model, FakeTokenizer({eos})).generate([PROMPT], GenerationConfig(50), drafter, K)[0]
+            assert res.finish_reason == "eos"
+            assert res.token_ids == plain[:first]
+            assert res.text == FakeTokenizer().decode(plain[:first])
+            assert len(res.origins) == len(res.token_ids) == len(res.stats.token_times)
+
+
+def test_stop_string_cuts_the_text(model, plain):
+    text = FakeTokenizer().decode(plain)
+    for at in (2, 7, 12):
+        stop = text[at:at + 2]
+        cut = text.index(stop)
+        for drafter in (None, NgramDrafter(), oracle(plain)):
+            res = Engine(model, FakeTokenizer()).generate(
+                [PROMPT], GenerationConfig(50, stop=("zzzz", stop)), drafter, K)[0]
+            assert res.finish_reason == "stop"
+            assert res.text == text[:cut]
+            assert res.token_ids == plain[:cut + 2]  # up to the token that completes the stop string
+            assert sum(r.emitted for r in res.stats.rounds) + 1 == len(res.token_ids)
+
+
+def test_token_budget_is_never_exceeded(model, plain):
+    """Every round yields k+1 tokens (all drafts accepted, plus the bonus): the budget cuts the last one."""
+    for budget in range(1, 16):
+        res = Engine(model, None).generate([PROMPT], GenerationConfig(budget), oracle(plain), K)[0]
+        assert res.token_ids == plain[:budget]
+        assert res.finish_reason == "length"
+        rounds = res.stats.rounds
+        assert all(r.accepted == len(r.drafted) for r in rounds)
+        assert sum(r.emitted for r in rounds) + 1 == budget
+        assert all(r.emitted == K + 1 for r in rounds[:-1])
+        assert res.stats.generated_tokens == budget
+
+
+def test_budget_in_a_batch_with_mixed_acceptance(model):
+    prompts = [PROMPT, [9, 9, 9, 9], [3]]
+    for budget in (1, 2, 7, 13):
+        results = Engine(model, None).generate(prompts, GenerationConfig(budget), NgramDrafter(), K)
+        assert [len(r.token_ids) for r in results] == [budget] * 3
+
+
+def test_full_context_ends_generation_instead_of_overrunning_the_cache(tiny_model):
+    """A model with 64 positions: the prompt plus the budget would not fit. Generation stops with "length"
+    once the context is full (it used to run past the cache and raise); the tokens are still plain greedy's."""
+    model = tiny_model("fp16", vocab=VOCAB, max_pos=64)
+    long_prompt, short_prompt = (PROMPT * 9)[:54], [7, 8]
+    fits = 64 + 1 - len(long_prompt)  # the last token is predicted at position 63 and never fed
+    plain = [greedy_reference(model, long_prompt, fits), greedy_reference(model, short_prompt, 40)]
+    futures = [long_prompt + plain[0], short_prompt + plain[1]]
+    draft = DraftModelDrafter(tiny_model("fp16", vocab=VOCAB, max_pos=64, perturb=0.5), VOCAB)
+    for drafter in (None, NgramDrafter(), ScriptedDrafter(futures, VOCAB), draft):
+        results = Engine(model, None).generate([long_prompt, short_prompt], GenerationConfig(40), drafter, K)
+        assert [r.finish_reason for r in results] == ["length", "length"]
+        assert results[0].token_ids == plain[0]
+        assert results[1].token_ids == plain[1]  # the other row is unaffected
+
+
+def test_prompt_longer_than_the_context_is_refused(tiny_model):
+    model = tiny_model("fp16", vocab=VOCAB, max_pos=64)
+    with pytest.raises(SpecdecError, match="does not fit"):
+        Engine(model, None).generate([[1] * 64], GenerationConfig(4))
+    with pytest.raises(SpecdecError, match="at least one token"):
+        Engine(model, None).generate([[1], []], GenerationConfig(4))
+
+
+# ---- statistics ------------------------------------------------------------------------------------------------
+
+def hand_built() -> RequestStats:
+    """Three rounds: 4 drafted / 2 accepted (recovered), 4 / 4 (bonus), 2 / 0 (recovered), and a round that
+    drafted nothing; the first token came from the prefill at t = 0.1."""
+    rounds = [
+        RoundRecord(drafted=[5, 6, 7, 8], accepted=2, token=9, kind="recovered", emitted=3, draft_s=0.01,
+                    verify_s=0.02, t=0.2),
+        RoundRecord(drafted=[1, 2, 3, 4], accepted=4, token=5, kind="bonus", emitted=5, draft_s=0.01,
+                    verify_s=0.03, t=0.3),
+        RoundRecord(drafted=[7, 7], accepted=0, token=1, kind="recovered", emitted=1, draft_s=0.005,
+                    verify_s=0.02, t=0.45),
+        RoundRecord(drafted=[], accepted=0, token=2, kind="bonus", emitted=1, draft_s=0.0, verify_s=0.01, t=0.5),
+    ]
+    times = [0.1] + [0.2] * 3 + [0.3] * 5 + [0.45] + [0.5]
+    return RequestStats(prompt_tokens=7, generated_tokens=11, ttft_s=0.1, total_s=0.5, rounds=rounds,
+                        token_times=times)
+
+
+def test_request_stats():
+    st = hand_built()
+    assert (st.drafted, st.accepted) == (10, 6)
+    assert st.alpha == pytest.approx(0.6)
+    assert st.mean_tokens_per_round == pytest.approx(10 / 4)
+    assert st.per_position_acceptance() == pytest.approx([2 / 3, 2 / 3, 1 / 2, 1 / 2])
+    assert st.inter_token_latencies() == pytest.approx([0.1, 0, 0, 0.1, 0, 0, 0, 0, 0.15, 0.05])
+    assert st.tokens_per_s == pytest.approx(22.0)
+    assert (st.draft_s, st.verify_s) == (pytest.approx(0.025), pytest.approx(0.08))
+    summary = st.summary()
+    assert summary["alpha"] == pytest.approx(0.6) and summary["rounds"] == 4 and summary["generated_tokens"] == 11
+    assert set(summary) >= {"alpha", "mean_tokens_per_round", "per_position_acceptance", "tokens_per_s", "ttft_s"}
+
+
+def test_empty_stats():
+    st = RequestStats()
+    assert st.alpha is None and st.mean_tokens_per_round == 0.0 and st.per_position_acceptance() == []
+    assert st.inter_token_latencies() == [] and st.tokens_per_s == 0.0
+
+
+def test_acceptance_meter():
+    meter = AcceptanceMeter(halflife_tokens=4)
+    meter.update(0, 0)  # nothing drafted: no information
+    assert meter.alpha is None and meter.ema is None
+    meter.update(4, 4)
+    assert meter.ema == 1.0
+    meter.update(4, 0)  # one half-life of new evidence at rate 0
+    assert meter.ema == pytest.approx(0.5) and meter.alpha == pytest.approx(0.5)
+
+
+def test_engine_stats_are_consistent(model, plain):
+    res = Engine(model, None).generate([PROMPT], GenerationConfig(30), NgramDrafter(), K)[0]
+    st = res.stats
+    assert res.origins[0] == "prefill" and res.origins.count("accepted") == st.accepted
+    assert sum(r.emitted for r in st.rounds) + 1 == len(res.token_ids) == st.generated_tokens == 30
+    assert len(st.token_times) == 30 and st.token_times == sorted(st.token_times)
+    assert st.ttft_s == st.token_times[0] and st.total_s >= st.token_times[-1]
+    for r in st.rounds:
+        assert r.kind == ("bonus" if r.accepted == len(r.drafted) else "recovered")
