@@ -28,6 +28,25 @@ inline __m256 load_w(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// e^x for 8 floats: range reduction by ln 2 and a degree-5 polynomial (Cephes' expf), ~1 ulp. The same
+// instruction sequence for every lane and call, so results depend only on x.
+inline __m256 exp256(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365447505531f);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2));
+}
+
 // One tile: weight rows n and n+1 against activation rows [m0, m0 + MB). Each (m, n) accumulates in its own
 // register in ascending k; the tile shape only decides which chains run side by side.
 template <int MB>
@@ -231,11 +250,24 @@ void decode_block(torch::Tensor x, torch::Tensor pos, torch::Tensor norm1, torch
       const float* q = qp + r * qkv_n + head * d;
       const float* kb = kc + (b * hk + g) * cap * d;
       const float* vb = vc + (b * hk + g) * cap * d;
-      s.resize(p + 1);
+      const int64_t L = p + 1, Lpad = (L + 7) & ~int64_t(7);
+      s.resize(Lpad);
       float mx = -INFINITY;
-      for (int64_t j = 0; j <= p; ++j) { s[j] = dot(q, kb + j * d, d) * scale; mx = std::max(mx, s[j]); }
-      float den = 0.f;
-      for (int64_t j = 0; j <= p; ++j) { s[j] = std::exp(s[j] - mx); den += s[j]; }
+      for (int64_t j = 0; j < L; ++j) { s[j] = dot(q, kb + j * d, d) * scale; mx = std::max(mx, s[j]); }
+      __m256 dacc = _mm256_setzero_ps();
+      const __m256 mxv = _mm256_set1_ps(mx);
+      for (int64_t j = 0; j < Lpad; j += 8) {  // the padding lanes are computed, then zeroed
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s.data() + j), mxv));
+        if (j + 8 > L) {
+          alignas(32) float tmp[8];
+          _mm256_store_ps(tmp, e);
+          for (int64_t t = L - j; t < 8; ++t) tmp[t] = 0.f;
+          e = _mm256_load_ps(tmp);
+        }
+        _mm256_storeu_ps(s.data() + j, e);
+        dacc = _mm256_add_ps(dacc, e);
+      }
+      const float den = hsum(dacc);
       float* out = ap + r * hq * d + head * d;
       for (int64_t i = 0; i < d; i += 8) {
         __m256 acc = _mm256_setzero_ps();
@@ -252,10 +284,13 @@ void decode_block(torch::Tensor x, torch::Tensor pos, torch::Tensor norm1, torch
   gemv_raw(h.data_ptr<float>(), gate_up_w.data_ptr<at::Half>(), nullptr, gu.data_ptr<float>(), R, 2 * inter, H);
   const float* gp = gu.data_ptr<float>();
   float* actp = act.data_ptr<float>();
+  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
   for (int64_t r = 0; r < R; ++r)
-    for (int64_t i = 0; i < inter; ++i) {
-      const float gate = gp[r * 2 * inter + i], up = gp[r * 2 * inter + inter + i];
-      actp[r * inter + i] = gate / (1.0f + std::exp(-gate)) * up;
+    for (int64_t i = 0; i < inter; i += 8) {  // silu(gate) * up
+      const __m256 gate = _mm256_loadu_ps(gp + r * 2 * inter + i);
+      const __m256 up = _mm256_loadu_ps(gp + r * 2 * inter + inter + i);
+      const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, gate))));
+      _mm256_storeu_ps(actp + r * inter + i, _mm256_mul_ps(_mm256_mul_ps(gate, sig), up));
     }
   gemv_raw(actp, down_w.data_ptr<at::Half>(), nullptr, o.data_ptr<float>(), R, H, inter);
   for (int64_t i = 0; i < R * H; ++i) xp[i] += op[i];
