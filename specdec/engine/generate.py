@@ -126,7 +126,12 @@ class _Run:
             start = torch.where(live, lengths, lengths.clamp(max=self.capacity - 1 - k))  # [B]
             td = time.perf_counter()
             draft = self.drafter.propose(contexts, k, active) if k > 0 else None
-            tokens = draft.tokens if draft is not None else torch.empty(b, 0, dtype=torch.long)  # [B, k']
+            tokens = draft.tokens if draft is not None else torch.empty(b, 0, dtype=torch.long)  # [B, k]
+            width = int((tokens >= 0).sum(dim=1).max()) if tokens.numel() else 0
+            if width < tokens.shape[1]:  # verify only as many positions as some row drafted (n-gram misses)
+                tokens = tokens[:, :width]  # [B, k']
+                if draft.probs is not None:
+                    draft.probs = draft.probs[:, :width]
             tv = time.perf_counter()
             last = torch.tensor([c[-1] for c in contexts]).view(b, 1)  # [B, 1]
             step_in = torch.cat([last, tokens.clamp(min=0)], dim=1)  # [B, k'+1]; PAD slots are junk, never read
