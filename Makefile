@@ -33,8 +33,15 @@ test: setup browser
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow and not browser"
 
+# The engine benchmark: this machine's cost profile (bandwidth, physical floor, verify curve), then plain vs
+# n-gram speculation vs Hugging Face generate (plain and prompt lookup) on copy-heavy Spec-Bench prompts.
+SPEC_BENCH ?= ../shared/data/spec_bench/question.jsonl
 bench: setup
-	$(BIN)/python scripts/bench_engine.py
+	mkdir -p artifacts
+	$(BIN)/specdec profile --json artifacts/profile.json
+	$(BIN)/specdec bench --prompts $(SPEC_BENCH) --categories summarization,rag --per-category 5 \
+	  --max-new-tokens 128 --profile artifacts/profile.json --compare hf \
+	  --json artifacts/bench-copy.json --markdown artifacts/bench-copy.md --plot artifacts/bench-copy.png
 
 clean:
 	rm -rf $(VENV) artifacts

@@ -129,6 +129,8 @@ def test_summarize_and_predict_by_hand():
                   identical=True)
     s = stats.summarize([spec], {"q": plain})
     assert s["tokens"] == 7 and math.isclose(s["speedup"], (7 / 0.9) / (7 / 1.1))
+    # the decode phase alone: 6 tokens after the first, in 0.4 s against the plain run's 0.6 s
+    assert math.isclose(s["decode_speedup"], (6 / 0.4) / (6 / 0.6))
     assert s["tokens_per_pass"] == 2.0 and s["alpha"] == 3 / 5
     assert s["acceptance_by_position"] == [1.0, 0.5, 0.0]  # pos 0: 2 of 2 rounds; pos 1: 1 of 2; pos 2: 0 of 1
     assert s["draft_lengths"] == {0: 1, 2: 1, 3: 1}

@@ -176,7 +176,7 @@ def leaderboard(report: dict) -> str:
 
 
 def details(report: dict) -> str:
-    header = ["Method", "Category", "plain tok/s", "tok/s", "speedup", "robust", "predicted", "error",
+    header = ["Method", "Category", "plain tok/s", "tok/s", "speedup", "decode speedup", "robust", "predicted", "error",
               "iid-a predicted", "tokens/pass", "a", "a_i (i=1..4)", "TTFT ms", "ITL p50 ms", "ITL p99 ms", "burst",
               "identical"]
     rows = []
@@ -186,7 +186,8 @@ def details(report: dict) -> str:
         for g, v in list(r["categories"].items()) + [(OVERALL, r[OVERALL])]:
             a_pos = ", ".join(_f(a) for a in v["acceptance_by_position"][:4]) or "-"
             rows.append([m["name"], g, _f(v.get("baseline_tokens_per_s"), 1), _f(v["tokens_per_s"], 1),
-                         _x(v.get("speedup")), _x(v.get("robust_speedup")), _x(v.get(key)), _pct(v.get(key + "_error")),
+                         _x(v.get("speedup")), _x(v.get("decode_speedup")), _x(v.get("robust_speedup")),
+                         _x(v.get(key)), _pct(v.get(key + "_error")),
                          _x(v.get(key + "_iid")), _f(v["tokens_per_pass"]), _f(v["alpha"]), a_pos,
                          _f(v["ttft_s"], 0, 1000), _f(v["itl_p50_s"], 1, 1000), _f(v["itl_p99_s"], 1, 1000),
                          _f(v["burst_share"], 0, 100, "%"), _f(v.get("identical_rate"), 0, 100, "%")])

@@ -64,6 +64,16 @@ class Sample:
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Tokens after the first over the time after the first (prefill excluded; identical work for every
+        method on one prompt). None where the first token's time is unknown."""
+        if any(t.ttft_s is None for t in self.turns):
+            return None
+        seconds = sum(t.seconds - t.ttft_s for t in self.turns)
+        tokens = sum(max(len(t.token_ids) - 1, 0) for t in self.turns)
+        return tokens / seconds if seconds > 0 else None
+
 
 GenerateFn = Callable[[list[int], int], Turn]
 

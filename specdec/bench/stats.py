@@ -118,6 +118,9 @@ def summarize(samples, baselines: dict | None = None) -> dict:
         base = [baselines[s.qid] for s in samples]
         out["baseline_tokens_per_s"] = mean([b.tokens_per_s for b in base])
         out["speedup"] = ratio_of_means(tps, [b.tokens_per_s for b in base])
+        dec, dec_base = [s.decode_tokens_per_s for s in samples], [b.decode_tokens_per_s for b in base]
+        if None not in dec + dec_base:  # the decode phase alone: prefill is the same work for both
+            out["decode_speedup"] = ratio_of_means(dec, dec_base)
         same = [s.identical for s in samples if s.identical is not None]
         out["identical_rate"] = sum(same) / len(same) if same else None
         out["mismatches"] = [{"qid": s.qid, **s.mismatch} for s in samples if s.mismatch]
