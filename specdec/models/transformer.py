@@ -41,6 +41,13 @@ class KVCache:
     def batch(self) -> int:
         return self.k[0].shape[0]
 
+    def row(self, r: int) -> "KVCache":
+        """A view of sequence r alone (writes go to this cache)."""
+        view = object.__new__(KVCache)
+        view.capacity = self.capacity
+        view.k, view.v = [t[r:r + 1] for t in self.k], [t[r:r + 1] for t in self.v]
+        return view
+
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
@@ -147,6 +154,10 @@ class Transformer:
         dev = self.device
         tokens, start = tokens.to(dev), start.to(dev)
         b, n = tokens.shape
+        if prefill and b > 1 and last_only is not None:
+            # row by row, each at its own length, so that a prompt's prefill does not depend on its batch-mates
+            return torch.cat([self.forward(tokens[r:r + 1, : int(last_only[r]) + 1], start[r:r + 1], cache.row(r),
+                                           last_only=last_only[r:r + 1], prefill=True) for r in range(b)])
         pos = start.view(b, 1) + torch.arange(n, device=dev).view(1, n)  # [B, n]
         x = F.embedding(tokens, self.embed).view(b * n, cfg.hidden_size)  # [B*n, hidden]
         if self.kernels is not None and not prefill:
