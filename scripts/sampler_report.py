@@ -6,7 +6,12 @@ the acceptance rate at position 0 against sum(min(p, q)), and the broken sampler
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for tests.sampler_harness
 
 from specdec.sampling.verify import rejection_sample
 from tests.sampler_harness import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 import sys
 
-from specdec.theory.economics import expected_tokens, predict_from_rounds
+from specdec.theory.economics import conditional_acceptance, expected_tokens, predict_from_positional
 
 COLORS = {"accepted": "\033[32m", "recovered": "\033[33m", "bonus": "\033[35m", "prefill": "\033[36m"}
 RESET = "\033[0m"
@@ -31,6 +31,12 @@ def measured_costs(plain, spec) -> tuple[float, dict[int, float]]:
     for r in spec.stats.rounds:
         by_rows.setdefault(len(r.drafted) + 1, []).append(r.verify_s)
     return c, {n: statistics.median(v) / step for n, v in by_rows.items()}
+
+
+def decode_rate(result) -> float:
+    """Tokens after the first per second after the first (prefill excluded)."""
+    st = result.stats
+    return (st.generated_tokens - 1) / max(st.total_s - st.ttft_s, 1e-9)
 
 
 def demo(args) -> int:
@@ -64,11 +70,15 @@ def demo(args) -> int:
           f"(formula at k = {args.k}: {expected_tokens(alpha, args.k):.2f})")
     c, verify = measured_costs(plain, spec)
     drafted = [len(r.drafted) for r in st.rounds]
-    predicted = predict_from_rounds(alpha, drafted, c, lambda n: verify.get(n, 1.0))
-    ideal = predict_from_rounds(alpha, drafted, c)
-    print(f"speedup: measured {speedup:.2f}x; theory from the measured a and costs {predicted:.2f}x "
-          f"(c = {c:.4f}, verify pass of {args.k + 1} rows = {verify.get(args.k + 1, float('nan')):.2f} steps; "
-          f"if verification were free: {ideal:.2f}x)")
+    a_pos = conditional_acceptance(drafted, [r.accepted for r in st.rounds])
+    predicted = predict_from_positional(a_pos, drafted, c, lambda n: verify.get(n, 1.0))
+    ideal = predict_from_positional(a_pos, drafted, c)
+    decode = decode_rate(spec) / decode_rate(plain)
+    print(f"per-position acceptance a_i = {', '.join(f'{a:.2f}' for a in a_pos[:args.k] if a is not None)}")
+    print(f"speedup: measured {speedup:.2f}x end to end, {decode:.2f}x in the decode phase; theory from the "
+          f"measured a_i and costs {predicted:.2f}x for the decode phase (c = {c:.4f}, verify pass of "
+          f"{args.k + 1} rows = {verify.get(args.k + 1, float('nan')):.2f} steps; if verification were free: "
+          f"{ideal:.2f}x)")
     if speedup < 1.0:
         print("speculation made this SLOWER than plain decoding: the drafter's acceptance is too low here")
     same = spec.token_ids == plain.token_ids

@@ -115,18 +115,6 @@ def speedup(a: float, k: int, c: float, verify_cost: CostFn = unit_verify_cost) 
     return expected_tokens(a, k) / (verify_cost(k + 1) + k * c)
 
 
-def predict_from_rounds(a: float, drafted: Sequence[int], c: float,
-                        verify_cost: CostFn = unit_verify_cost) -> float:
-    """Predicted speedup for rounds that drafted `drafted[i]` tokens each (a drafter such as n-gram lookup
-    proposes fewer than k, or nothing, when it finds no match): sum of E[tokens] over sum of round costs.
-    A round that drafted nothing is a plain step: 1 token for one 1-row pass."""
-    if not drafted:
-        return 1.0
-    tokens = sum(expected_tokens(a, d) for d in drafted)
-    cost = sum(verify_cost(d + 1) + d * c for d in drafted)
-    return tokens / cost
-
-
 def max_useful_draft_cost(a: float) -> float:
     """c* = -a ln a / (1 - a): above it, speedup falls from k = 0 on (dS/dk at k = 0 is negative)."""
     if a <= 0.0:
@@ -286,6 +274,13 @@ def predict_from_positional(a_pos: Sequence[float | None], drafted: Sequence[int
     tokens = sum(expected_tokens_positional(a_pos, d) for d in drafted)
     cost = sum(verify_cost(d + 1) + d * c for d in drafted)
     return tokens / cost
+
+
+def predict_from_rounds(a: float, drafted: Sequence[int], c: float,
+                        verify_cost: CostFn = unit_verify_cost) -> float:
+    """The single-rate model of the same rounds: every position accepted with probability a. A round that
+    drafted nothing is a plain step (1 token for one 1-row pass)."""
+    return predict_from_positional([a] * max(drafted, default=0), drafted, c, verify_cost)
 
 
 def end_to_end_speedup(decode_speedup: float, tokens: int, prefill_steps: float) -> float:
