@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -63,7 +64,7 @@ def register(sub) -> None:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    g.add_argument("--chat", action=__import__("argparse").BooleanOptionalAction, default=True,
+    g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap the prompt in the model's chat template (default on)")
     g.add_argument("--lossy-typical-acceptance", action="store_true",
                    help="LOSSY: Medusa-style typical acceptance; the output is no longer the target model's")

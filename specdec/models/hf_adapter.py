@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.models.config import ModelConfig
 
 
 @dataclass
@@ -66,5 +65,3 @@ class _LooseConfig:
     vocab_size: int
     max_position_embeddings: int
 
-
-__all__ = ["HFAdapter", "ModelConfig"]

@@ -37,10 +37,6 @@ class KVCache:
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
 
-    @property
-    def batch(self) -> int:
-        return self.k[0].shape[0]
-
     def row(self, r: int) -> "KVCache":
         """A view of sequence r alone (writes go to this cache)."""
         view = object.__new__(KVCache)
