@@ -131,6 +131,7 @@ def test_request_stats():
     assert st.per_position_acceptance() == pytest.approx([2 / 3, 2 / 3, 1 / 2, 1 / 2])
     assert st.inter_token_latencies() == pytest.approx([0.1, 0, 0, 0.1, 0, 0, 0, 0, 0.15, 0.05])
     assert st.tokens_per_s == pytest.approx(22.0)
+    assert st.decode_tokens_per_s == pytest.approx(10 / 0.4)  # 10 tokens after the first, in 0.4 s
     assert (st.draft_s, st.verify_s) == (pytest.approx(0.025), pytest.approx(0.08))
     summary = st.summary()
     assert summary["alpha"] == pytest.approx(0.6) and summary["rounds"] == 4 and summary["generated_tokens"] == 11

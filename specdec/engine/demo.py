@@ -33,12 +33,6 @@ def measured_costs(plain, spec) -> tuple[float, dict[int, float]]:
     return c, {n: statistics.median(v) / step for n, v in by_rows.items()}
 
 
-def decode_rate(result) -> float:
-    """Tokens after the first per second after the first (prefill excluded)."""
-    st = result.stats
-    return (st.generated_tokens - 1) / max(st.total_s - st.ttft_s, 1e-9)
-
-
 def demo(args) -> int:
     from specdec.engine.cli import DEMO_PROMPT, build, encode_prompt
     from specdec.engine.generate import Engine, GenerationConfig
@@ -73,7 +67,7 @@ def demo(args) -> int:
     a_pos = conditional_acceptance(drafted, [r.accepted for r in st.rounds])
     predicted = predict_from_positional(a_pos, drafted, c, lambda n: verify.get(n, 1.0))
     ideal = predict_from_positional(a_pos, drafted, c)
-    decode = decode_rate(spec) / decode_rate(plain)
+    decode = st.decode_tokens_per_s / plain.stats.decode_tokens_per_s
     print(f"per-position acceptance a_i = {', '.join(f'{a:.2f}' for a in a_pos[:args.k] if a is not None)}")
     print(f"speedup: measured {speedup:.2f}x end to end, {decode:.2f}x in the decode phase; theory from the "
           f"measured a_i and costs {predicted:.2f}x for the decode phase (c = {c:.4f}, verify pass of "

@@ -68,6 +68,12 @@ class RequestStats:
         return [b - a for a, b in zip(t, t[1:])]
 
     @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first per second after the first: the decode phase, prefill excluded."""
+        seconds = self.total_s - self.ttft_s
+        return (self.generated_tokens - 1) / seconds if seconds > 0 and self.generated_tokens > 1 else 0.0
+
+    @property
     def draft_s(self) -> float:
         return sum(r.draft_s for r in self.rounds)
 
