@@ -72,7 +72,7 @@ def main() -> None:
         ref_logits.append(lg)
         ref_top.append(lg.argmax(-1))
     print(f"{len(seqs)} Spec-Bench prompts, {sum(len(s) for s in seqs)} positions, up to {args.max_tokens} tokens each")
-    print(f"| path | top-1 agreement with fp32 | perplexity |\n|---|---|---|")
+    print("| path | top-1 agreement with fp32 | perplexity |\n|---|---|---|")
     for name, (model, chunk) in paths.items():
         agree = total = 0
         nll = 0.0

@@ -15,7 +15,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, f
 
 from specdec.sampling.verify import rejection_sample
 from tests.sampler_harness import (
-    broken_no_residual, broken_swapped_ratio, position_pvalues, random_config, run_rounds,
+    broken_no_residual,
+    broken_swapped_ratio,
+    position_pvalues,
+    random_config,
+    run_rounds,
 )
 from tests.test_verify import CONFIGS, ROUNDS
 

@@ -21,7 +21,7 @@ COMMAND_MODULES = (
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line, not a usage block."""
 
-    def error(self, message: str) -> None:  # noqa: D401 - argparse API
+    def error(self, message: str) -> None:
         raise SpecdecError(f"{self.prog}: {message}")
 
 

@@ -185,7 +185,7 @@ def teacher_forced(model, prompts, continuations, capacity: int = 256):
         for r, c in enumerate(continuations):
             if i + 1 < len(c):
                 logits[r].append(out[r])
-    return cache, [torch.stack(l) for l in logits]
+    return cache, [torch.stack(row) for row in logits]
 
 
 def prefill_rows(model, prompts, capacity: int = 128):

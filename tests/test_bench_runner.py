@@ -100,7 +100,8 @@ def test_report_tables_and_plot(tmp_path):
     assert lines[2].startswith("| ngram k=3 | 2.00x | 2.00x | 2.00x | 3.00 |")
     md = markdown(report)
     assert "## Details" in md and "acceptance drift, ngram k=3" in md
-    assert report["timing"]["plain"]["slow_qids"] == [] and "timing, plain: decode step median 100.0 ms; 0 of 3 prompts" in md
+    assert report["timing"]["plain"]["slow_qids"] == []
+    assert "timing, plain: decode step median 100.0 ms; 0 of 3 prompts" in md
     assert "- prediction error, ngram k=3: conditional a_i: overall " in md
     detail_rows = [x for x in md.splitlines() if x.startswith("| ngram k=3 |") or x.startswith("| plain |")]
     assert len(detail_rows) == 1 + 3 + 3  # leaderboard row + (2 categories + overall) per method in details
@@ -146,7 +147,7 @@ def tiny(tmp_path_factory):
     tok.pre_tokenizer, tok.decoder = WhitespaceSplit(), decoders.WordPiece()
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
-    words = lambda *ix: " ".join(f"w{i}" for i in ix)  # noqa: E731
+    words = lambda *ix: " ".join(f"w{i}" for i in ix)
     prompts = path / "q.jsonl"
     prompts.write_text("\n".join(json.dumps(x) for x in [
         {"question_id": 1, "category": "copy", "turns": [words(*range(3, 20), *range(3, 12)), words(5, 6, 7)]},

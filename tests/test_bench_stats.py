@@ -9,8 +9,15 @@ import pytest
 from specdec.bench import stats
 from specdec.bench.runner import Round, Sample, Turn
 from specdec.theory.economics import (
-    CostCurve, batch_capacity, conditional_acceptance, end_to_end_speedup, expected_tokens_positional,
-    first_exceeding, fit_knee, predict_from_positional, predict_from_rounds,
+    CostCurve,
+    batch_capacity,
+    conditional_acceptance,
+    end_to_end_speedup,
+    expected_tokens_positional,
+    first_exceeding,
+    fit_knee,
+    predict_from_positional,
+    predict_from_rounds,
 )
 
 

@@ -11,7 +11,11 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.engine.policy import AutoK
 from tests.conftest import (
-    ScriptedDrafter, divergence_message, first_divergence, greedy_reference, greedy_reference_rows,
+    ScriptedDrafter,
+    divergence_message,
+    first_divergence,
+    greedy_reference,
+    greedy_reference_rows,
 )
 
 VOCAB = 64

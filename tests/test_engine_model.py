@@ -170,6 +170,6 @@ def test_prefill_is_batch_invariant(tiny_model):
     for r, p in enumerate(prompts):
         _, own_first = prefill_cache(model, [p], 128)
         worst = max(worst, (first[r] - own_first[0]).abs().max().item(),
-                    *((together.k[l][r, :, :len(p)] - alone.k[l][r, :, :len(p)]).abs().max().item()
-                      for l in range(len(together.k))))
+                    *((together.k[i][r, :, :len(p)] - alone.k[i][r, :, :len(p)]).abs().max().item()
+                      for i in range(len(together.k))))
     assert worst == 0.0, f"prefill in a batch differs from batch-1 prefill by up to {worst:.3g}"

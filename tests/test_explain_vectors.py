@@ -41,7 +41,8 @@ def test_vectors_cover_the_reference_figures():
         assert plans[(a, 0.1)]["best_k"] == best_k == plan(a, 0.1, max_k=20).best_k
         assert round(plans[(a, 0.1)]["best_speedup"], 2) == best
     b = next(b for b in generate()["batch"] if (b["a"], b["k"], b["c"], b["knee_rows"]) == (0.8, 4, 0.1, 64.0))
-    assert (round(b["ratio_at_batch_1"], 2), round(b["ratio_at_max_batch"], 2), b["crossover_batch"]) == (2.40, 0.62, 38)
+    ratios = (round(b["ratio_at_batch_1"], 2), round(b["ratio_at_max_batch"], 2))
+    assert (*ratios, b["crossover_batch"]) == (2.40, 0.62, 38)
     assert b["crossover_batch"] == batch_model(0.8, 4, 0.1, 64.0).crossover_batch
     crossovers = {b["crossover_batch"] for b in generate()["batch"]}
     assert 1 in crossovers and None in crossovers  # both edges of the batch panel are exercised

@@ -62,7 +62,7 @@ def write_tiny_gguf(path: Path) -> dict[str, np.ndarray]:
     alphabet = byte_alphabet()
     tokens = SPECIALS + [alphabet[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES]
     rng = np.random.default_rng(0)
-    rand = lambda *shape: rng.standard_normal(shape).astype(np.float32) * 0.1  # noqa: E731
+    rand = lambda *shape: rng.standard_normal(shape).astype(np.float32) * 0.1
     w = gguf.GGUFWriter(str(path), arch="llama")
     for add, value in [(w.add_block_count, LAYERS), (w.add_context_length, 512), (w.add_embedding_length, D),
                        (w.add_feed_forward_length, FF), (w.add_head_count, HEADS), (w.add_head_count_kv, KV),

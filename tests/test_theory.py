@@ -38,7 +38,7 @@ def test_c_star_is_where_the_first_draft_stops_paying(a):
     assert math.isclose(c_star, -a * math.log(a) / (1 - a))
     # the continuous-k speedup S(k) = (1 - a^(k+1)) / ((1 - a)(1 + k c)) rises from k = 0 iff c < c*
     h = 1e-6
-    s = lambda k, c: (1 - a ** (k + 1)) / ((1 - a) * (1 + k * c))  # noqa: E731
+    s = lambda k, c: (1 - a ** (k + 1)) / ((1 - a) * (1 + k * c))
     assert (s(h, c_star * 0.99) - s(0, c_star * 0.99)) > 0
     assert (s(h, c_star * 1.01) - s(0, c_star * 1.01)) < 0
 

@@ -3,17 +3,24 @@ reference loop, greedy fast path, ragged rows and the numerical edge cases."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 from specdec.sampling.lossy import LossyAcceptanceWarning, verify_typical_lossy
 from specdec.sampling.verify import (
-    PAD, draw_random, rejection_sample, rejection_sample_reference, verify, verify_greedy,
+    PAD,
+    draw_random,
+    rejection_sample,
+    rejection_sample_reference,
+    verify,
+    verify_greedy,
 )
 from tests.sampler_harness import (
-    broken_no_residual, broken_swapped_ratio, position_pvalues, random_config, run_rounds,
+    broken_no_residual,
+    broken_swapped_ratio,
+    position_pvalues,
+    random_config,
+    run_rounds,
 )
 
 ROUNDS = 100_000

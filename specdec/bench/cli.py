@@ -101,7 +101,8 @@ def run_bench(args) -> int:
 
     from specdec.bench.prompts import load_prompts, parse_categories, select
     from specdec.bench.report import build_report, markdown, plot
-    from specdec.bench.runner import engine_method, logit_gap_fn, mark_identity, run_bench as run_all
+    from specdec.bench.runner import engine_method, logit_gap_fn, mark_identity
+    from specdec.bench.runner import run_bench as run_all
     from specdec.drafters.base import NoDrafter
     from specdec.engine.cli import build
     from specdec.engine.generate import Engine
@@ -131,7 +132,7 @@ def run_bench(args) -> int:
         print("specdec: --k auto without --profile: measuring a quick profile first", file=sys.stderr)
         prof, source = quick_profile(target, drafter, progress=not args.quiet), "quick built-in profile"
 
-    engine = lambda: Engine(target.model, target.tokenizer, args.device)  # noqa: E731  one meter per method
+    engine = lambda: Engine(target.model, target.tokenizer, args.device)  # one meter per method
     methods = [engine_method("plain", engine(), NoDrafter(), 1)]
     default_k = DEFAULT_K if k == "auto" else k
     if k == "auto":

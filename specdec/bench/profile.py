@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 import tracemalloc
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 

@@ -4,9 +4,9 @@ plain JSONL ({"prompt": "..."}, category "custom"), with a category filter and a
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from specdec.errors import SpecdecError
 

@@ -8,8 +8,9 @@ decoding and Hugging Face's generate are all wrapped into one. Prompt i runs the
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple
 
 import torch
 

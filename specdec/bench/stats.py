@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from specdec.theory.economics import (
-    CostCurve, conditional_acceptance, end_to_end_speedup, predict_from_positional, predict_from_rounds,
+    CostCurve,
+    conditional_acceptance,
+    end_to_end_speedup,
+    predict_from_positional,
+    predict_from_rounds,
 )
-
 
 DISTURBED = 1.5  # a run whose decode time exceeds its robust estimate by this factor is flagged
 
@@ -183,7 +186,7 @@ def predict_sample(sample, baseline, a_pos, alpha: float | None, cost: CostModel
     decode_tokens = sum(max(len(t.token_ids) - 1, 0) for t in sample.turns)
     pos = predict_from_positional(a_pos, drafted, c, verify)
     iid = predict_from_rounds(alpha or 0.0, drafted, c, verify)
-    e2e = lambda s: end_to_end_speedup(s, decode_tokens + 1, prefill_steps)  # noqa: E731
+    e2e = lambda s: end_to_end_speedup(s, decode_tokens + 1, prefill_steps)
     return {
         "decode_speedup": pos,
         "decode_speedup_iid": iid,

@@ -7,8 +7,9 @@ for a row pads it with PAD; a deterministic drafter returns probs=None (q is one
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 

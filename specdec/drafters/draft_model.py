@@ -8,7 +8,7 @@ so sampling at temperature > 0 stays exact.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -7,8 +7,8 @@ last one: the search cost does not grow with the context.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from specdec.drafters.base import Draft, pad_rows
 from specdec.errors import SpecdecError

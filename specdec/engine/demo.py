@@ -34,9 +34,9 @@ def measured_costs(plain, spec) -> tuple[float, dict[int, float]]:
 
 
 def demo(args) -> int:
+    from specdec.drafters.base import NoDrafter
     from specdec.engine.cli import DEMO_PROMPT, build, encode_prompt
     from specdec.engine.generate import Engine, GenerationConfig
-    from specdec.drafters.base import NoDrafter
 
     use_colour = not args.no_color and sys.stdout.isatty()
     target, drafter = build(args)

@@ -8,8 +8,8 @@ by what was accepted (see specdec.models.transformer).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 

@@ -49,7 +49,7 @@ def write_page(out: str | Path) -> Path:
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format, *args) -> None:  # noqa: A002 - http.server API
+    def log_message(self, format, *args) -> None:
         pass
 
 

@@ -34,7 +34,7 @@ class ModelConfig:
         return self.num_heads // self.num_kv_heads
 
     @classmethod
-    def from_hf(cls, cfg: dict) -> "ModelConfig":
+    def from_hf(cls, cfg: dict) -> ModelConfig:
         mt = cfg.get("model_type", "")
         if mt not in SUPPORTED_TYPES:
             raise SpecdecError(f"model_type {mt!r} is not covered by specdec's compact implementation")
@@ -61,7 +61,7 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_dir(cls, path: Path) -> "ModelConfig":
+    def from_dir(cls, path: Path) -> ModelConfig:
         try:
             return cls.from_hf(json.loads((Path(path) / "config.json").read_text()))
         except (OSError, json.JSONDecodeError, KeyError) as e:

@@ -134,7 +134,7 @@ class IncrementalDecoder:
     def _advance(self, ids: Sequence[int], final: bool) -> str:
         if len(ids) <= self.read:
             return ""
-        decode = lambda s: self.tokenizer.decode(s, skip_special_tokens=self.skip_special_tokens)  # noqa: E731
+        decode = lambda s: self.tokenizer.decode(s, skip_special_tokens=self.skip_special_tokens)
         seen = decode(ids[self.prefix:self.read])
         text = decode(ids[self.prefix:])
         if len(text) <= len(seen) and not final:

@@ -37,7 +37,7 @@ class KVCache:
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
 
-    def row(self, r: int) -> "KVCache":
+    def row(self, r: int) -> KVCache:
         """A view of sequence r alone (writes go to this cache)."""
         view = object.__new__(KVCache)
         view.capacity = self.capacity
@@ -111,7 +111,7 @@ class Transformer:
         self.cos, self.sin = angles.cos(), angles.sin()
 
     @classmethod
-    def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu") -> "Transformer":
+    def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu") -> Transformer:
         from safetensors.torch import load_file
 
         path = Path(path)
@@ -125,7 +125,7 @@ class Transformer:
     @property
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights read by one decode pass (the embedding lookup reads one row, ignored)."""
-        lin = sum(l.nbytes for b in self.blocks for l in b.linears) + self.lm_head.nbytes
+        lin = sum(lin.nbytes for b in self.blocks for lin in b.linears) + self.lm_head.nbytes
         norms = sum(b.norm1.numel() + b.norm2.numel() for b in self.blocks) * 4
         return lin + norms
 

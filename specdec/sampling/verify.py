@@ -97,7 +97,8 @@ def _assemble(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, final: tor
     return torch.where(pos == n, final.unsqueeze(1), out)
 
 
-def draw_random(b: int, k: int, vocab: int, generator: torch.Generator | None, device) -> tuple[torch.Tensor, torch.Tensor]:
+def draw_random(b: int, k: int, vocab: int, generator: torch.Generator | None,
+                device) -> tuple[torch.Tensor, torch.Tensor]:
     """The random numbers one round consumes: acceptance uniforms [b, k] and exponential noise [b, vocab]."""
     accept_u = torch.rand((b, k), generator=generator, device=device)
     noise = torch.empty((b, vocab), device=device).exponential_(generator=generator).clamp_(min=1e-20)

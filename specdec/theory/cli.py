@@ -7,7 +7,12 @@ from pathlib import Path
 
 from specdec.errors import SpecdecError
 from specdec.theory.economics import (
-    CostCurve, batch_model, check_k, describe_speedup, plan, unit_verify_cost,
+    CostCurve,
+    batch_model,
+    check_k,
+    describe_speedup,
+    plan,
+    unit_verify_cost,
 )
 from specdec.theory.simulate import simulate
 

@@ -14,8 +14,8 @@ A round yields the accepted prefix plus one target token (recovered or bonus), s
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from specdec.errors import SpecdecError
 
@@ -69,7 +69,7 @@ class CostCurve:
                 raise SpecdecError(f"verify cost curve: bad point {n}:{cost} (need n >= 1 and cost > 0)")
 
     @classmethod
-    def from_mapping(cls, mapping: dict) -> "CostCurve":
+    def from_mapping(cls, mapping: dict) -> CostCurve:
         try:
             pts = sorted((int(n), float(v)) for n, v in mapping.items())
         except (TypeError, ValueError) as e:
@@ -80,7 +80,7 @@ class CostCurve:
         return cls(tuple(pts))
 
     @classmethod
-    def parse(cls, text: str) -> "CostCurve":
+    def parse(cls, text: str) -> CostCurve:
         """Parse "n:cost,n:cost,..." (for example "1:1,2:1.02,4:1.1,8:1.6")."""
         mapping = {}
         for item in text.split(","):

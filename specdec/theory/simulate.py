@@ -7,7 +7,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from specdec.theory.economics import (
-    CostFn, check_alpha, check_cost, check_k, expected_tokens, speedup, unit_verify_cost,
+    CostFn,
+    check_alpha,
+    check_cost,
+    check_k,
+    expected_tokens,
+    speedup,
+    unit_verify_cost,
 )
 
 

@@ -92,7 +92,7 @@ def test_js_theory_equals_vectors(page):
         }""",
         vectors,
     )
-    close = lambda x, y: abs(x - y) <= 1e-9  # noqa: E731
+    close = lambda x, y: abs(x - y) <= 1e-9
     assert len(got["points"]) == len(vectors["points"]) > 500
     for (e, s), want in zip(got["points"], vectors["points"]):
         assert close(e, want["expected_tokens"]) and close(s, want["speedup"]), want
@@ -200,7 +200,8 @@ def test_load_a_trace(page, tmp_path):
     assert text(page, "#trace-progress") == f"round 1 of {len(ROUNDS)}"
     assert view.locator(".trace-round:visible").count() == 1
     page.locator("#trace-play").click()
-    page.wait_for_function(f"document.getElementById('trace-progress').textContent === 'round {len(ROUNDS)} of {len(ROUNDS)}'")
+    done = f"round {len(ROUNDS)} of {len(ROUNDS)}"
+    page.wait_for_function(f"document.getElementById('trace-progress').textContent === '{done}'")
     assert view.locator(".trace-round:visible").count() == len(ROUNDS)
 
     page.locator("#trace-use").click()
