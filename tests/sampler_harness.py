@@ -3,6 +3,8 @@ from q and verifies, per-position chi-square tests, and deliberately broken samp
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 from scipy import stats
@@ -40,31 +42,69 @@ def run_rounds(sampler, p: torch.Tensor, q: torch.Tensor, rounds: int, seed: int
     return sampler(draft_tokens, draft_probs, target_probs, accept_u, noise)
 
 
+def pooled_chi_square(observed: np.ndarray, probs: np.ndarray) -> tuple[float, int]:
+    """(Pearson statistic, degrees of freedom) of counts `observed` [cells] against probabilities `probs` [cells].
+
+    Cells with an expected count below 5 are pooled into one. A sample in a cell of probability 0 is impossible
+    under `probs`: the statistic is infinite. Probabilities that are NaN, negative or do not sum to 1 are a bug in
+    the test's oracle, never a pass."""
+    probs = np.asarray(probs, dtype=float)
+    if not np.isfinite(probs).all() or (probs < 0).any() or abs(probs.sum() - 1) > 1e-6:
+        raise AssertionError(f"expected probabilities are not a distribution: {probs}")
+    n = observed.sum()
+    if observed[probs == 0].sum() > 0:
+        return math.inf, 1
+    expected = probs * n
+    big = expected >= 5
+    obs = np.append(observed[big], observed[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    return float(((obs - exp) ** 2 / exp).sum()), len(obs) - 1
+
+
+def chi_square_pvalue(statistic: float, dof: int) -> float:
+    if math.isinf(statistic):
+        return 0.0
+    return float(stats.chi2.sf(statistic, dof)) if dof > 0 else 1.0
+
+
 def position_pvalues(out: VerifyOutput, p: torch.Tensor, min_samples: int = 200) -> list[tuple[int, int, float]]:
     """(position, samples, chi-square p-value) for every output position with enough samples.
 
     Rounds that reached position j got there by acceptances that are independent of what happens at j, so
-    the token at j must be distributed as p[j]. Bins with small expected counts are pooled."""
+    the token at j must be distributed as p[j]."""
     results = []
     for j in range(out.tokens.shape[1]):
         col = out.tokens[:, j]
         col = col[col >= 0].numpy()
-        n = len(col)
-        if n < min_samples:
+        if len(col) < min_samples:
             continue
-        observed = np.bincount(col, minlength=p.shape[1]).astype(float)
-        expected = p[j].double().numpy() * n
-        big = expected >= 5
-        if observed[~big].sum() > 0 and expected[~big].sum() == 0:
-            results.append((j, n, 0.0))  # mass where p has none: impossible under the target
+        stat, dof = pooled_chi_square(np.bincount(col, minlength=p.shape[1]).astype(float), p[j].double().numpy())
+        results.append((j, len(col), chi_square_pvalue(stat, dof)))
+    return results
+
+
+def conditional_pvalues(tokens: torch.Tensor, exact, min_samples: int = 200) -> list[tuple[int, int, float]]:
+    """(position, samples, p-value) per position of sequences tokens [N, L] (PAD after a row's end).
+
+    The token at position j, among the rows that reached it with prefix y, must follow exact(y) (a distribution
+    over the vocabulary for the prefix tuple y): one chi-square per prefix, summed over prefixes (statistics and
+    degrees of freedom add for independent groups)."""
+    results = []
+    for j in range(tokens.shape[1]):
+        reached = tokens[:, j] >= 0
+        rows = tokens[reached, : j + 1].numpy()
+        if len(rows) < min_samples:
             continue
-        obs = np.append(observed[big], observed[~big].sum())
-        exp = np.append(expected[big], expected[~big].sum())
-        keep = exp > 0
-        obs, exp = obs[keep], exp[keep]
-        if len(obs) < 2:
-            continue
-        results.append((j, n, float(stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)))
+        total, dof = 0.0, 0
+        prefixes, group = np.unique(rows[:, :j], axis=0, return_inverse=True)
+        for g, prefix in enumerate(prefixes):
+            probs = np.asarray(exact(tuple(int(t) for t in prefix)), dtype=float)
+            observed = np.bincount(rows[group.reshape(-1) == g, j], minlength=len(probs)).astype(float)
+            stat, d = pooled_chi_square(observed, probs)
+            total, dof = total + stat, dof + d
+        results.append((j, len(rows), chi_square_pvalue(total, dof)))
     return results
 
 

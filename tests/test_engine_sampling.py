@@ -1,7 +1,7 @@
 """Exact sampling end to end: with a draft model that disagrees with the target, the engine's speculative samples
 are distributed as the target's own, checked against the exact distribution of the first generated tokens
-(enumerated with the same model); a broken verify rule must fail the same test, and top-k / top-p warping must
-be applied to p and q alike."""
+(enumerated with the same model and the independent warping oracle); a broken verify rule must fail the same
+test, and top-k / top-p warping must be applied to p and q alike."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from scipy import stats
 
 import specdec.engine.generate as generate
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.engine.generate import Engine, GenerationConfig
-from specdec.sampling.warp import SamplingConfig, warp_probs
+from specdec.sampling.warp import SamplingConfig
 from tests.conftest import prefill_cache
-from tests.sampler_harness import broken_no_residual
+from tests.sampler_harness import broken_no_residual, chi_square_pvalue, pooled_chi_square
+from tests.warp_oracle import reference_warp_rows
 
 VOCAB = 10
 TARGET = dict(vocab=VOCAB, std=0.3)  # peaky, varied distributions
@@ -35,10 +35,10 @@ def exact_distribution(model, sampling: SamplingConfig, length: int) -> np.ndarr
     prefixes = torch.tensor(list(itertools.product(range(VOCAB), repeat=length - 1)))  # [V^(L-1), L-1]
     n = prefixes.shape[0]
     cache, first = prefill_cache(model, [PROMPT] * n, 64)
-    joint = warp_probs(first[:1], sampling)[0].double()  # [V]
+    joint = reference_warp_rows(first[:1], sampling)[0]  # [V]
     if length == 1:
         return joint.numpy()
-    steps = warp_probs(model.forward(prefixes, torch.full((n,), len(PROMPT)), cache), sampling).double()
+    steps = reference_warp_rows(model.forward(prefixes, torch.full((n,), len(PROMPT)), cache), sampling)
     prob = joint[prefixes[:, 0]]  # [n]: P(prefix), built up position by position
     for j in range(1, length - 1):
         prob = prob * steps[torch.arange(n), j - 1, prefixes[:, j]]
@@ -46,19 +46,12 @@ def exact_distribution(model, sampling: SamplingConfig, length: int) -> np.ndarr
 
 
 def goodness_of_fit(sequences: np.ndarray, expected_p: np.ndarray) -> float:
-    """Chi-square p-value of observed sequences [N, L] against exact probabilities (cells with expected count
-    < 5 pooled into one; any sample in a cell of probability 0 gives 0)."""
+    """Chi-square p-value of observed sequences [N, L] against exact probabilities [V ** L] (see pooled_chi_square:
+    a sample in a cell of probability 0 gives 0, and NaN probabilities fail the test instead of being dropped)."""
     n, length = sequences.shape
     index = (sequences * VOCAB ** np.arange(length - 1, -1, -1)).sum(axis=1)
     observed = np.bincount(index, minlength=len(expected_p)).astype(float)
-    if observed[expected_p == 0].sum() > 0:
-        return 0.0
-    expected = expected_p * n
-    big = expected >= 5
-    obs = np.append(observed[big], observed[~big].sum())
-    exp = np.append(expected[big], expected[~big].sum())
-    keep = exp > 0
-    return float(stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue)
+    return chi_square_pvalue(*pooled_chi_square(observed, expected_p))
 
 
 def sample(tiny_model, sampling: SamplingConfig, length: int, k: int | None) -> tuple[np.ndarray, float]:

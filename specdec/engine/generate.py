@@ -18,7 +18,7 @@ from specdec.engine.policy import AutoK, FixedK
 from specdec.engine.stats import AcceptanceMeter, RequestStats, RoundRecord
 from specdec.errors import SpecdecError
 from specdec.sampling.lossy import verify_typical_lossy
-from specdec.sampling.verify import PAD, draw_random, rejection_sample, verify_greedy
+from specdec.sampling.verify import PAD, VerifyOutput, draw_random, rejection_sample, verify_greedy
 from specdec.sampling.warp import SamplingConfig, warp_probs
 
 
@@ -65,6 +65,27 @@ class Engine:
         if isinstance(drafter, NoDrafter):
             policy = FixedK(1)  # unused: nothing is drafted
         return _Run(self, prompts, cfg, drafter, policy, on_tokens).run()
+
+
+def verify_round(
+    tokens: torch.Tensor,  # [B, k] long, PAD-padded drafts
+    draft_probs: torch.Tensor | None,  # [B, k, vocab] the drafter's warped q, or None (q one-hot)
+    logits: torch.Tensor,  # [B, k+1, vocab] the target's logits over the last token and the drafts
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+    lossy_typical: bool = False,
+) -> VerifyOutput:
+    """One round's verification, as the engine runs it: greedy, exact rejection sampling against the warped
+    target, or (opt-in, LOSSY) typical acceptance."""
+    b, k = tokens.shape
+    if lossy_typical:
+        _, noise = draw_random(b, 0, logits.shape[-1], generator, logits.device)
+        return verify_typical_lossy(tokens, warp_probs(logits, sampling) if not sampling.greedy else
+                                    torch.softmax(logits.float(), -1), noise)
+    if sampling.greedy:
+        return verify_greedy(tokens, logits)
+    u, noise = draw_random(b, k, logits.shape[-1], generator, logits.device)
+    return rejection_sample(tokens, draft_probs, warp_probs(logits, sampling), u, noise)
 
 
 class _Run:
@@ -177,16 +198,8 @@ class _Run:
         return (probs / noise).argmax(dim=-1)
 
     def _verify(self, tokens, draft_probs, logits):
-        s = self.cfg.sampling
-        b, k = tokens.shape
-        if self.cfg.lossy_typical_acceptance:
-            _, noise = draw_random(b, 0, logits.shape[-1], self.gen, logits.device)
-            return verify_typical_lossy(tokens, warp_probs(logits, s) if not s.greedy else
-                                        torch.softmax(logits.float(), -1), noise)
-        if s.greedy:
-            return verify_greedy(tokens, logits)
-        u, noise = draw_random(b, k, logits.shape[-1], self.gen, logits.device)
-        return rejection_sample(tokens, draft_probs, warp_probs(logits, s), u, noise)
+        return verify_round(tokens, draft_probs, logits, self.cfg.sampling, self.gen,
+                            self.cfg.lossy_typical_acceptance)
 
     def _emit(self, r: int, token_ids: list[int], origins: list[str], now: float) -> int:
         """Append a row's new tokens, applying EOS, stop strings and the token budget. Returns how many stayed."""
