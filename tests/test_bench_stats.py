@@ -154,6 +154,20 @@ def test_summarize_and_predict_by_hand():
     assert math.isclose(p["tokens_per_s"], plain.tokens_per_s * e2e)
 
 
+def test_latency_percentiles_in_a_summary_are_the_right_ones():
+    """200 distinct gaps of 1 .. 200 ms (shuffled): p50, p90, p99 and the maximum all differ, so a summary that
+    reported another percentile, or the maximum, as p99 would fail. Linear interpolation: p99 sits at index
+    199 * 0.99 = 197.01 of the sorted gaps, 198 + 0.01 ms; p50 at 99.5, 100.5 ms."""
+    gaps = [(7 * i) % 200 + 1 for i in range(200)]  # a permutation of 1 .. 200 (7 is prime to 200)
+    assert sorted(gaps) == list(range(1, 201))
+    times = [0.5]
+    for g in gaps:
+        times.append(times[-1] + g / 1000)
+    s = stats.summarize([Sample("q", "cat", "plain", [turn(range(201), times)])])
+    assert math.isclose(s["itl_p50_s"], 0.1005) and math.isclose(s["itl_p99_s"], 0.19801)
+    assert math.isclose(stats.percentile([g / 1000 for g in gaps], 90), 0.1801)
+
+
 def test_cost_models():
     plain = plain_sample("q", 11, step=0.1)  # each plain pass 0.08 s of the 0.1 s step: 0.02 s overhead
     profile = {"verify_cost": {"1": 1.0, "4": 2.0},

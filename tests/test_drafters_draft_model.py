@@ -81,5 +81,8 @@ def test_the_target_drafting_for_itself_is_always_accepted(tiny_model, temperatu
     drafted = sum(r.stats.drafted for r in results)
     accepted = sum(r.stats.accepted for r in results)
     assert drafted > 0 and accepted == drafted
+    for res in results:  # a = 1 exactly: every round drafts k = 4 and yields 5 (the budget of 12 cuts the third)
+        assert [(len(r.drafted), r.accepted, r.emitted, r.kind) for r in res.stats.rounds] == [
+            (4, 4, 5, "bonus"), (4, 4, 5, "bonus"), (4, 4, 1, "bonus")], res.stats.rounds
     if temperature > 0:
         assert len({tuple(r.token_ids) for r in results}) > 3  # it did sample

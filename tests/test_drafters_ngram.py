@@ -63,7 +63,7 @@ def test_propose_pads_rows_and_skips_inactive_ones():
 
 def test_bad_sizes_are_refused():
     for lo, hi in ((0, 3), (3, 2)):
-        with pytest.raises(SpecdecError):
+        with pytest.raises(SpecdecError, match=rf"n-gram sizes need 1 <= min_n <= max_n, got {lo}\.\.{hi}"):
             NgramDrafter(hi, lo)
 
 

@@ -20,7 +20,9 @@ from tests.conftest import (
 
 VOCAB = 64
 TARGET = dict(vocab=VOCAB)  # tiny target: std 0.02 weights, its greedy output soon repeats (n-grams match)
-RELATIVE = dict(vocab=VOCAB, perturb=0.5)  # the target with noisy weights: agrees with it often, not always
+# the target with noisy weights: its argmax agrees with the target's only now and then (about 2% of drafts at
+# k = 4: the target's near-uniform logits put its argmax at near-ties)
+RELATIVE = dict(vocab=VOCAB, perturb=0.5)
 STRANGER = dict(vocab=VOCAB, seed=1)  # another random model: rarely agrees
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [20, 21, 22, 20, 21], [7]]
 N = 40
@@ -51,19 +53,23 @@ def plain(tiny_model):
 def test_tiny_greedy_equals_plain(tiny_model, plain, name, k):
     model = tiny_model("fp16", **TARGET)
     engine = Engine(model, None)
-    drafted = accepted = 0
+    drafted = accepted = rounds = recovered = 0
     for prompt in PROMPTS:
         res = engine.generate([prompt], GenerationConfig(N), drafter_for(name, tiny_model), k)[0]
         expected = plain[tuple(prompt)]
         assert res.token_ids == expected, divergence_message(model, prompt, expected, res.token_ids)
         assert res.finish_reason == "length"
         drafted, accepted = drafted + res.stats.drafted, accepted + res.stats.accepted
+        rounds += len(res.stats.rounds)
+        recovered += sum(r.kind == "recovered" for r in res.stats.rounds)
     if name == "none":
         assert drafted == 0
     elif name == "draft-self":
         assert accepted == drafted > 0  # bit-identical passes: the draft is the target
+    elif name == "draft-stranger":  # the recovery path carries the output: nearly every round is rejected
+        assert recovered >= 0.9 * rounds and accepted < 0.05 * drafted, (recovered, rounds, accepted, drafted)
     else:
-        assert 0 < accepted < drafted or name == "draft-stranger", (accepted, drafted)  # rounds of every kind
+        assert 0 < accepted < drafted, (accepted, drafted)  # accepted and rejected drafts both occur
 
 
 def test_tiny_greedy_with_auto_k(tiny_model, plain):
@@ -120,6 +126,7 @@ COPY_PROMPT = ("Repeat this list exactly, one item per line:\napple pie\nbanana 
                "date loaf\nelderberry jam\nfig roll")
 OTHER_PROMPTS = ["Name three colours.", "Write a haiku about the sea in English, please, with a title."]
 BUNDLED_N = 48
+FLOORS = {"ngram": (0.8, 4.0), "draft-model": (0.7, 3.5)}  # (a, tokens per round) on COPY_PROMPT, k = 5
 BATCH_N = 16
 
 
@@ -155,7 +162,12 @@ def test_bundled_greedy_equals_plain(bundled, bundled_plain, name):
     assert res.token_ids == expected, divergence_message(loaded.model, prompt, expected, res.token_ids)
     if name != "none":
         print(f"bundled {name}: alpha {res.stats.alpha:.2f}, {res.stats.mean_tokens_per_round:.2f} tokens/round")
-        assert res.stats.accepted > 0
+        # floors under what this copy prompt gives (measured: ngram a = 0.93, 4.57 tokens per round; the int8
+        # draft model a = 0.83, 4.57): a drafter or engine that silently drafts worse fails here
+        floor_alpha, floor_tokens = FLOORS[name]
+        assert res.stats.alpha >= floor_alpha and res.stats.mean_tokens_per_round >= floor_tokens, (
+            f"bundled {name}: a = {res.stats.alpha:.2f}, {res.stats.mean_tokens_per_round:.2f} tokens per round, "
+            f"below the floor of {floor_alpha} and {floor_tokens}")
 
 
 @pytest.mark.slow

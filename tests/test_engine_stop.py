@@ -154,12 +154,28 @@ def test_acceptance_meter():
     assert meter.ema == pytest.approx(0.5) and meter.alpha == pytest.approx(0.5)
 
 
-def test_engine_stats_are_consistent(model, plain):
-    res = Engine(model, None).generate([PROMPT], GenerationConfig(30), NgramDrafter(), K)[0]
+@pytest.mark.parametrize("budget", [7, 13, 30])
+@pytest.mark.parametrize("name", ["ngram", "oracle"])
+def test_engine_stats_are_consistent(model, plain, name, budget):
+    drafter = NgramDrafter() if name == "ngram" else oracle(plain)
+    res = Engine(model, None).generate([PROMPT], GenerationConfig(budget), drafter, K)[0]
     st = res.stats
-    assert res.origins[0] == "prefill" and res.origins.count("accepted") == st.accepted
-    assert sum(r.emitted for r in st.rounds) + 1 == len(res.token_ids) == st.generated_tokens == 30
-    assert len(st.token_times) == 30 and st.token_times == sorted(st.token_times)
+    # a round's output is its accepted drafts, then its own token; the budget can cut it anywhere
+    assert res.origins[0] == "prefill"
+    assert res.origins.count("accepted") == sum(min(r.accepted, r.emitted) for r in st.rounds)
+    assert res.origins.count("bonus") + res.origins.count("recovered") == sum(r.emitted > r.accepted
+                                                                              for r in st.rounds)
+    assert sum(r.emitted for r in st.rounds) + 1 == len(res.token_ids) == st.generated_tokens == budget
+    assert len(st.token_times) == budget and st.token_times == sorted(st.token_times)
     assert st.ttft_s == st.token_times[0] and st.total_s >= st.token_times[-1]
     for r in st.rounds:
         assert r.kind == ("bonus" if r.accepted == len(r.drafted) else "recovered")
+
+
+def test_a_budget_that_cuts_accepted_drafts_still_counts_them_as_accepted(model, plain):
+    """Budget 7, k = 4, every draft right: the prefill's token, a round of 4 + bonus, then a round whose 4 accepted
+    drafts the budget cuts to 1. Acceptance counts what the target accepted (8 of 8); the output holds 5 of them."""
+    res = Engine(model, None).generate([PROMPT], GenerationConfig(7), oracle(plain), K)[0]
+    assert [(r.accepted, r.emitted) for r in res.stats.rounds] == [(4, 5), (4, 1)]
+    assert res.stats.accepted == 8 and res.stats.alpha == 1.0
+    assert res.origins == ["prefill"] + ["accepted"] * 4 + ["bonus", "accepted"]

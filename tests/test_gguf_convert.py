@@ -6,10 +6,12 @@ use the bundled SmolLM2-135M-Instruct Q4_1 and compare with transformers' own GG
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -186,7 +188,7 @@ def test_chat_template_and_raise_exception(tiny_dir):
 def test_chat_template_is_sandboxed(tiny_dir):
     tok = Tokenizer.from_dir(tiny_dir)
     tok.config["chat_template"] = "{{ messages.__class__.__mro__ }}"
-    with pytest.raises(SpecdecError):
+    with pytest.raises(SpecdecError, match="chat template failed: .*unsafe"):
         tok.apply_chat_template([{"role": "user", "content": "x"}])
 
 
@@ -317,22 +319,38 @@ def _bad_files(tmp: Path, good: Path) -> dict[str, Path]:
     return files
 
 
-@pytest.mark.parametrize("kind", ["missing", "directory", "empty", "garbage", "text", "truncated", "header only"])
+BAD_FILE_MESSAGES = {
+    "missing": "no such file", "directory": "not a file", "empty": "not a GGUF file", "garbage": "not a GGUF file",
+    "text": "not a GGUF file", "truncated": "malformed or truncated GGUF file",
+    "header only": "malformed or truncated GGUF file",
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_FILE_MESSAGES))
 def test_bad_gguf_raises_specdec_error(kind, tiny, tmp_path):
     path = _bad_files(tmp_path, tiny[0])[kind]
-    with pytest.raises(SpecdecError) as err:
+    with pytest.raises(SpecdecError, match=f"^{re.escape(str(path))}: {BAD_FILE_MESSAGES[kind]}") as err:
         gc.convert_gguf(path, tmp_path / "out", progress=False)
-    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    assert "\n" not in str(err.value)
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files regardless of permissions")
-def test_unreadable_gguf(tiny, tmp_path):
+def test_unreadable_gguf(tiny, tmp_path, monkeypatch):
+    """A file without read permission. Root reads it regardless (CI runs as root), so there the refusal the
+    kernel would give anyone else is made explicit: opening that path raises EACCES."""
     path = tmp_path / "locked.gguf"
     path.write_bytes(tiny[0].read_bytes())
     path.chmod(0)
-    with pytest.raises(SpecdecError, match="cannot read"):
+    if os.geteuid() == 0:
+        def refuse(file, *args, **kwargs):
+            if Path(file) == path:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
+            return open(file, *args, **kwargs)
+
+        monkeypatch.setattr(gc, "open", refuse, raising=False)  # the module's name `open` shadows the builtin
+    with pytest.raises(SpecdecError, match=rf"^{re.escape(str(path))}: cannot read \(Permission denied\)$"):
         gc.convert_gguf(path, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_missing_package_says_how_to_install(monkeypatch):

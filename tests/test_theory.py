@@ -36,11 +36,11 @@ def test_c_star_is_where_the_first_draft_stops_paying(a):
     """dS/dk at k = 0 changes sign at c*."""
     c_star = max_useful_draft_cost(a)
     assert math.isclose(c_star, -a * math.log(a) / (1 - a))
-    # the continuous-k speedup S(k) = (1 - a^(k+1)) / ((1 - a)(1 + k c)) rises from k = 0 iff c < c*
+    # speedup() itself, at a fractional depth just above 0, rises from plain decoding's 1.0 iff c < c*
     h = 1e-6
-    s = lambda k, c: (1 - a ** (k + 1)) / ((1 - a) * (1 + k * c))
-    assert (s(h, c_star * 0.99) - s(0, c_star * 0.99)) > 0
-    assert (s(h, c_star * 1.01) - s(0, c_star * 1.01)) < 0
+    assert speedup(a, 0, c_star) == 1.0
+    assert speedup(a, h, c_star * 0.99) > 1.0
+    assert speedup(a, h, c_star * 1.01) < 1.0
 
 
 def test_batch_model_reference():

@@ -1,0 +1,104 @@
+"""Acceptance floors: a slowdown is a failing test, not a silent regression.
+
+Speculation that drafts worse, drops the bonus token or looks up the wrong n-gram keeps the output exact, so only
+acceptance and tokens per round can show it. Here they are known in advance: a target that copies (its greedy
+next token after t is a fixed function of t, so its text cycles), prompts with a long repeated span, and the
+n-gram drafter, whose rounds must accept and yield exactly the counts worked out by hand below. The draft model
+drafting for itself is in test_drafters_draft_model; the bundled model's floors are in test_engine_greedy.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine.generate import Engine, GenerationConfig
+
+PERIOD = 12  # the target's text cycles 0, 1, ..., 11, 0, 1, ...
+OUTSIDE = 12  # a token the cycle never produces
+VOCAB = 16
+
+
+class CyclingTarget:
+    """A stand-in target model: logits 10 on (t + 1) mod PERIOD after token t (OUTSIDE is followed by 7), 0
+    elsewhere. Stateless, so its cache is nothing."""
+
+    def __init__(self):
+        self.cfg = SimpleNamespace(max_position_embeddings=512, vocab_size=VOCAB)
+        self.next = torch.tensor([(t + 1) % PERIOD for t in range(PERIOD)] + [7] * (VOCAB - PERIOD))
+        self.passes: list[tuple[int, ...]] = []  # token-rows per pass, per row
+
+    def new_cache(self, batch: int, capacity: int):
+        return None
+
+    def forward(self, tokens, start, cache, last_only=None, prefill=False):
+        self.passes.append(tuple(tokens.shape))
+        logits = torch.zeros(*tokens.shape, VOCAB)  # [B, n, vocab]
+        logits.scatter_(-1, self.next[tokens].unsqueeze(-1), 10.0)
+        if last_only is not None:
+            return logits[torch.arange(tokens.shape[0]), last_only]  # [B, vocab]
+        return logits
+
+
+def cycle(start: int, n: int) -> list[int]:
+    return [(start + i) % PERIOD for i in range(n)]
+
+
+def rounds_of(res) -> list[tuple[int, int, int]]:
+    """(drafted, accepted, emitted) per round."""
+    return [(len(r.drafted), r.accepted, r.emitted) for r in res.stats.rounds]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 11, 12, 16])
+def test_a_clean_copy_accepts_every_draft_and_adds_the_bonus(k):
+    """Prompt: the cycle twice, then 0, 1, 2. The context's last four tokens last occurred one period earlier,
+    followed by a whole period: every round drafts min(k, 12) tokens, all right, and yields them plus the
+    bonus token."""
+    prompt = cycle(0, 2 * PERIOD + 3)
+    drafted = min(k, PERIOD)
+    budget = 1 + 5 * (drafted + 1)  # the prefill's token, then five whole rounds
+    res = Engine(CyclingTarget(), None).generate([prompt], GenerationConfig(budget), NgramDrafter(4, 1), k)[0]
+    assert res.token_ids == cycle(3, budget)
+    assert rounds_of(res) == [(drafted, drafted, drafted + 1)] * 5
+    assert all(r.kind == "bonus" for r in res.stats.rounds)
+    assert res.stats.alpha == 1.0 and res.stats.mean_tokens_per_round == drafted + 1
+    assert res.origins == ["prefill"] + (["accepted"] * drafted + ["bonus"]) * 5
+
+
+def test_a_corrupted_copy_is_accepted_at_the_rate_worked_out_by_hand():
+    """Prompt: the cycle with 6 replaced by OUTSIDE, then 0, 1, 2; k = 5. The target continues 3, 4, 5, 6, ...
+    - prefill: 3. Round 1: (0, 1, 2, 3) last occurred at the start: drafts 4, 5, OUTSIDE, 7, 8; 4 and 5 are
+      accepted, 6 is recovered: (5 drafted, 2 accepted, 3 tokens).
+    - round 2: the context ends 5, 6 and the prompt has no 6: nothing to draft, the target adds 7: (0, 0, 1).
+    - round 3: (7) last occurred in the prompt, followed by 8, 9, 10, 11, 0: all right, plus 1: (5, 5, 6).
+    - from then on the context holds a clean period: (5, 5, 6) every round.
+    So 41 tokens take 8 target passes, and a = 32 / 35."""
+    prompt = [0, 1, 2, 3, 4, 5, OUTSIDE, 7, 8, 9, 10, 11, 0, 1, 2]
+    target = CyclingTarget()
+    res = Engine(target, None).generate([prompt], GenerationConfig(41), NgramDrafter(4, 1), 5)[0]
+    assert res.token_ids == cycle(3, 41)
+    assert rounds_of(res) == [(5, 2, 3), (0, 0, 1)] + [(5, 5, 6)] * 6
+    assert [r.kind for r in res.stats.rounds[:3]] == ["recovered", "bonus", "bonus"]
+    assert res.stats.drafted == 35 and res.stats.accepted == 32
+    assert res.stats.mean_tokens_per_round == 40 / 8
+    # one prefill, then one pass per round over the last token and what was drafted
+    assert target.passes == [(1, len(prompt)), (1, 6), (1, 1)] + [(1, 6)] * 6
+
+
+def test_a_batch_of_copies_keeps_each_rows_counts():
+    """The clean and the corrupted copy in one static batch, with a third row that never matches: each row's
+    rounds are what it gets alone (n-gram indices are per row, and a short row pads, not truncates, the others)."""
+    clean = cycle(0, 2 * PERIOD + 3)
+    corrupted = [0, 1, 2, 3, 4, 5, OUTSIDE, 7, 8, 9, 10, 11, 0, 1, 2]
+    results = Engine(CyclingTarget(), None).generate([clean, corrupted, [OUTSIDE]], GenerationConfig(41),
+                                                     NgramDrafter(4, 1), 5)
+    assert rounds_of(results[0])[:6] == [(5, 5, 6)] * 6
+    assert rounds_of(results[1]) == [(5, 2, 3), (0, 0, 1)] + [(5, 5, 6)] * 6
+    # OUTSIDE, then 7 (prefill), 8, ..., 6, 7: no token repeats until the 12th round adds 7 again; from the 13th
+    # round on, every draft is right
+    lone = rounds_of(results[2])
+    assert lone[:PERIOD] == [(0, 0, 1)] * PERIOD and lone[PERIOD] == (5, 5, 6)
+    assert all(a == d for d, a, _ in lone)
