@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast browser bench clean
+.PHONY: setup demo test test-fast lint mutate mutate-fast browser bench clean
 
 setup: $(VENV)/.installed
 
@@ -32,6 +32,16 @@ test: setup browser
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not slow and not browser"
+
+lint: setup
+	$(BIN)/ruff check .
+
+# Plant each curated bug of tests/mutants.jsonl in a copy of the project and run the tests that must catch it.
+mutate: setup
+	$(BIN)/python scripts/mutate.py --json artifacts/mutants.json
+
+mutate-fast: setup
+	$(BIN)/python scripts/mutate.py --fast
 
 # The engine benchmark: this machine's cost profile (bandwidth, physical floor, verify curve), then plain vs
 # n-gram speculation vs Hugging Face generate (plain and prompt lookup) on copy-heavy Spec-Bench prompts.

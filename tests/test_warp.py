@@ -54,7 +54,7 @@ HAND = {
 }
 
 
-@pytest.mark.parametrize("case", HAND, ids=list(HAND))
+@pytest.mark.parametrize("case", HAND, ids=[c.replace(" ", "-") for c in HAND])
 def test_hand_computed_cases(case):
     logits, t, k, p, expected = HAND[case]
     got = warp_probs(torch.tensor(logits), SamplingConfig(t, top_k=k, top_p=p))
