@@ -99,9 +99,8 @@ def environment(copy: Path) -> dict[str, str]:
 
 def run_tests(copy: Path, tests: list[str], timeout: float) -> tuple[str, str, float]:
     """(outcome, detail, seconds): outcome "passed", "failed", "timeout" or "error" (pytest could not run)."""
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "not browser", *tests]
-    if "-m" in tests:  # the mutant's own marker expression replaces the default
-        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    markers = [] if "-m" in tests else ["-m", "not browser"]  # a mutant's own marker expression replaces it
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *markers, *tests]
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(cmd, cwd=copy, env=environment(copy), capture_output=True, text=True, timeout=timeout)
@@ -170,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         tests = sorted({t for m in mutants for t in m.tests if t.startswith("tests/")})
         print(f"baseline: {len(tests)} test files on the unmutated copy ...", flush=True)
-        outcome, detail, seconds = run_tests(copy, tests + ["-m", "not browser"], args.timeout)
+        outcome, detail, seconds = run_tests(copy, tests, args.timeout)
         if outcome != "passed":
             print(f"mutate: the unmutated copy does not pass ({outcome}: {detail})", file=sys.stderr)
             return 2
