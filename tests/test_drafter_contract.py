@@ -67,12 +67,16 @@ class ShiftedQ(DraftModelDrafter):
 
     SHIFT = 0.01
 
+    @classmethod
+    def shift(cls, q: torch.Tensor) -> torch.Tensor:
+        """q [..., vocab] with SHIFT moved from each row's most likely token to its second."""
+        top2 = q.topk(2, dim=-1).indices  # [..., 2]
+        step = torch.tensor([-cls.SHIFT, cls.SHIFT], dtype=q.dtype).expand(top2.shape).contiguous()
+        return q.clone().scatter_add_(-1, top2, step)
+
     def propose(self, contexts, k, active):
         draft = super().propose(contexts, k, active)
-        q = draft.probs.clone()  # [B, k, vocab]
-        top2 = q.topk(2, dim=-1).indices  # [B, k, 2]
-        q.scatter_add_(2, top2, torch.tensor([-self.SHIFT, self.SHIFT]).expand(*top2.shape[:2], 2).contiguous())
-        draft.probs = q
+        draft.probs = self.shift(draft.probs)  # [B, k, vocab]
         return draft
 
 
@@ -238,11 +242,7 @@ def test_the_exactness_test_has_power_against_a_q_off_by_0_01(tiny_model, target
     exact = target_oracle(target)
     p = torch.from_numpy(exact(())).double()
     q = reference_warp_rows(_draft_model_logits(tiny_model, [CONTEXT]), SAMPLING)[0]
-    top2 = q.topk(2).indices
-    shifted = q.clone()
-    shifted[top2[0]] -= ShiftedQ.SHIFT
-    shifted[top2[1]] += ShiftedQ.SHIFT
-    broken = output_distribution(p, q, shifted)
+    broken = output_distribution(p, q, ShiftedQ.shift(q))
     tv = 0.5 * (broken - p).abs().sum().item()
     support = p > 0
     noncentrality = ROUNDS * ((broken - p)[support] ** 2 / p[support]).sum().item()

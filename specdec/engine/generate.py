@@ -157,7 +157,8 @@ class _Run:
             last = torch.tensor([c[-1] for c in contexts]).view(b, 1)  # [B, 1]
             step_in = torch.cat([last, tokens.clamp(min=0)], dim=1)  # [B, k'+1]; PAD slots are junk, never read
             logits = self.model.forward(step_in, start, cache)  # [B, k'+1, vocab]
-            out = self._verify(tokens, draft.probs if draft is not None else None, logits)
+            out = verify_round(tokens, draft.probs if draft is not None else None, logits, self.cfg.sampling,
+                               self.gen, self.cfg.lossy_typical_acceptance)
             t1 = time.perf_counter()
             num_acc = out.num_accepted.tolist()
             self.drafter.accepted(num_acc)
@@ -196,10 +197,6 @@ class _Run:
         probs = warp_probs(logits, s)
         _, noise = draw_random(logits.shape[0], 0, logits.shape[-1], self.gen, logits.device)
         return (probs / noise).argmax(dim=-1)
-
-    def _verify(self, tokens, draft_probs, logits):
-        return verify_round(tokens, draft_probs, logits, self.cfg.sampling, self.gen,
-                            self.cfg.lossy_typical_acceptance)
 
     def _emit(self, r: int, token_ids: list[int], origins: list[str], now: float) -> int:
         """Append a row's new tokens, applying EOS, stop strings and the token budget. Returns how many stayed."""
