@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast lint mutate mutate-fast browser bench clean
+.PHONY: setup demo test test-fast lint mutate mutate-fast browser bench serve-bench clean
 
 setup: $(VENV)/.installed
 
@@ -52,6 +52,12 @@ bench: setup
 	$(BIN)/specdec bench --prompts $(SPEC_BENCH) --categories summarization,rag --per-category 5 \
 	  --max-new-tokens 128 --profile artifacts/profile.json --compare hf \
 	  --json artifacts/bench-copy.json --markdown artifacts/bench-copy.md --plot artifacts/bench-copy.png
+
+# The serving benchmark (many minutes; `scripts/serve_bench.py --quick` is a smoke test): bandwidth, then servers
+# with policy never, always and auto under 1..16 streaming clients on mixed and copy-heavy Spec-Bench prompts, and
+# chunked against whole-prompt prefill; writes artifacts/serve-bench.{json,md,png}.
+serve-bench: setup
+	$(BIN)/python scripts/serve_bench.py --prompts $(SPEC_BENCH) --out-dir artifacts
 
 clean:
 	rm -rf $(VENV) artifacts

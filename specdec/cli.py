@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "specdec.engine.cli",
     "specdec.explain",
     "specdec.bench.cli",
+    "specdec.serve.cli",
 )
 
 

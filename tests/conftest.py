@@ -141,22 +141,33 @@ class ScriptedDrafter:
         self.proposed: list[list[list[int]]] = []  # per round, per row
         self.heard: list[list[int]] = []  # per round, the accepted counts
 
-    def begin(self, prompts, capacity, sampling) -> None:
+    free = False
+
+    def reserve(self, slots, capacity) -> None:
         pass
 
-    def propose(self, contexts, k, active) -> Draft:
+    def open(self, slot, prompt, sampling) -> None:
+        self.row_of = getattr(self, "row_of", {})
+        self.row_of[slot] = next(r for r, f in enumerate(self.futures) if list(f[:len(prompt)]) == list(prompt)
+                                 and r not in self.row_of.values())
+
+    def close(self, slot) -> None:
+        pass
+
+    def propose(self, slots, contexts, ks) -> Draft:
         if self.on_propose:
             self.on_propose(contexts)
         j = self.correct(self.rounds)
         self.rounds += 1
         rows = []
-        for ctx, future, on in zip(contexts, self.futures, active):
-            true = list(future[len(ctx):len(ctx) + k]) if on else []
+        for slot, ctx, k in zip(slots, contexts, ks):
+            future = self.futures[self.row_of[slot]]
+            true = list(future[len(ctx):len(ctx) + k])
             rows.append([t if i < j else (t + 1) % self.vocab for i, t in enumerate(true)])
         self.proposed.append(rows)
-        return Draft(pad_rows(rows, k))
+        return Draft(pad_rows(rows, max(ks, default=0)))
 
-    def accepted(self, num_accepted) -> None:
+    def accepted(self, slots, num_accepted) -> None:
         self.heard.append(list(num_accepted))
 
 

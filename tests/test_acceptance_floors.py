@@ -22,6 +22,13 @@ OUTSIDE = 12  # a token the cycle never produces
 VOCAB = 16
 
 
+class NoCache:
+    """The stateless target's cache: holds nothing, and so does each of its rows."""
+
+    def row(self, r: int) -> NoCache:
+        return self
+
+
 class CyclingTarget:
     """A stand-in target model: logits 10 on (t + 1) mod PERIOD after token t (OUTSIDE is followed by 7), 0
     elsewhere. Stateless, so its cache is nothing."""
@@ -29,18 +36,32 @@ class CyclingTarget:
     def __init__(self):
         self.cfg = SimpleNamespace(max_position_embeddings=512, vocab_size=VOCAB)
         self.next = torch.tensor([(t + 1) % PERIOD for t in range(PERIOD)] + [7] * (VOCAB - PERIOD))
-        self.passes: list[tuple[int, ...]] = []  # token-rows per pass, per row
+        # per pass: ("prefill", prompt tokens) for a prefill chunk, ("decode", token-rows per slot) for a round
+        self.passes: list[tuple[str, object]] = []
 
-    def new_cache(self, batch: int, capacity: int):
-        return None
+    def new_cache(self, batch: int, capacity: int) -> NoCache:
+        return NoCache()
+
+    def _logits(self, tokens):
+        logits = torch.zeros(*tokens.shape, VOCAB)  # [..., vocab]
+        logits.scatter_(-1, self.next[tokens].unsqueeze(-1), 10.0)
+        return logits
 
     def forward(self, tokens, start, cache, last_only=None, prefill=False):
-        self.passes.append(tuple(tokens.shape))
-        logits = torch.zeros(*tokens.shape, VOCAB)  # [B, n, vocab]
-        logits.scatter_(-1, self.next[tokens].unsqueeze(-1), 10.0)
+        """The engine calls this for prefill chunks, one prompt at a time: tokens [1, n]."""
+        assert prefill and tokens.shape[0] == 1, tokens.shape
+        self.passes.append(("prefill", tokens.shape[1]))
+        logits = self._logits(tokens)  # [B, n, vocab]
         if last_only is not None:
             return logits[torch.arange(tokens.shape[0]), last_only]  # [B, vocab]
         return logits
+
+    def forward_ragged(self, tokens, slots, pos, cache, select=None):
+        """A decode round: token-row r (tokens, slots, pos [R]) belongs to slot slots[r]."""
+        _, counts = torch.unique_consecutive(slots, return_counts=True)
+        self.passes.append(("decode", tuple(counts.tolist())))
+        logits = self._logits(tokens)  # [R, vocab]
+        return logits if select is None else logits[select]
 
 
 def cycle(start: int, n: int) -> list[int]:
@@ -85,18 +106,26 @@ def test_a_corrupted_copy_is_accepted_at_the_rate_worked_out_by_hand():
     assert res.stats.drafted == 35 and res.stats.accepted == 32
     assert res.stats.mean_tokens_per_round == 40 / 8
     # one prefill, then one pass per round over the last token and what was drafted
-    assert target.passes == [(1, len(prompt)), (1, 6), (1, 1)] + [(1, 6)] * 6
+    assert target.passes == [("prefill", len(prompt)), ("decode", (6,)), ("decode", (1,))] + [("decode", (6,))] * 6
 
 
 def test_a_batch_of_copies_keeps_each_rows_counts():
-    """The clean and the corrupted copy in one static batch, with a third row that never matches: each row's
-    rounds are what it gets alone (n-gram indices are per row, and a short row pads, not truncates, the others)."""
+    """The clean and the corrupted copy in one batch, with a third row that never matches: each row's rounds are
+    what it gets alone (n-gram indices are per slot, and one ragged pass takes every row's own drafts: a row with
+    none adds one token-row, and neither pads nor truncates the others)."""
     clean = cycle(0, 2 * PERIOD + 3)
     corrupted = [0, 1, 2, 3, 4, 5, OUTSIDE, 7, 8, 9, 10, 11, 0, 1, 2]
-    results = Engine(CyclingTarget(), None).generate([clean, corrupted, [OUTSIDE]], GenerationConfig(41),
-                                                     NgramDrafter(4, 1), 5)
-    assert rounds_of(results[0])[:6] == [(5, 5, 6)] * 6
+    target = CyclingTarget()
+    results = Engine(target, None).generate([clean, corrupted, [OUTSIDE]], GenerationConfig(41),
+                                            NgramDrafter(4, 1), 5)
+    # the clean copy: six whole rounds take it to 37 tokens; the budget of 41 then leaves room for 4, so the
+    # seventh round drafts 3, not 5 (the engine never drafts past the budget; it used to draft 5 and drop 2)
+    assert rounds_of(results[0]) == [(5, 5, 6)] * 6 + [(3, 3, 4)]
     assert rounds_of(results[1]) == [(5, 2, 3), (0, 0, 1)] + [(5, 5, 6)] * 6
+    # the three prompts prefilled, then the first round: 5 drafts + 1 for each copy, the last token alone for the
+    # third row
+    assert target.passes[:4] == [("prefill", len(clean)), ("prefill", len(corrupted)), ("prefill", 1),
+                                 ("decode", (6, 6, 1))]
     # OUTSIDE, then 7 (prefill), 8, ..., 6, 7: no token repeats until the 12th round adds 7 again; from the 13th
     # round on, every draft is right
     lone = rounds_of(results[2])

@@ -13,7 +13,7 @@ one, and one that never warps.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -74,27 +74,37 @@ class ShiftedQ(DraftModelDrafter):
         step = torch.tensor([-cls.SHIFT, cls.SHIFT], dtype=q.dtype).expand(top2.shape).contiguous()
         return q.clone().scatter_add_(-1, top2, step)
 
-    def propose(self, contexts, k, active):
-        draft = super().propose(contexts, k, active)
-        draft.probs = self.shift(draft.probs)  # [B, k, vocab]
+    def propose(self, slots, contexts, ks):
+        draft = super().propose(slots, contexts, ks)
+        draft.probs = self.shift(draft.probs)  # [n, k, vocab]
         return draft
 
 
 class ReportsUnwarpedQ(DraftModelDrafter):
     """Samples from the warped q but reports the unwarped softmax."""
 
-    def _probs(self, logits):
+    def _probs(self, logits, sampling):
         return torch.softmax(logits.float(), dim=-1)
 
-    def _pick(self, q):
-        return super()._pick(warp_probs(q.log(), self.sampling))  # log-softmax warps exactly as the logits do
+    def _pick(self, q, slot):
+        # log-softmax warps exactly as the logits do
+        return super()._pick(warp_probs(q.log(), self.sampling[slot]), slot)
 
 
 class NeverWarps(DraftModelDrafter):
     """Samples and reports the unwarped softmax: exact, but q puts mass where the warped target has none."""
 
-    def _probs(self, logits):
+    def _probs(self, logits, sampling):
         return torch.softmax(logits.float(), dim=-1)
+
+
+def open_slots(drafter, n: int, capacity: int, sampling: SamplingConfig) -> list[int]:
+    """Slots 0..n-1, each a sequence at CONTEXT with its own stream: slot i seeded with sampling.seed + i (as the
+    engine seeds row r with seed + r), so the rows draw independently."""
+    drafter.reserve(n, capacity)
+    for slot in range(n):
+        drafter.open(slot, CONTEXT, replace(sampling, seed=sampling.seed + slot))
+    return list(range(n))
 
 
 # ---- batched rounds ----------------------------------------------------------------------------------------
@@ -113,9 +123,9 @@ def run_rounds(target, drafter, rounds: int, seed: int, sampling: SamplingConfig
     for c, start in enumerate(range(0, rounds, CHUNK)):
         m = min(CHUNK, rounds - start)
         contexts = [CONTEXT] * m
-        drafter.begin(contexts, len(CONTEXT) + K + 1, SamplingConfig(sampling.temperature, sampling.top_k,
-                                                                     sampling.top_p, seed=seed + c))
-        draft = drafter.propose(contexts, K, [True] * m)
+        # every row its own stream; chunk c's seeds follow chunk c-1's, so no two rows of a run share one
+        slots = open_slots(drafter, m, len(CONTEXT) + K + 1, replace(sampling, seed=seed * ROUNDS + start))
+        draft = drafter.propose(slots, contexts, [K] * m)
         assert draft.probs is not None and draft.probs.shape == (m, K, VOCAB)
         cache = target.new_cache(m, len(CONTEXT) + K + 1)
         step_in = torch.cat([torch.full((m, 1), CONTEXT[-1]), draft.tokens.clamp(min=0)], dim=1)  # [m, K+1]
@@ -170,8 +180,8 @@ def q_support_mismatch(tiny_model, spec: ProbDrafter, drafter, sampling: Samplin
     the drafter): None when they agree, else a message. Checked at the first position and, for every first token,
     at the second."""
     contexts = [CONTEXT] * VOCAB
-    drafter.begin(contexts, len(CONTEXT) + K + 1, sampling)
-    draft = drafter.propose(contexts, K, [True] * VOCAB)
+    slots = open_slots(drafter, VOCAB, len(CONTEXT) + K + 1, sampling)  # rows draw apart: varied first tokens
+    draft = drafter.propose(slots, contexts, [K] * VOCAB)
     got = [draft.probs[0, 0]] + [draft.probs[r, 1] for r in range(VOCAB)]  # [vocab] each
     ctxs = [CONTEXT] + [CONTEXT + [int(draft.tokens[r, 0])] for r in range(VOCAB)]
     want = [reference_warp_rows(spec.draft_logits(tiny_model, [c]), sampling)[0] for c in ctxs]

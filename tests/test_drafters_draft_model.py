@@ -33,21 +33,28 @@ def test_check_compatible(tmp_path):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_proposal_shape_and_inactive_rows(tiny_model, temperature):
+def test_proposal_shape_and_rows_with_k_0(tiny_model, temperature):
     draft = DraftModelDrafter(tiny_model("fp16", vocab=VOCAB, seed=1), VOCAB)
+    assert not draft.free
     ctxs = [[1, 2, 3, 4, 5], [6, 7], [8] * 20]  # the last one is fed through the prefill path
-    draft.begin(ctxs, 64, SamplingConfig(temperature, seed=0))
-    out = draft.propose(ctxs, 4, [True, False, True])
+    draft.reserve(3, 64)
+    for slot, c in enumerate(ctxs):
+        draft.open(slot, c, SamplingConfig(temperature, seed=slot))
+    ks = [4, 0, 3]  # the middle row drafts nothing, the last fewer than the widest
+    out = draft.propose([0, 1, 2], ctxs, ks)
     assert out.tokens.shape == (3, 4) and out.tokens.dtype == torch.long
-    assert (out.tokens[1] == PAD).all() and (out.tokens[[0, 2]] >= 0).all()
+    assert (out.tokens[1] == PAD).all() and (out.tokens[2, 3] == PAD).all()
+    assert (out.tokens[0] >= 0).all() and (out.tokens[2, :3] >= 0).all()
     if temperature == 0:
         assert out.probs is None  # greedy: q is one-hot on the drafted tokens
     else:
         assert out.probs.shape == (3, 4, VOCAB)
-        assert torch.allclose(out.probs.sum(-1), torch.ones(3, 4))
-        assert (out.probs.gather(2, out.tokens.clamp(min=0).unsqueeze(2)) > 0).all()
-    draft.accepted([2, 0, 4])
-    assert draft.valid == [5 + 2, 0, 20 + 3]  # at most k-1 drafts were fed to the draft model
+        for r, k in enumerate(ks):  # a distribution at every drafted position, giving its token mass
+            assert torch.allclose(out.probs[r, :k].sum(-1), torch.ones(k))
+            assert (out.probs[r, :k].gather(1, out.tokens[r, :k].unsqueeze(1)) > 0).all()
+    draft.accepted([0, 2], [2, 3])  # only the slots that drafted hear back, as the engine does it
+    # at most k-1 drafts were fed to the draft model: 2 of row 0's 3, and row 2's 2 (of 3 accepted)
+    assert draft.valid == {0: 5 + 2, 1: 0, 2: 20 + 2}
 
 
 @pytest.mark.parametrize("draft_vocab", [VOCAB - 4, VOCAB + 8])
@@ -57,8 +64,9 @@ def test_draft_vocabulary_of_another_size(tiny_model, draft_vocab):
     target = tiny_model("fp16", vocab=VOCAB)
     draft = DraftModelDrafter(tiny_model("fp16", vocab=draft_vocab, seed=1), VOCAB)
     ctxs = [[1, 2, 3]]
-    draft.begin(ctxs, 32, SamplingConfig(1.0, seed=0))
-    q = draft.propose(ctxs, 3, [True]).probs
+    draft.reserve(1, 32)
+    draft.open(0, ctxs[0], SamplingConfig(1.0, seed=0))
+    q = draft.propose([0], ctxs, [3]).probs
     assert q.shape == (1, 3, VOCAB) and torch.allclose(q.sum(-1), torch.ones(1, 3))
     if draft_vocab < VOCAB:
         assert (q[..., draft_vocab:] == 0).all()
@@ -81,8 +89,39 @@ def test_the_target_drafting_for_itself_is_always_accepted(tiny_model, temperatu
     drafted = sum(r.stats.drafted for r in results)
     accepted = sum(r.stats.accepted for r in results)
     assert drafted > 0 and accepted == drafted
-    for res in results:  # a = 1 exactly: every round drafts k = 4 and yields 5 (the budget of 12 cuts the third)
+    # a = 1 exactly: every round drafts k = 4 and yields 5; after 1 + 5 + 5 tokens the budget of 12 leaves room
+    # for one, so the third round drafts nothing (the engine never drafts past the budget) and yields the target's
+    for res in results:
         assert [(len(r.drafted), r.accepted, r.emitted, r.kind) for r in res.stats.rounds] == [
-            (4, 4, 5, "bonus"), (4, 4, 5, "bonus"), (4, 4, 1, "bonus")], res.stats.rounds
+            (4, 4, 5, "bonus"), (4, 4, 5, "bonus"), (0, 0, 1, "bonus")], res.stats.rounds
     if temperature > 0:
         assert len({tuple(r.token_ids) for r in results}) > 3  # it did sample
+
+
+def test_each_slot_drafts_as_it_would_alone(tiny_model):
+    """Per-slot sampling settings and random streams: a slot's drafts and q, over two rounds with feedback, are
+    bit for bit what it gets alone in a drafter of one slot, whatever its company (greedy, other temperatures,
+    a prompt fed through the prefill path)."""
+    model = tiny_model("fp16", vocab=VOCAB, seed=1)
+    ctxs = [[1, 2, 3, 4, 5], [6, 7], [8] * 20]
+    settings = [SamplingConfig(1.0, seed=11), SamplingConfig(0.0), SamplingConfig(0.8, top_k=5, seed=12)]
+    accepted = [1, 4, 0]  # after the first round: then the context grows by the accepted drafts and one token
+
+    def two_rounds(slots, rows):
+        d = DraftModelDrafter(model, VOCAB)
+        d.reserve(max(slots) + 1, 64)
+        for s, r in zip(slots, rows):
+            d.open(s, ctxs[r], settings[r])
+        first = d.propose(slots, [ctxs[r] for r in rows], [4] * len(rows))
+        d.accepted(slots, [accepted[r] for r in rows])
+        grown = [ctxs[r] + first.tokens[i, :accepted[r]].tolist() + [9] for i, r in enumerate(rows)]
+        second = d.propose(slots, grown, [3] * len(rows))
+        return first, second
+
+    together = two_rounds([4, 0, 2], [0, 1, 2])
+    for i, r in enumerate(range(3)):
+        alone = two_rounds([0], [r])
+        for got, want in zip(together, alone):
+            assert torch.equal(got.tokens[i], want.tokens[0]), (r, got.tokens[i], want.tokens[0])
+            if not settings[r].greedy:
+                assert torch.equal(got.probs[i], want.probs[0]), r

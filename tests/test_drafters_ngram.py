@@ -10,11 +10,12 @@ import torch
 from specdec.drafters.ngram import NgramDrafter
 from specdec.errors import SpecdecError
 from specdec.sampling.verify import PAD
+from specdec.sampling.warp import SamplingConfig
 
 
 def lookup(ctx, k=3, max_n=4, min_n=1):
     d = NgramDrafter(max_n, min_n)
-    d.begin([ctx])
+    d.open(0, ctx, SamplingConfig())
     return d.lookup(0, ctx, k)
 
 
@@ -51,14 +52,35 @@ def test_proposes_at_most_k_and_what_exists():
     assert lookup([1, 2, 3] * 10, k=8) == [1, 2, 3]
 
 
-def test_propose_pads_rows_and_skips_inactive_ones():
+def test_propose_pads_rows_and_skips_rows_with_k_0():
+    """Rows are slots (in any order); a row with k = 0 gets nothing, however good its match; the width is max(ks)."""
     d = NgramDrafter()
+    assert d.free  # a lookup: proposing costs next to nothing and draws no random numbers
     ctxs = [[1, 2, 3, 1, 2], [4, 5, 6], [1, 1, 1, 1]]
-    d.begin(ctxs)
-    draft = d.propose(ctxs, 3, [True, True, False])
+    slots = [5, 2, 7]
+    for s, c in zip(slots, ctxs):
+        d.open(s, c, SamplingConfig())
+    draft = d.propose(slots, ctxs, [3, 3, 0])
     assert draft.probs is None  # deterministic: q is one-hot on the drafted tokens
     assert draft.tokens.dtype == torch.long
     assert draft.tokens.tolist() == [[3, 1, 2], [PAD, PAD, PAD], [PAD, PAD, PAD]]
+    # ks per row: each row drafts at most its own k, padded to the widest
+    assert d.propose(slots, ctxs, [2, 3, 4]).tokens.tolist() == [[3, 1, PAD, PAD], [PAD] * 4, [1, PAD, PAD, PAD]]
+    assert d.propose(slots, ctxs, [0, 0, 0]).tokens.shape == (3, 0)
+
+
+def test_a_reopened_slot_starts_a_fresh_index():
+    """A slot's index belongs to the sequence in it: after close and open, a new sequence sees none of the old
+    one's n-grams (and its own are indexed from its start, though the old index had gone further)."""
+    d = NgramDrafter(2, 1)
+    old = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1]
+    d.open(0, old, SamplingConfig())
+    assert d.propose([0], [old], [3]).tokens.tolist() == [[2, 3, 4]]
+    d.close(0)
+    assert 0 not in d.rows  # closing frees the index
+    new = [9, 8, 1, 7, 1]
+    d.open(0, new, SamplingConfig())
+    assert d.propose([0], [new], [3]).tokens.tolist() == [[7, 1, PAD]]  # the old index would say 8, 1, 7
 
 
 def test_bad_sizes_are_refused():
@@ -73,12 +95,12 @@ def test_incremental_as_the_context_grows():
     g = torch.Generator().manual_seed(0)
     ctx = torch.randint(0, 6, (300,), generator=g).tolist()
     grown = NgramDrafter(3, 1)
-    grown.begin([ctx[:1]])
+    grown.open(0, ctx[:1], SamplingConfig())
     for n in range(1, len(ctx) + 1):
         got = grown.lookup(0, ctx[:n], 4)
         if n % 37 == 0:
             fresh = NgramDrafter(3, 1)
-            fresh.begin([ctx[:n]])
+            fresh.open(0, ctx[:n], SamplingConfig())
             assert got == fresh.lookup(0, ctx[:n], 4), n
 
 
@@ -99,12 +121,12 @@ def test_indexing_is_linear_in_the_context():
     g = torch.Generator().manual_seed(1)
     ctx = torch.randint(0, 50, (n_tokens,), generator=g).tolist()
     d = NgramDrafter(max_n, 1)
-    d.begin([ctx[:1]])
+    d.open(0, ctx[:1], SamplingConfig())
     counter = d.rows[0].last_end = CountingDict()
     half = []
     started = time.perf_counter()
     for n in range(1, n_tokens + 1):
-        d.propose([_Tail(ctx, n)], 3, [True])
+        d.propose([0], [_Tail(ctx, n)], [3])
         if n == n_tokens // 2:
             half.append(time.perf_counter() - started)
     half.append(time.perf_counter() - started - half[0])

@@ -29,6 +29,9 @@ class CacheSpy:
     def forward(self, *args, **kw):
         return self.model.forward(*args, **kw)
 
+    def forward_ragged(self, *args, **kw):
+        return self.model.forward_ragged(*args, **kw)
+
 
 def assert_cache_equal(cache, reference, valid: list[int], what: str) -> None:
     """Keys and values of every layer, row r at positions [0, valid[r]), must be bit-identical."""
@@ -100,9 +103,10 @@ def test_draft_model_cache_after_rejections_equals_a_fresh_run(tiny_model):
     seen = []
     original = drafter.accepted
 
-    def accepted(num_accepted):
-        original(num_accepted)
-        assert_cache_equal(spy.caches[0], ref, drafter.valid, f"draft cache after round {len(seen)}")
+    def accepted(slots, num_accepted):
+        original(slots, num_accepted)
+        valid = [drafter.valid.get(r, 0) for r in range(len(PROMPTS))]  # slot r holds prompt r
+        assert_cache_equal(spy.caches[0], ref, valid, f"draft cache after round {len(seen)}")
         seen.append(list(num_accepted))
 
     drafter.accepted = accepted

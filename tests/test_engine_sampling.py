@@ -6,14 +6,18 @@ test, and top-k / top-p warping must be applied to p and q alike."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
-import specdec.engine.generate as generate
+import specdec.engine.scheduler as scheduler
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.engine.generate import Engine, GenerationConfig
+from specdec.engine.policy import FixedK
+from specdec.engine.scheduler import Scheduler, SchedulerConfig
+from specdec.engine.sequence import Sequence
 from specdec.sampling.warp import SamplingConfig
 from tests.conftest import prefill_cache
 from tests.sampler_harness import broken_no_residual, chi_square_pvalue, pooled_chi_square
@@ -58,9 +62,11 @@ def sample(tiny_model, sampling: SamplingConfig, length: int, k: int | None) -> 
     """SAMPLES runs of `length` tokens: plain (k None) or speculative with the draft model. (tokens, alpha)."""
     target = tiny_model("fp16", **TARGET)
     drafter = None if k is None else DraftModelDrafter(tiny_model("fp16", **DRAFT), VOCAB)
-    results = Engine(target, None).generate([PROMPT] * SAMPLES, GenerationConfig(length, sampling), drafter,
-                                            k or 1)
-    tokens = np.array([r.token_ids for r in results])
+    # generate past `length`: the engine drafts no further than the token budget, and the first speculative round
+    # must draft all k tokens
+    results = Engine(target, None).generate([PROMPT] * SAMPLES, GenerationConfig(length + (k or 1), sampling),
+                                            drafter, k or 1)
+    tokens = np.array([r.token_ids[:length] for r in results])
     assert tokens.shape == (SAMPLES, length)
     drafted = sum(r.stats.drafted for r in results)
     return tokens, sum(r.stats.accepted for r in results) / drafted if drafted else float("nan")
@@ -101,7 +107,7 @@ def test_speculative_bonus_token_matches_the_exact_distribution(tiny_model, exac
 
 def test_broken_verify_rule_fails_the_same_test(tiny_model, exact3, monkeypatch):
     """Resampling from p instead of the residual after a rejection: the same test must reject it."""
-    monkeypatch.setattr(generate, "rejection_sample", broken_no_residual)
+    monkeypatch.setattr(scheduler, "rejection_sample", broken_no_residual)
     tokens, _ = sample(tiny_model, SamplingConfig(1.0, seed=12), 3, 3)
     pv = goodness_of_fit(tokens, exact3)
     print(f"broken rule (no residual): chi-square p = {pv:.3g}")
@@ -119,3 +125,32 @@ def test_warped_speculative_sampling_matches_the_warped_target(tiny_model, sampl
     pv = goodness_of_fit(tokens, exact)
     print(f"{sampling}: {(exact > 0).sum()} possible pairs, chi-square p = {pv:.3g}")
     assert pv > PASS_LEVEL, f"warped speculative samples fail the chi-square test: p = {pv:.2e}"
+
+
+def test_rows_joining_mid_run_with_their_own_settings_sample_exactly(tiny_model):
+    """The step loop as a server runs it: sequences arrive in waves while others are mid-generation, half at
+    temperature 1 and half with top-p 0.8, each with its own seed, in ragged passes where rows verify different
+    numbers of drafts. Each half's first three tokens follow its own exact distribution."""
+    target = tiny_model("fp16", **TARGET)
+    settings = [SamplingConfig(1.0), SamplingConfig(1.0, top_p=0.8)]
+    sched = Scheduler(target, None, DraftModelDrafter(tiny_model("fp16", **DRAFT), VOCAB), FixedK(3),
+                      SchedulerConfig(max_batch=SAMPLES, max_queue=None, context=32))
+    seqs = [Sequence(PROMPT, GenerationConfig(3 + i % 4, replace(settings[i % 2], seed=1000 + i)), max_k=3)
+            for i in range(2 * SAMPLES)]
+    waves = [seqs[i::4] for i in range(4)]
+    steps = 0
+    for wave in waves:
+        for s in wave:
+            sched.admit(s)
+        sched.step()  # the wave is prefilled while the earlier ones are mid-generation
+        steps += 1
+    while not sched.idle:
+        sched.step()
+        steps += 1
+    drafted = [len(r.drafted) for s in seqs for r in s.stats.rounds]
+    assert {0, 1, 2, 3} <= set(drafted)  # ragged: budgets cut some rows' drafts, down to none
+    for j, sampling in enumerate(settings):
+        tokens = np.array([s.output[:3] for s in seqs[j::2]])
+        pv = goodness_of_fit(tokens, exact_distribution(target, sampling, 3))
+        print(f"{sampling}, rows joining over {steps} steps: chi-square p = {pv:.3g}")
+        assert pv > PASS_LEVEL, f"{sampling}: samples fail the chi-square test: p = {pv:.2e}"

@@ -172,10 +172,24 @@ def test_engine_stats_are_consistent(model, plain, name, budget):
         assert r.kind == ("bonus" if r.accepted == len(r.drafted) else "recovered")
 
 
-def test_a_budget_that_cuts_accepted_drafts_still_counts_them_as_accepted(model, plain):
-    """Budget 7, k = 4, every draft right: the prefill's token, a round of 4 + bonus, then a round whose 4 accepted
-    drafts the budget cuts to 1. Acceptance counts what the target accepted (8 of 8); the output holds 5 of them."""
-    res = Engine(model, None).generate([PROMPT], GenerationConfig(7), oracle(plain), K)[0]
-    assert [(r.accepted, r.emitted) for r in res.stats.rounds] == [(4, 5), (4, 1)]
-    assert res.stats.accepted == 8 and res.stats.alpha == 1.0
-    assert res.origins == ["prefill"] + ["accepted"] * 4 + ["bonus", "accepted"]
+def test_a_stop_string_that_cuts_accepted_drafts_still_counts_them_as_accepted(model, plain):
+    """Every draft right; the stop string completes at output token 2 or 3, inside the first round of 4 accepted
+    drafts. Acceptance counts what the target accepted (4 of 4); the output keeps only the tokens up to the stop."""
+    text = FakeTokenizer().decode(plain)
+    # a stop string first seen inside the round, ending at output token `at`
+    at, stop = next((a, text[a - n + 1:a + 1]) for a in (1, 2) for n in (1, 2, 3)
+                    if n <= a + 1 and text.index(text[a - n + 1:a + 1]) == a - n + 1)
+    res = Engine(model, FakeTokenizer()).generate([PROMPT], GenerationConfig(50, stop=(stop,)), oracle(plain), K)[0]
+    assert res.finish_reason == "stop" and res.token_ids == plain[:at + 1]
+    assert [(len(r.drafted), r.accepted, r.emitted) for r in res.stats.rounds] == [(K, K, at)]
+    assert res.stats.accepted == K and res.stats.alpha == 1.0
+
+
+@pytest.mark.parametrize("budget, last", [(7, (0, 0, 1)), (8, (1, 1, 2)), (9, (2, 2, 3))])
+def test_no_draft_past_the_token_budget(model, plain, budget, last):
+    """k = 4, every draft right: the prefill's token, a round of 4 + bonus, then a round that drafts only what
+    the budget can still use (a round adds up to drafts + 1 tokens): nothing drafted is thrown away."""
+    res = Engine(model, None).generate([PROMPT], GenerationConfig(budget), oracle(plain), K)[0]
+    assert [(len(r.drafted), r.accepted, r.emitted) for r in res.stats.rounds] == [(4, 4, 5), last]
+    assert res.token_ids == plain[:budget] and res.stats.alpha == 1.0
+    assert res.origins == ["prefill"] + ["accepted"] * 4 + ["bonus"] + ["accepted"] * last[1] + ["bonus"]

@@ -79,13 +79,13 @@ def check_output(path: str | None) -> None:
 def run_profile(args) -> int:
     from specdec.bench.profile import profile
     from specdec.bench.report import render_profile
-    from specdec.engine.cli import build
+    from specdec.runtime import ModelSpec, build
 
     contexts = parse_ints(args.contexts, "--contexts")
     if args.bandwidth_gib <= 0 or (args.memory_budget_gb is not None and args.memory_budget_gb <= 0):
         raise SpecdecError("--bandwidth-gib and --memory-budget-gb must be > 0")
     check_output(args.json)
-    target, drafter = build(args)
+    target, drafter = build(ModelSpec.from_args(args))
     budget = args.memory_budget_gb * 2**30 if args.memory_budget_gb else None
     prof = profile(target, drafter, contexts, args.max_rows, args.reps, args.k, int(args.bandwidth_gib * 2**30),
                    budget, args.batch_context, progress=not args.quiet)
@@ -104,11 +104,10 @@ def run_bench(args) -> int:
     from specdec.bench.runner import engine_method, logit_gap_fn, mark_identity
     from specdec.bench.runner import run_bench as run_all
     from specdec.drafters.base import NoDrafter
-    from specdec.engine.cli import build
     from specdec.engine.generate import Engine
-    from specdec.engine.policy import AutoK
+    from specdec.engine.policy import Auto, PassCost
+    from specdec.runtime import ModelSpec, build
     from specdec.theory.cli import load_profile
-    from specdec.theory.economics import CostCurve
 
     prompts = select(load_prompts(args.prompts), parse_categories(args.categories), args.per_category)
     k = parse_k(args.k)
@@ -120,7 +119,7 @@ def run_bench(args) -> int:
         check_output(out)
     prof = load_profile(args.profile) if args.profile else None
     source = f"file {args.profile}" if prof else None
-    target, drafter = build(args)
+    target, drafter = build(ModelSpec.from_args(args))
     if isinstance(drafter, NoDrafter):
         raise SpecdecError("bench compares plain decoding with a drafter: choose --drafter ngram or draft-model")
     if prof and (prof.get("model"), prof.get("precision")) != (target.name, target.model.precision):
@@ -136,8 +135,8 @@ def run_bench(args) -> int:
     methods = [engine_method("plain", engine(), NoDrafter(), 1)]
     default_k = DEFAULT_K if k == "auto" else k
     if k == "auto":
-        policy = AutoK(draft_cost=float(prof.get("draft_cost") or 0.0),
-                       curve=CostCurve.from_mapping(prof["verify_cost"]))
+        cost = PassCost.from_profile(prof)
+        policy = Auto(cost, draft_step_s=float(prof.get("draft_cost") or 0.0) * cost(1))
         methods.append(engine_method(f"{drafter.name} k=auto", engine(), drafter, policy, "plain", "auto"))
     for kk in sorted(set(AUTO_FIXED_KS) | {default_k}) if k == "auto" else [k]:
         methods.append(engine_method(f"{drafter.name} k={kk}", engine(), drafter, kk, "plain", kk))

@@ -67,7 +67,8 @@ def context_entry(context: int, times: dict[int, list]) -> dict:
 
 def demo_context(tokenizer, length: int) -> list[int]:
     """A realistic context for n-gram lookup: the demo's code-editing prompt, repeated to `length` tokens."""
-    from specdec.engine.cli import DEMO_PROMPT, encode_prompt
+    from specdec.engine.demo import DEMO_PROMPT
+    from specdec.runtime import encode_prompt
 
     ids = encode_prompt(tokenizer, DEMO_PROMPT, chat=True) if tokenizer else list(range(1, 300))
     return (ids * (length // len(ids) + 1))[:length]
@@ -77,13 +78,13 @@ def time_ngram(drafter, context: list[int], k: int, rounds: int = 50) -> dict:
     """Seconds per propose() as the engine calls it: the context grows by 2 tokens a round."""
     half = len(context) // 2
     rounds = max(1, min(rounds, (len(context) - half) // 2))
-    drafter.begin([context[:half]])
-    drafter.propose([context[:half]], k, [True])  # indexes the first half (a prefill's worth), untimed
+    drafter.open(0, context[:half])
+    drafter.propose([0], [context[:half]], [k])  # indexes the first half (a prefill's worth), untimed
     times, drafted = [], []
     for i in range(1, rounds + 1):
         ctx = context[: half + 2 * i]
         t0 = time.perf_counter()
-        d = drafter.propose([ctx], k, [True])
+        d = drafter.propose([0], [ctx], [k])
         times.append(time.perf_counter() - t0)
         drafted.append(int((d.tokens >= 0).sum()))
     # the index's memory per context token, at worst (every n-gram distinct: random tokens); it is Python dicts
@@ -91,8 +92,8 @@ def time_ngram(drafter, context: list[int], k: int, rounds: int = 50) -> dict:
     distinct = torch.randint(0, 1 << 30, (len(context),), generator=torch.Generator().manual_seed(0)).tolist()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    drafter.begin([distinct])
-    drafter.propose([distinct], k, [True])
+    drafter.open(0, distinct)
+    drafter.propose([0], [distinct], [k])
     index_bytes = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     return {"seconds_per_round": statistics.median(times), "k": k, "tokens_per_round": statistics.median(drafted),

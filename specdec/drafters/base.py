@@ -1,8 +1,9 @@
 """The one interface every drafter implements, from n-gram lookup to a draft model.
 
-A drafter proposes up to k tokens per sequence and hears back how many the target accepted. Sequences are
-identified by their row in the batch; `begin` starts new ones. A drafter that proposes fewer than k tokens
-for a row pads it with PAD; a deterministic drafter returns probs=None (q is one-hot on its tokens).
+A drafter serves a pool of slots, one sequence per slot. `open` starts a sequence in a slot and `close` ends
+it; each round `propose` drafts up to ks[i] tokens for slots[i] (rows with fewer, or with k = 0, are
+PAD-padded) and `accepted` reports how many of them the target kept. A deterministic drafter returns
+probs=None (q is one-hot on its tokens) and sets `free = True` when proposing costs next to nothing.
 """
 
 from __future__ import annotations
@@ -25,16 +26,24 @@ class Draft:
 
 class Drafter(Protocol):
     name: str
+    free: bool  # proposing costs next to nothing and draws no random numbers (prompt lookup)
 
-    def begin(self, prompts: Sequence[Sequence[int]], capacity: int, sampling: SamplingConfig) -> None:
-        """Start a batch of sequences; row b's context starts as prompts[b] and never grows past `capacity`
-        tokens. Drafters that give probabilities warp them with `sampling`, as the target's are."""
+    def reserve(self, slots: int, capacity: int) -> None:
+        """Room for `slots` sequences at once, each never longer than `capacity` tokens."""
 
-    def propose(self, contexts: Sequence[Sequence[int]], k: int, active: Sequence[bool]) -> Draft:
-        """Draft up to k tokens continuing each context (inactive rows get nothing)."""
+    def open(self, slot: int, prompt: Sequence[int], sampling: SamplingConfig) -> None:
+        """Start a sequence in `slot`. Drafters that give probabilities warp them with `sampling`, as the
+        target's are, and draw from their own stream seeded from it."""
 
-    def accepted(self, num_accepted: Sequence[int]) -> None:
-        """Feedback after verification: how many of the proposed tokens each row kept."""
+    def close(self, slot: int) -> None:
+        """The sequence in `slot` is done (finished, or its client left)."""
+
+    def propose(self, slots: Sequence[int], contexts: Sequence[Sequence[int]], ks: Sequence[int]) -> Draft:
+        """Draft up to ks[i] tokens continuing contexts[i], the whole context of the sequence in slots[i].
+        Returns tokens [len(slots), max(ks)]."""
+
+    def accepted(self, slots: Sequence[int], num_accepted: Sequence[int]) -> None:
+        """Feedback after verification: how many of the proposed tokens each slot kept."""
 
 
 def pad_rows(rows: Sequence[Sequence[int]], k: int) -> torch.Tensor:
@@ -50,12 +59,19 @@ class NoDrafter:
     """Plain decoding through the speculative loop: proposes nothing, so every round is one target token."""
 
     name = "none"
+    free = True
 
-    def begin(self, prompts, capacity, sampling) -> None:
+    def reserve(self, slots, capacity) -> None:
         pass
 
-    def propose(self, contexts, k, active) -> Draft:
+    def open(self, slot, prompt, sampling) -> None:
+        pass
+
+    def close(self, slot) -> None:
+        pass
+
+    def propose(self, slots, contexts, ks) -> Draft:
         return Draft(tokens=torch.full((len(contexts), 0), PAD, dtype=torch.long))
 
-    def accepted(self, num_accepted) -> None:
+    def accepted(self, slots, num_accepted) -> None:
         pass

@@ -1,9 +1,10 @@
 """A small draft model that shares the target's tokenizer: k autoregressive steps per round.
 
-It keeps its own position-addressed KV cache. Per row it tracks how many context tokens have valid keys and
-values there; after verification that count becomes the old context plus the accepted drafts it already
-fed (all but the last drafted token), so rollback is free here too. It returns its warped distributions q,
-so sampling at temperature > 0 stays exact.
+It keeps its own position-addressed KV cache, one row per slot. Per slot it tracks how many context tokens
+have valid keys and values there; after verification that count becomes the old context plus the accepted
+drafts it already fed (all but the last drafted token), so rollback is free here too. Each slot warps with
+its own request's sampling settings and draws from its own seeded stream, and the drafter returns its warped
+distributions q, so sampling at temperature > 0 stays exact.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 
 from specdec.drafters.base import Draft
 from specdec.errors import SpecdecError
-from specdec.sampling.verify import draw_random
+from specdec.sampling.verify import PAD, draw_random
 from specdec.sampling.warp import SamplingConfig, warp_probs
 
 PREFILL_ABOVE = 16  # feeds longer than this use the model's prefill attention
@@ -22,12 +23,15 @@ PREFILL_ABOVE = 16  # feeds longer than this use the model's prefill attention
 
 class DraftModelDrafter:
     name = "draft-model"
+    free = False
 
     def __init__(self, model, target_vocab: int, seed_offset: int = 7919):
         self.model, self.target_vocab, self.seed_offset = model, target_vocab, seed_offset
         self.cache = None
-        self.valid: list[int] = []  # per row: context tokens whose keys/values are in the draft cache
-        self._fed: list[int] = []  # per row, after propose: context length + drafted tokens fed
+        self.valid: dict[int, int] = {}  # per slot: context tokens whose keys/values are in the draft cache
+        self.sampling: dict[int, SamplingConfig] = {}
+        self.gen: dict[int, torch.Generator] = {}
+        self._fed: dict[int, int] = {}  # per slot, after propose: drafted tokens fed beyond the context
 
     @staticmethod
     def check_compatible(target_tokenizer, draft_tokenizer) -> None:
@@ -37,17 +41,23 @@ class DraftModelDrafter:
                                f"the target's vocabulary ({draft_tokenizer.vocab_size} vs "
                                f"{target_tokenizer.vocab_size} tokens, or the same size with other tokens)")
 
-    def begin(self, prompts: Sequence[Sequence[int]], capacity: int, sampling: SamplingConfig) -> None:
-        self.sampling = sampling
-        self.cache = self.model.new_cache(len(prompts), capacity)
-        self.valid = [0] * len(prompts)
-        self.gen = torch.Generator(device=getattr(self.model, "device", "cpu"))
-        seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, ()).item())
-        self.gen.manual_seed(seed + self.seed_offset)
+    def reserve(self, slots: int, capacity: int) -> None:
+        self.cache = self.model.new_cache(slots, capacity)
 
-    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """Draft logits [B, draft_vocab] -> q [B, target_vocab] (a padded vocabulary is cut or zero-filled)."""
-        q = warp_probs(logits, self.sampling)
+    def open(self, slot: int, prompt: Sequence[int], sampling: SamplingConfig) -> None:
+        self.valid[slot], self._fed[slot], self.sampling[slot] = 0, 0, sampling
+        g = torch.Generator(device=getattr(self.model, "device", "cpu"))
+        seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, ()).item())
+        g.manual_seed(seed + self.seed_offset)
+        self.gen[slot] = g
+
+    def close(self, slot: int) -> None:
+        for d in (self.valid, self._fed, self.sampling, self.gen):
+            d.pop(slot, None)
+
+    def _probs(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+        """Draft logits [n, draft_vocab] -> q [n, target_vocab] (a padded vocabulary is cut or zero-filled)."""
+        q = warp_probs(logits, sampling)
         v = self.target_vocab
         if q.shape[-1] > v:
             q = q[:, :v] / q[:, :v].sum(dim=-1, keepdim=True)
@@ -55,41 +65,76 @@ class DraftModelDrafter:
             q = torch.cat([q, q.new_zeros(q.shape[0], v - q.shape[-1])], dim=-1)
         return q
 
-    def _pick(self, q: torch.Tensor) -> torch.Tensor:
-        if self.sampling.greedy:
-            return q.argmax(dim=-1)
-        _, noise = draw_random(q.shape[0], 0, q.shape[-1], self.gen, q.device)
-        return (q / noise).argmax(dim=-1)
+    def _pick(self, q: torch.Tensor, slot: int) -> int:
+        """One draft token from q [1, vocab], with the slot's own stream."""
+        if self.sampling[slot].greedy:
+            return int(q.argmax(dim=-1))
+        _, noise = draw_random(1, 0, q.shape[-1], self.gen[slot], q.device)
+        return int((q / noise).argmax(dim=-1))
 
-    def propose(self, contexts, k: int, active) -> Draft:
-        b = len(contexts)
-        # finished rows ride along with one junk token at position 0 and then hold nothing valid: writing where
-        # their context ends could run past the cache once the context is full
-        feed = [list(ctx[self.valid[r]:]) if on else [0] for r, (ctx, on) in enumerate(zip(contexts, active))]
-        n = max(len(f) for f in feed)  # every active row feeds >= 1 token
-        tokens = torch.zeros(b, n, dtype=torch.long)
-        for r, f in enumerate(feed):
-            tokens[r, : len(f)] = torch.tensor(f)
-        tokens[tokens >= self.model.cfg.vocab_size] = 0  # an id only the target has: any stand-in stays exact
-        start = torch.tensor([v if on else 0 for v, on in zip(self.valid, active)])  # [B]
-        last = torch.tensor([len(f) - 1 for f in feed])
-        logits = self.model.forward(tokens, start, self.cache, last_only=last, prefill=n > PREFILL_ABOVE)
-        pos = start + torch.tensor([len(f) for f in feed])  # [B]: where the first drafted token goes
-        drafted, probs = [], []
-        for i in range(k):
-            q = self._probs(logits)  # [B, vocab]
-            x = self._pick(q)  # [B]
-            drafted.append(x)
-            probs.append(q)
-            if i < k - 1:
-                logits = self.model.forward(x.view(b, 1), pos + i, self.cache)[:, 0]
-        self.valid = [len(c) if on else 0 for c, on in zip(contexts, active)]
-        self._fed = k - 1
-        tokens = torch.stack(drafted, dim=1)  # [B, k]
-        inactive = ~torch.tensor(list(active), dtype=torch.bool)
-        tokens[inactive] = -1
-        q_all = None if self.sampling.greedy else torch.stack(probs, dim=1)  # [B, k, vocab]
-        return Draft(tokens=tokens, probs=q_all)
+    def _catch_up(self, slots: list[int], feeds: list[list[int]]) -> torch.Tensor:
+        """Feed each slot the context tokens its cache lacks; logits [n, vocab] after each slot's last one.
+        Long feeds (a new prompt) take the prefill path, one slot at a time; the rest share one pass."""
+        out: list[torch.Tensor | None] = [None] * len(slots)
+        short = [i for i, f in enumerate(feeds) if len(f) <= PREFILL_ABOVE]
+        for i, f in enumerate(feeds):
+            if len(f) > PREFILL_ABOVE:
+                s = slots[i]
+                out[i] = self.model.forward(torch.tensor([f]), torch.tensor([self.valid[s]]), self.cache.row(s),
+                                            last_only=torch.tensor([len(f) - 1]), prefill=True)[0]
+        if short:
+            toks, sl, pos, last = [], [], [], []
+            for i in short:
+                s, f = slots[i], feeds[i]
+                toks += f
+                sl += [s] * len(f)
+                pos += range(self.valid[s], self.valid[s] + len(f))
+                last.append(len(toks) - 1)
+            logits = self.model.forward_ragged(torch.tensor(toks), torch.tensor(sl), torch.tensor(pos), self.cache,
+                                               torch.tensor(last))  # [len(short), vocab]
+            for j, i in enumerate(short):
+                out[i] = logits[j]
+        return torch.stack(out)  # [n, vocab]
 
-    def accepted(self, num_accepted: Sequence[int]) -> None:
-        self.valid = [v + min(a, self._fed) for v, a in zip(self.valid, num_accepted)]
+    def propose(self, slots, contexts, ks) -> Draft:
+        width = max(ks, default=0)
+        tokens = torch.full((len(slots), width), PAD, dtype=torch.long)  # [n, k]
+        rows = [i for i, k in enumerate(ks) if k > 0]
+        if not rows:
+            return Draft(tokens)
+        act = [slots[i] for i in rows]
+        feeds = [list(contexts[i][self.valid[slots[i]]:]) for i in rows]  # >= 1 token each
+        for f in feeds:  # an id only the target has: any stand-in stays exact
+            f[:] = [t if t < self.model.cfg.vocab_size else 0 for t in f]
+        logits = self._catch_up(act, feeds)  # [m, vocab]
+        pos = [self.valid[s] + len(f) for s, f in zip(act, feeds)]  # where each slot's first draft goes
+        sampled = any(not self.sampling[s].greedy for s in act)
+        probs = torch.zeros(len(slots), width, self.target_vocab) if sampled else None  # [n, k, vocab]
+        live = list(range(len(rows)))  # indices into rows still drafting
+        for step in range(width):
+            picked = {}
+            for j in live:
+                q = self._probs(logits[j:j + 1], self.sampling[act[j]])  # [1, vocab]
+                x = self._pick(q, act[j])
+                tokens[rows[j], step] = x
+                if probs is not None:
+                    probs[rows[j], step] = q[0]
+                picked[j] = x
+            nxt = [j for j in live if ks[rows[j]] > step + 1]
+            if nxt:
+                feed = [picked[j] for j in nxt]
+                out = self.model.forward_ragged(torch.tensor(feed), torch.tensor([act[j] for j in nxt]),
+                                                torch.tensor([pos[j] + step for j in nxt]), self.cache)
+                logits = logits.clone()
+                logits[nxt] = out
+            live = nxt
+        for j, s in enumerate(act):
+            self.valid[s] = len(contexts[rows[j]])
+            self._fed[s] = ks[rows[j]] - 1
+        return Draft(tokens=tokens, probs=probs)
+
+    def accepted(self, slots, num_accepted) -> None:
+        for s, a in zip(slots, num_accepted):
+            if s in self._fed:
+                self.valid[s] += min(a, self._fed[s])
+                self._fed[s] = 0

@@ -23,15 +23,22 @@ class _RowIndex:
 
 class NgramDrafter:
     name = "ngram"
+    free = True
 
     def __init__(self, max_n: int = 4, min_n: int = 1):
         if not (1 <= min_n <= max_n):
             raise SpecdecError(f"n-gram sizes need 1 <= min_n <= max_n, got {min_n}..{max_n}")
         self.max_n, self.min_n = max_n, min_n
-        self.rows: list[_RowIndex] = []
+        self.rows: dict[int, _RowIndex] = {}  # slot -> its sequence's index
 
-    def begin(self, prompts: Sequence[Sequence[int]], capacity: int = 0, sampling=None) -> None:
-        self.rows = [_RowIndex() for _ in prompts]
+    def reserve(self, slots: int, capacity: int) -> None:
+        pass
+
+    def open(self, slot: int, prompt: Sequence[int] = (), sampling=None) -> None:
+        self.rows[slot] = _RowIndex()
+
+    def close(self, slot: int) -> None:
+        self.rows.pop(slot, None)
 
     def _index(self, row: _RowIndex, ctx: Sequence[int]) -> None:
         """Index every n-gram whose end lies in (indexed_to, len(ctx) - 1]: all but the current suffix."""
@@ -41,8 +48,8 @@ class NgramDrafter:
                 row.last_end[(n, tuple(ctx[end - n:end]))] = end
         row.indexed_to = max(row.indexed_to, stop)
 
-    def lookup(self, b: int, ctx: Sequence[int], k: int) -> list[int]:
-        row = self.rows[b]
+    def lookup(self, slot: int, ctx: Sequence[int], k: int) -> list[int]:
+        row = self.rows[slot]
         self._index(row, ctx)
         for n in range(min(self.max_n, len(ctx)), self.min_n - 1, -1):
             end = row.last_end.get((n, tuple(ctx[-n:])))
@@ -50,9 +57,9 @@ class NgramDrafter:
                 return list(ctx[end:end + k])
         return []
 
-    def propose(self, contexts, k, active) -> Draft:
-        return Draft(pad_rows([self.lookup(b, ctx, k) if on else [] for b, (ctx, on)
-                               in enumerate(zip(contexts, active))], k))
+    def propose(self, slots, contexts, ks) -> Draft:
+        rows = [self.lookup(s, ctx, k) if k > 0 else [] for s, ctx, k in zip(slots, contexts, ks)]
+        return Draft(pad_rows(rows, max(ks, default=0)))
 
-    def accepted(self, num_accepted) -> None:
+    def accepted(self, slots, num_accepted) -> None:
         pass

@@ -7,40 +7,12 @@ import json
 import sys
 
 from specdec.errors import SpecdecError
-
-DEMO_CODE = '''import json
-from dataclasses import dataclass
-
-
-@dataclass
-class Order:
-    order_id: int
-    customer: str
-    items: list[str]
-    total: float
-
-
-def load_orders(path):
-    with open(path) as f:
-        rows = json.load(f)
-    return [Order(r["order_id"], r["customer"], r["items"], r["total"]) for r in rows]
-
-
-def big_orders(orders, threshold):
-    return [o for o in orders if o.total > threshold]
-
-
-def report(orders):
-    for o in orders:
-        print(f"{o.order_id}: {o.customer} spent {o.total:.2f} on {len(o.items)} items")
-'''
-DEMO_PROMPT = ("Rename the class Order to Purchase everywhere in this code (keep everything else the same) "
-               "and return the complete updated code:\n\n```python\n" + DEMO_CODE + "```")
+from specdec.runtime import DRAFTERS
 
 
 def add_model_args(p, drafter_default: str = "ngram") -> None:
     p.add_argument("--model", default="default", help="'default' (bundled SmolLM2-135M), a HF folder or a .gguf")
-    p.add_argument("--drafter", choices=("ngram", "draft-model", "none"), default=drafter_default)
+    p.add_argument("--drafter", choices=DRAFTERS, default=drafter_default)
     p.add_argument("--draft-model", metavar="PATH", help="folder or .gguf of a draft model (same tokenizer)")
     p.add_argument("--precision", choices=("fp32", "fp16", "int8", "bf16"), default=None,
                    help="weights: fp16 (default on CPU), bf16 (default on CUDA), fp32, int8 (changes the model)")
@@ -95,46 +67,12 @@ def read_prompt(args) -> str:
     return text
 
 
-def build(args):
-    """(loaded target, drafter) from the shared model arguments."""
-    from specdec.drafters.base import NoDrafter
-    from specdec.drafters.draft_model import DraftModelDrafter
-    from specdec.drafters.ngram import NgramDrafter
-    from specdec.models.loader import load_model
-
-    if args.device not in ("cpu", "cuda"):
-        raise SpecdecError(f"unknown device {args.device!r} (cpu or cuda)")
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise SpecdecError("--device cuda: no CUDA device is available here")
-    if args.drafter == "draft-model" and not args.draft_model:  # before loading anything
-        raise SpecdecError("--drafter draft-model needs --draft-model PATH")
-    precision = args.precision or ("bf16" if args.device == "cuda" else "fp16")
-    target = load_model(args.model, precision, args.device)
-    if args.drafter == "ngram":
-        drafter = NgramDrafter(args.ngram_max, args.ngram_min)
-    elif args.drafter == "none":
-        drafter = NoDrafter()
-    else:
-        draft = load_model(args.draft_model, args.draft_precision or precision, args.device)
-        DraftModelDrafter.check_compatible(target.tokenizer, draft.tokenizer)
-        drafter = DraftModelDrafter(draft.model, target.model.cfg.vocab_size)
-    return target, drafter
-
-
-def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
-    if chat and tokenizer.chat_template:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-    return tokenizer.encode(text)
-
-
 def run_generate(args) -> int:
     from specdec.engine.generate import Engine, GenerationConfig
     from specdec.engine.policy import FixedK
     from specdec.engine.trace import build_trace, write_trace
     from specdec.models.tokenizer import IncrementalDecoder
+    from specdec.runtime import ModelSpec, build, encode_prompt
     from specdec.sampling.warp import SamplingConfig
 
     text = read_prompt(args)
@@ -144,7 +82,7 @@ def run_generate(args) -> int:
     if args.lossy_typical_acceptance:
         print("specdec: warning: --lossy-typical-acceptance is LOSSY: the output is not the model's own",
               file=sys.stderr)
-    target, drafter = build(args)
+    target, drafter = build(ModelSpec.from_args(args))
     ids = encode_prompt(target.tokenizer, text, args.chat)
     engine = Engine(target.model, target.tokenizer, args.device)
     stream = None

@@ -7,6 +7,36 @@ import sys
 
 from specdec.theory.economics import conditional_acceptance, expected_tokens, predict_from_positional
 
+DEMO_CODE = '''import json
+from dataclasses import dataclass
+
+
+@dataclass
+class Order:
+    order_id: int
+    customer: str
+    items: list[str]
+    total: float
+
+
+def load_orders(path):
+    with open(path) as f:
+        rows = json.load(f)
+    return [Order(r["order_id"], r["customer"], r["items"], r["total"]) for r in rows]
+
+
+def big_orders(orders, threshold):
+    return [o for o in orders if o.total > threshold]
+
+
+def report(orders):
+    for o in orders:
+        print(f"{o.order_id}: {o.customer} spent {o.total:.2f} on {len(o.items)} items")
+'''
+DEMO_PROMPT = ("Rename the class Order to Purchase everywhere in this code (keep everything else the same) "
+               "and return the complete updated code:\n\n```python\n" + DEMO_CODE + "```")
+
+
 COLORS = {"accepted": "\033[32m", "recovered": "\033[33m", "bonus": "\033[35m", "prefill": "\033[36m"}
 RESET = "\033[0m"
 
@@ -35,11 +65,11 @@ def measured_costs(plain, spec) -> tuple[float, dict[int, float]]:
 
 def demo(args) -> int:
     from specdec.drafters.base import NoDrafter
-    from specdec.engine.cli import DEMO_PROMPT, build, encode_prompt
     from specdec.engine.generate import Engine, GenerationConfig
+    from specdec.runtime import ModelSpec, build, encode_prompt
 
     use_colour = not args.no_color and sys.stdout.isatty()
-    target, drafter = build(args)
+    target, drafter = build(ModelSpec.from_args(args))
     tok = target.tokenizer
     ids = encode_prompt(tok, DEMO_PROMPT, chat=True)
     engine = Engine(target.model, tok, args.device)

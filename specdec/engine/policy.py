@@ -1,42 +1,172 @@
-"""How many tokens to draft each round: a fixed k, or k chosen per request from the running acceptance
-estimate and the measured cost curve, through the same planner as `specdec plan`."""
+"""How far to speculate, each round, for each row: `always` (a fixed k), `never` (k = 0), or `auto`.
+
+`auto` chooses every row's k (0 allowed) to maximise the batch's expected tokens per second:
+
+    sum_r E_r(k_r) / (pass_seconds(sum_r (k_r + 1)) + draft_seconds(k))
+
+with E_r(k) = 1 + sum_{j<=k} prod_{i<=j} a_r,i from the row's own per-position acceptance estimates (a Beta
+posterior whose prior is the server's running per-position rate) and pass_seconds the measured cost of a
+target pass over that many token-rows. Nothing about batch size is hard-coded: while a pass is memory-bound
+extra rows cost almost nothing and every row drafts; once compute binds, each extra row costs a share of a
+pass and only rows whose drafts are accepted often enough keep drafting.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
-from specdec.theory.economics import CostCurve, check_k, plan, unit_verify_cost
+from specdec.errors import SpecdecError
+from specdec.theory.economics import check_k
+
+POLICIES = ("auto", "always", "never")
+
+
+@dataclass(frozen=True)
+class RowView:
+    """What the planner knows about one running row."""
+
+    judged: Sequence[int]  # per draft position: drafts judged there
+    hits: Sequence[int]  # ... and accepted
+    cap: int  # the most tokens this row may draft now (cache room, budget, drafts available)
 
 
 @dataclass
 class FixedK:
+    """`always`: k drafts for every row (fewer when the cache or the budget is nearly full)."""
+
     k: int
 
     def __post_init__(self) -> None:
         check_k(self.k)
 
-    def choose(self, drafted: int, accepted: int) -> int:
-        return self.k
-
     @property
     def max_k(self) -> int:
         return self.k
 
+    def plan(self, rows: Sequence[RowView]) -> list[int]:
+        return [min(self.k, r.cap) for r in rows]
+
+    def observe(self, rows: int, seconds: float, draft_seconds: float, max_k: int) -> None:
+        pass
+
 
 @dataclass
-class AutoK:
-    """k = argmax_k speedup(a_hat, k, c) with a_hat the posterior mean of a Beta(prior_accepted, prior_rejected)
-    prior updated by this request's drafted/accepted counts."""
+class Never:
+    """`never`: plain decoding through the same loop."""
 
-    draft_cost: float = 0.0
-    curve: CostCurve | None = None
-    max_k: int = 12
-    prior_accepted: float = 3.0  # a prior mean of 0.5 worth 6 drafted tokens
-    prior_rejected: float = 3.0
+    max_k: int = 0
 
-    def alpha_hat(self, drafted: int, accepted: int) -> float:
-        return (accepted + self.prior_accepted) / (drafted + self.prior_accepted + self.prior_rejected)
+    def plan(self, rows: Sequence[RowView]) -> list[int]:
+        return [0] * len(rows)
 
-    def choose(self, drafted: int, accepted: int) -> int:
-        a = self.alpha_hat(drafted, accepted)
-        return plan(a, self.draft_cost, self.max_k, self.curve or unit_verify_cost).best_k
+    def observe(self, rows: int, seconds: float, draft_seconds: float, max_k: int) -> None:
+        pass
+
+
+@dataclass
+class PassCost:
+    """Seconds of one target pass over n token-rows: measured points, linear between them and beyond the last
+    two. `scale` follows what passes really take (longer contexts cost more attention)."""
+
+    points: tuple[tuple[int, float], ...]  # sorted (rows, seconds)
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.points or self.points[0][0] != 1 or any(s <= 0 for _, s in self.points):
+            raise SpecdecError("a pass cost curve needs positive times starting at 1 row")
+
+    @classmethod
+    def from_profile(cls, prof: dict) -> PassCost:
+        """From `specdec profile` JSON: its verify curve (relative) times its one-row step."""
+        try:
+            step = float(prof["step_s"])
+            pts = sorted((int(n), float(v) * step) for n, v in prof["verify_cost"].items())
+        except (KeyError, TypeError, ValueError) as e:
+            raise SpecdecError(f"the profile has no usable verify cost curve ({e})") from None
+        return cls(tuple(pts))
+
+    def __call__(self, n: int) -> float:
+        xs = [p[0] for p in self.points]
+        i = bisect.bisect_left(xs, n)
+        if i < len(xs) and xs[i] == n:
+            return self.points[i][1] * self.scale
+        if len(xs) == 1:
+            return self.points[0][1] * n * self.scale
+        lo, hi = (self.points[-2], self.points[-1]) if i >= len(xs) else (self.points[i - 1], self.points[i])
+        t = lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0])
+        return max(t, self.points[0][1]) * self.scale
+
+    def observe(self, n: int, seconds: float, weight: float = 0.1) -> None:
+        predicted = self(n) / self.scale
+        if seconds > 0 and predicted > 0:
+            self.scale = (1 - weight) * self.scale + weight * seconds / predicted
+
+
+@dataclass
+class Auto:
+    """`auto`: per-row k by expected tokens per second. `prior` is the running per-position acceptance
+    (updated by `learn`); `strength` how many drafts the prior is worth against a row's own evidence."""
+
+    cost: PassCost
+    max_k: int = 8
+    strength: float = 4.0
+    draft_step_s: float = 0.0  # seconds per drafting step (a draft model's; ~0 for prompt lookup)
+    prior_judged: list[float] = field(default_factory=list)
+    prior_hits: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        check_k(self.max_k, "max k")
+        self.prior_judged = [0.0] * self.max_k
+        self.prior_hits = [0.0] * self.max_k
+
+    def prior(self, i: int) -> float:
+        j = self.prior_judged[i]
+        return (self.prior_hits[i] + 1.0) / (j + 2.0)  # Laplace: 0.5 before any evidence
+
+    def estimates(self, row: RowView) -> list[float]:
+        """Conditional acceptance per position: an optimistic posterior (mean + one standard deviation while
+        evidence is thin), so that a row whose drafts were never tried still gets tried."""
+        out = []
+        for i in range(min(self.max_k, row.cap)):
+            n = row.judged[i] if i < len(row.judged) else 0
+            h = row.hits[i] if i < len(row.hits) else 0
+            w = self.strength
+            mean = (h + w * self.prior(i)) / (n + w)
+            sd = math.sqrt(mean * (1 - mean) / (n + w + 1))
+            out.append(min(1.0, mean + sd))
+        return out
+
+    def plan(self, rows: Sequence[RowView]) -> list[int]:
+        """Greedy by marginal expected tokens; keeps the best prefix of the additions (the cost curve has
+        steps, so the first addition that loses does not end the search)."""
+        ks = [0] * len(rows)
+        gains = [self.estimates(r) for r in rows]
+        nxt = [g[0] if g else 0.0 for g in gains]  # the expected tokens the next draft of each row adds
+        tokens, width = float(len(rows)), len(rows)
+        best, best_ks = tokens / self.cost(width), list(ks)
+        while True:
+            r = max(range(len(rows)), key=lambda i: nxt[i], default=None)
+            if r is None or nxt[r] <= 0.0:
+                break
+            tokens += nxt[r]
+            ks[r] += 1
+            width += 1
+            nxt[r] = nxt[r] * gains[r][ks[r]] if ks[r] < len(gains[r]) else 0.0
+            rate = tokens / (self.cost(width) + self.draft_step_s * max(ks))
+            if rate > best:
+                best, best_ks = rate, list(ks)
+        return best_ks
+
+    def learn(self, judged: Sequence[int], hits: Sequence[int]) -> None:
+        """Fold one round's verified counts per position into the running prior."""
+        for i in range(min(len(judged), self.max_k)):
+            self.prior_judged[i] += judged[i]
+            self.prior_hits[i] += hits[i]
+
+    def observe(self, rows: int, seconds: float, draft_seconds: float, max_k: int) -> None:
+        self.cost.observe(rows, seconds)
+        if max_k > 0:
+            self.draft_step_s = 0.9 * self.draft_step_s + 0.1 * draft_seconds / max_k

@@ -200,14 +200,16 @@ inline float dot(const float* a, const float* b, int64_t d) {
 
 }  // namespace
 
-// x [B*n, H] (updated in place); pos [B, n]; caches [B, hk, cap, d]; cos/sin [max_pos, d].
-void decode_block(torch::Tensor x, torch::Tensor pos, torch::Tensor norm1, torch::Tensor qkv_w,
+// A ragged pass: token-row r belongs to cache slot slot[r] and sits at position pos[r].
+// x [R, H] (updated in place); slot, pos [R] int64; caches [slots, hk, cap, d]; cos/sin [max_pos, d].
+void decode_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1, torch::Tensor qkv_w,
                   c10::optional<torch::Tensor> qkv_b, torch::Tensor o_w, torch::Tensor norm2,
                   torch::Tensor gate_up_w, torch::Tensor down_w, torch::Tensor k_cache, torch::Tensor v_cache,
                   torch::Tensor cos, torch::Tensor sin, int64_t hq, int64_t hk, double eps) {
   TORCH_CHECK(x.is_contiguous() && x.dtype() == torch::kFloat32, "x: contiguous float32");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
-  const int64_t B = pos.size(0), n = pos.size(1), R = B * n, H = x.size(1);
+  const int64_t R = pos.numel(), H = x.size(1), slots = k_cache.size(0);
+  TORCH_CHECK(slot.numel() == R && x.size(0) == R, "x, slot and pos need one entry per token-row");
   const int64_t d = k_cache.size(3), cap = k_cache.size(2), group = hq / hk;
   const int64_t qkv_n = (hq + 2 * hk) * d, inter = down_w.size(1);
   TORCH_CHECK(d % 8 == 0 && H % 8 == 0 && inter % 8 == 0, "sizes must be multiples of 8");
@@ -219,7 +221,9 @@ void decode_block(torch::Tensor x, torch::Tensor pos, torch::Tensor norm1, torch
   auto gu = torch::empty({R, 2 * inter}, opts);
   auto act = torch::empty({R, inter}, opts);
   float* xp = x.data_ptr<float>();
-  const int64_t* pp = pos.contiguous().data_ptr<int64_t>();
+  const torch::Tensor pos_c = pos.contiguous(), slot_c = slot.contiguous();
+  const int64_t* pp = pos_c.data_ptr<int64_t>();
+  const int64_t* sl = slot_c.data_ptr<int64_t>();
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
   float* kc = k_cache.data_ptr<float>();
@@ -227,13 +231,16 @@ void decode_block(torch::Tensor x, torch::Tensor pos, torch::Tensor norm1, torch
   torch::Tensor qb;
   const float* qbp = nullptr;
   if (qkv_b.has_value()) { qb = qkv_b->contiguous(); qbp = qb.data_ptr<float>(); }
-  for (int64_t p = 0; p < R; ++p) TORCH_CHECK(pp[p] >= 0 && pp[p] < cap, "position outside the cache");
+  for (int64_t r = 0; r < R; ++r) {
+    TORCH_CHECK(pp[r] >= 0 && pp[r] < cap, "position outside the cache");
+    TORCH_CHECK(sl[r] >= 0 && sl[r] < slots, "slot outside the cache");
+  }
 
   rms_norm_rows(xp, norm1.data_ptr<float>(), h.data_ptr<float>(), R, H, float(eps));
   gemv_raw(h.data_ptr<float>(), qkv_w.data_ptr<at::Half>(), qbp, qkv.data_ptr<float>(), R, qkv_n, H);
   float* qp = qkv.data_ptr<float>();
   for (int64_t r = 0; r < R; ++r) {  // rotate q and k; write k and v at their positions
-    const int64_t b = r / n, p = pp[r];
+    const int64_t b = sl[r], p = pp[r];
     float* row = qp + r * qkv_n;
     for (int64_t hh = 0; hh < hq + hk; ++hh) rope(row + hh * d, cp + p * d, sp + p * d, d);
     for (int64_t g = 0; g < hk; ++g) {
@@ -246,7 +253,7 @@ void decode_block(torch::Tensor x, torch::Tensor pos, torch::Tensor norm1, torch
   at::parallel_for(0, R * hq, 1, [&](int64_t t0, int64_t t1) {
     std::vector<float> s;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r = t / hq, head = t % hq, b = r / n, g = head / group, p = pp[r];
+      const int64_t r = t / hq, head = t % hq, b = sl[r], g = head / group, p = pp[r];
       const float* q = qp + r * qkv_n + head * d;
       const float* kb = kc + (b * hk + g) * cap * d;
       const float* vb = vc + (b * hk + g) * cap * d;

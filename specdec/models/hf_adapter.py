@@ -18,6 +18,9 @@ class HFCache:
     capacity: int
     length: int = 0  # positions holding valid keys/values
 
+    def row(self, r: int) -> HFCache:
+        return self
+
 
 class HFAdapter:
     def __init__(self, path: str | Path, device: str = "cpu", dtype=torch.float32):
@@ -58,6 +61,13 @@ class HFAdapter:
         if last_only is not None:
             return logits[torch.arange(logits.shape[0]), last_only.to(self.device)]
         return logits
+
+    def forward_ragged(self, tokens, slots, pos, cache: HFCache, select=None):
+        """The ragged pass of the compact transformer, for its only shape here: one slot's rows."""
+        if bool((slots != 0).any()):
+            raise SpecdecError("the transformers fallback decodes one sequence at a time (batch 1)")
+        logits = self.forward(tokens.view(1, -1), pos[:1], cache)[0]  # [R, vocab]
+        return logits if select is None else logits[select.to(self.device)]
 
 
 @dataclass(frozen=True)

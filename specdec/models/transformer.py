@@ -142,11 +142,11 @@ class Transformer:
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start: torch.Tensor, cache: KVCache,
                 last_only: torch.Tensor | None = None, prefill: bool = False) -> torch.Tensor:
-        """Run tokens [B, n] at positions start[b] + i, writing their keys/values into `cache`.
+        """Run tokens [B, n] at positions start[b] + i, writing their keys/values into `cache` (row b is cache
+        slot b).
 
         Returns logits [B, n, vocab], or [B, vocab] at index last_only[b] of each row when given.
         """
-        cfg = self.cfg
         dev = self.device
         tokens, start = tokens.to(dev), start.to(dev)
         b, n = tokens.shape
@@ -155,9 +155,59 @@ class Transformer:
             return torch.cat([self.forward(tokens[r:r + 1, : int(last_only[r]) + 1], start[r:r + 1], cache.row(r),
                                            last_only=last_only[r:r + 1], prefill=True) for r in range(b)])
         pos = start.view(b, 1) + torch.arange(n, device=dev).view(1, n)  # [B, n]
-        x = F.embedding(tokens, self.embed).view(b * n, cfg.hidden_size)  # [B*n, hidden]
-        if self.kernels is not None and not prefill:
-            return self._forward_native(x, pos, cache, last_only)
+        if not prefill:  # a decode/verify pass: the ragged pass with n token-rows per slot
+            slots = torch.arange(b, device=dev).repeat_interleave(n)  # [B*n]
+            select = None if last_only is None else torch.arange(b, device=dev) * n + last_only.to(dev)
+            logits = self.forward_ragged(tokens.reshape(-1), slots, pos.reshape(-1), cache, select)
+            return logits if last_only is not None else logits.view(b, n, -1)
+        x = self._layers(F.embedding(tokens, self.embed), pos, cache, None, prefill=True)  # [B, n, hidden]
+        if last_only is not None:
+            x = x[torch.arange(b, device=dev), last_only.to(dev)]  # [B, hidden]
+            return self.lm_head(rms_norm(x, self.norm, self.cfg.rms_norm_eps))  # [B, vocab]
+        logits = self.lm_head(rms_norm(x.view(b * n, -1), self.norm, self.cfg.rms_norm_eps))
+        return logits.view(b, n, -1)  # [B, n, vocab]
+
+    @torch.inference_mode()
+    def forward_ragged(self, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+                       select: torch.Tensor | None = None) -> torch.Tensor:
+        """One decode/verify pass over a ragged batch: token-row r (tokens, slots, pos [R]) is at position pos[r]
+        of cache slot slots[r]. A slot's rows are contiguous and at consecutive positions; slots may have any
+        number of rows. Returns logits [R, vocab], or only for the rows `select` [S] -> [S, vocab].
+
+        Each row's result is bit-identical whatever the other rows: a verify pass over k+1 drafts of one slot
+        gives the logits of k+1 one-token passes, however many rows other slots add."""
+        cfg, dev = self.cfg, self.device
+        tokens, slots, pos = tokens.to(dev), slots.to(dev), pos.to(dev)
+        x = F.embedding(tokens, self.embed)  # [R, hidden]
+        if self.kernels is not None:
+            x = x.contiguous()
+            for layer, blk in enumerate(self.blocks):
+                self.kernels.decode_block(x, slots, pos, *blk.native, cache.k[layer], cache.v[layer], self.cos,
+                                          self.sin, cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps)
+        else:
+            # the torch path works on rectangles: [S, m] over the slots present, each slot's rows padded with
+            # copies of its last row (a copy computes, and writes, exactly what the original does)
+            uniq, counts = torch.unique_consecutive(slots, return_counts=True)  # [S]
+            first = torch.cumsum(counts, 0) - counts  # [S]: index of each slot's first row
+            m = int(counts.max())
+            offs = torch.arange(m, device=dev).view(1, m)
+            index = first.view(-1, 1) + torch.minimum(offs, (counts - 1).view(-1, 1))  # [S, m] -> rows
+            real = offs < counts.view(-1, 1)  # [S, m]
+            x = self._layers(x[index], pos[index], cache, uniq, prefill=False)[real]  # [R, hidden]
+        if select is not None:
+            x = x[select.to(dev)]
+        if self.kernels is not None:
+            h = self.kernels.rms_norm(x.contiguous(), self.norm, cfg.rms_norm_eps)
+            return self.kernels.gemv_f16(h, self.lm_head_half, None)  # [R or S, vocab]
+        return self.lm_head(rms_norm(x, self.norm, cfg.rms_norm_eps))  # [R or S, vocab]
+
+    def _layers(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, rows: torch.Tensor | None,
+                prefill: bool) -> torch.Tensor:
+        """The torch path through every block. x [B, n, hidden] at positions pos [B, n]; row b uses cache slot
+        rows[b] (slot b when rows is None). Returns [B, n, hidden]."""
+        cfg = self.cfg
+        b, n = pos.shape
+        x = x.reshape(b * n, cfg.hidden_size)
         cos, sin = self.cos[pos].unsqueeze(2), self.sin[pos].unsqueeze(2)  # [B, n, 1, d]
         hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         for layer, blk in enumerate(self.blocks):
@@ -166,46 +216,38 @@ class Transformer:
             q = rotate(qkv[:, :, :hq], cos, sin)  # [B, n, hq, d]
             k = rotate(qkv[:, :, hq:hq + hk], cos, sin)  # [B, n, hk, d]
             v = qkv[:, :, hq + hk:]  # [B, n, hk, d]
-            write_kv(cache.k[layer], cache.v[layer], k, v, pos)
+            k_cache, v_cache = cache.k[layer], cache.v[layer]
+            write_kv(k_cache, v_cache, k, v, pos, rows)
+            if rows is not None:
+                k_cache, v_cache = _slots(k_cache, rows), _slots(v_cache, rows)  # [B, hk, capacity, d]
             if prefill:
-                att = attend_prefill(q, cache.k[layer], cache.v[layer], pos)
+                att = attend_prefill(q, k_cache, v_cache, pos)
             else:
-                att = attend_decode(q, cache.k[layer], cache.v[layer], pos, cfg.group_size)
+                att = attend_decode(q, k_cache, v_cache, pos, cfg.group_size)
             x = x + blk.o(att.reshape(b * n, hq * d))
             h = rms_norm(x, blk.norm2, cfg.rms_norm_eps)
             gate, up = blk.gate_up(h).chunk(2, dim=-1)
             x = x + blk.down(F.silu(gate) * up)
-        x = x.view(b, n, cfg.hidden_size)
-        if last_only is not None:
-            x = x[torch.arange(b, device=dev), last_only.to(dev)]  # [B, hidden]
-            return self.lm_head(rms_norm(x, self.norm, cfg.rms_norm_eps))  # [B, vocab]
-        logits = self.lm_head(rms_norm(x.view(b * n, -1), self.norm, cfg.rms_norm_eps))
-        return logits.view(b, n, -1)  # [B, n, vocab]
+        return x.view(b, n, cfg.hidden_size)
 
 
-    def _forward_native(self, x, pos, cache, last_only):
-        """The decode/verify pass through the native kernel: one call per block, x updated in place."""
-        cfg, ext = self.cfg, self.kernels
-        b, n = pos.shape
-        x = x.contiguous()
-        for layer, blk in enumerate(self.blocks):
-            ext.decode_block(x, pos, *blk.native, cache.k[layer], cache.v[layer], self.cos, self.sin,
-                             cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps)
-        x = x.view(b, n, cfg.hidden_size)
-        if last_only is not None:
-            x = x[torch.arange(b), last_only]  # [B, hidden]
-        h = ext.rms_norm(x.reshape(-1, cfg.hidden_size), self.norm, cfg.rms_norm_eps)
-        logits = ext.gemv_f16(h, self.lm_head_half, None)
-        return logits if last_only is not None else logits.view(b, n, -1)
+def _slots(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """t [slots, ...] restricted to `rows`: a view when they are a contiguous range, else a copy."""
+    lo = int(rows[0])
+    if bool((rows == torch.arange(lo, lo + rows.numel(), device=rows.device)).all()):
+        return t[lo:lo + rows.numel()]
+    return t[rows]
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             pos: torch.Tensor) -> None:
-    """Scatter keys/values k, v [B, n, hk, d] into caches [B, hk, capacity, d] at positions pos [B, n]."""
+             pos: torch.Tensor, rows: torch.Tensor | None = None) -> None:
+    """Scatter keys/values k, v [B, n, hk, d] into caches [slots, hk, capacity, d] at positions pos [B, n] of
+    slots rows [B] (slot b when None)."""
     b, n, hk, d = k.shape
-    rows = torch.arange(b, device=k.device).view(b, 1).expand(b, n)  # [B, n]
-    k_cache.transpose(1, 2)[rows, pos] = k  # cache viewed [B, capacity, hk, d]
-    v_cache.transpose(1, 2)[rows, pos] = v
+    rows = torch.arange(b, device=k.device) if rows is None else rows
+    index = rows.view(b, 1).expand(b, n)  # [B, n]
+    k_cache.transpose(1, 2)[index, pos] = k  # cache viewed [slots, capacity, hk, d]
+    v_cache.transpose(1, 2)[index, pos] = v
 
 
 def attend_prefill(q, k_cache, v_cache, pos) -> torch.Tensor:

@@ -1,0 +1,40 @@
+"""Measure what a target pass costs as a function of its token-rows, on this machine, now: the input of the
+automatic speculation policy when no `specdec profile` file is given. Takes a few seconds."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from specdec.engine.policy import PassCost
+
+
+def row_grid(max_rows: int) -> list[int]:
+    """1..4 one by one, then about 50% apart, up to max_rows (the cost model interpolates between)."""
+    grid, n = [], 1
+    while n < max_rows:
+        grid.append(n)
+        n = n + 1 if n < 4 else int(n * 1.5)
+    return grid + [max_rows]
+
+
+def calibrate(model, max_rows: int, slots: int, context: int = 256, reps: int = 2) -> PassCost:
+    """Time ragged passes of 1..max_rows token-rows spread over up to `slots` sequences, each `context`
+    positions deep (their keys are junk: attention costs the same)."""
+    cache = model.new_cache(slots, context + max_rows + 1)
+    points = []
+    for n in row_grid(max_rows):
+        per = [n // slots + (i < n % slots) for i in range(min(slots, n))]  # rows per sequence
+        slot = torch.tensor([s for s, m in enumerate(per) for _ in range(m)])
+        pos = torch.tensor([context + j for m in per for j in range(m)])
+        tokens = torch.zeros(n, dtype=torch.long)
+        model.forward_ragged(tokens, slot, pos, cache)  # warm-up
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            model.forward_ragged(tokens, slot, pos, cache)
+            times.append(time.perf_counter() - t0)
+        points.append((n, statistics.median(times)))
+    return PassCost(tuple(points))

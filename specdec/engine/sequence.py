@@ -1,0 +1,153 @@
+"""One request as the step loop sees it: its tokens, its own sampling settings and random stream, its stop
+rules, where it sits in the KV pool, and what it measured.
+
+Tokens become final through `emit`, which applies the end-of-sequence tokens, the token budget and the stop
+strings, in that order, and returns how many of the offered tokens stayed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec.engine.stats import RequestStats
+from specdec.errors import SpecdecError
+from specdec.sampling.warp import SamplingConfig
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 128
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    stop: tuple[str, ...] = ()  # stop strings: generation ends when the text contains one (it is cut off)
+    lossy_typical_acceptance: bool = False  # LOSSY: Medusa-style typical acceptance; output is not the target's
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise SpecdecError(f"max new tokens must be >= 1, got {self.max_new_tokens}")
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
+    """The text up to the first stop string it contains."""
+    found = [text.find(s) for s in stop if s in text]
+    return text[: min(found)] if found else text
+
+
+def new_generator(seed: int | None, device="cpu") -> torch.Generator:
+    """A request's own random stream: seeded when asked, else from torch's global stream."""
+    g = torch.Generator(device=device)
+    g.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ()).item()))
+    return g
+
+
+class Sequence:
+    """A request in the step loop. `slot` is its row of the KV pool while it holds one; `length` counts the
+    positions of that row holding valid keys and values; `prefilled` the prompt tokens already prefilled."""
+
+    def __init__(self, prompt: list[int], cfg: GenerationConfig, rid: object = None, device="cpu",
+                 max_k: int = 32):
+        if not prompt:
+            raise SpecdecError("every prompt needs at least one token")
+        self.rid, self.cfg = rid, cfg
+        self.prompt_len = len(prompt)
+        self.tokens = list(prompt)  # prompt + generated: the context a drafter continues
+        self.origins: list[str] = []  # per generated token: "prefill" | "accepted" | "recovered" | "bonus"
+        self.finish: str | None = None  # "eos" | "stop" | "length" | "abort"
+        self.stats = RequestStats(prompt_tokens=len(prompt))
+        self.generator = new_generator(cfg.sampling.seed, device)
+        self.slot: int | None = None
+        self.length = 0
+        self.prefilled = 0
+        self.t0 = time.perf_counter()  # when the request arrived
+        # per draft position: drafts judged there (verified, or shadow-scored) and how many were accepted;
+        # the automatic policy's evidence about this request
+        self.judged = [0] * max_k
+        self.hits = [0] * max_k
+        self.shadow: tuple[int, list[int]] | None = None  # (output index it continues, drafted tokens)
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[self.prompt_len:]
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.tokens[:self.prompt_len]
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def running(self) -> bool:
+        """Prefilled, first token out, not finished: it takes part in decode rounds."""
+        return self.finish is None and self.prefilled == self.prompt_len and self.num_generated > 0
+
+    def emit(self, token_ids: list[int], origins: list[str], eos: set[int], tokenizer) -> list[int]:
+        """Append the round's tokens, applying EOS, the token budget and stop strings. Returns those kept."""
+        kept = []
+        for t in token_ids:
+            if t in eos:
+                self.finish = "eos"
+                break
+            kept.append(t)
+            if self.num_generated + len(kept) >= self.cfg.max_new_tokens:
+                self.finish = "length"
+                break
+        if self.cfg.stop and tokenizer is not None and kept:
+            kept = self._cut_at_stop(kept, tokenizer)
+        now = time.perf_counter() - self.t0
+        if self.num_generated == 0:
+            self.stats.ttft_s = now
+        self.tokens.extend(kept)
+        self.origins.extend(origins[: len(kept)])
+        self.stats.token_times.extend([now] * len(kept))
+        self._score_shadow()
+        return kept
+
+    def _cut_at_stop(self, kept: list[int], tokenizer) -> list[int]:
+        """Keep tokens up to the one that completes a stop string; the text is cut at the stop string."""
+        base = self.output
+        for i in range(1, len(kept) + 1):
+            text = tokenizer.decode(base + kept[:i])
+            if any(s in text for s in self.cfg.stop):
+                self.finish = "stop"
+                return kept[:i]
+        return kept
+
+    def text(self, tokenizer) -> str:
+        if tokenizer is None:
+            return ""
+        return cut_at_stop(tokenizer.decode(self.output), self.cfg.stop) if self.finish == "stop" else \
+            tokenizer.decode(self.output)
+
+    # --- acceptance evidence -----------------------------------------------------------------------------
+
+    def record(self, drafted: int, accepted: int) -> None:
+        """A verified round: positions 0..accepted were judged, 0..accepted-1 accepted."""
+        for i in range(min(drafted, accepted + 1, len(self.judged))):
+            self.judged[i] += 1
+            self.hits[i] += i < accepted
+
+    def set_shadow(self, drafted: list[int]) -> None:
+        """Drafts the policy chose not to verify (a free, deterministic drafter's). Scored against the tokens
+        the target emits next: for a one-hot q, a draft token equals the target's next token with probability
+        p(x), its acceptance probability, so shadow scores estimate acceptance without a verify pass."""
+        if self.shadow is None and drafted:
+            self.shadow = (self.num_generated, list(drafted))
+
+    def _score_shadow(self) -> None:
+        if self.shadow is None:
+            return
+        at, drafted = self.shadow
+        out = self.output
+        if len(out) - at < min(len(drafted), 1):
+            return
+        n = 0  # leading draft tokens that match the output
+        while n < len(drafted) and at + n < len(out) and out[at + n] == drafted[n]:
+            n += 1
+        if n < len(drafted) and at + n >= len(out):
+            return  # every emitted token matched so far: wait for the next one
+        self.record(len(drafted), n)
+        self.shadow = None

@@ -1,0 +1,82 @@
+"""Build what generation needs from a typed spec: the target model and a drafter. The command line, the
+server and the benchmarks all start here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specdec.errors import SpecdecError
+
+DRAFTERS = ("ngram", "draft-model", "none")
+PRECISIONS = ("fp32", "fp16", "int8", "bf16")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model: str = "default"  # 'default' (the bundled SmolLM2-135M), a Hugging Face folder or a .gguf
+    drafter: str = "ngram"  # ngram | draft-model | none
+    draft_model: str | None = None  # folder or .gguf of a draft model sharing the target's tokenizer
+    precision: str | None = None  # default: fp16 on CPU, bf16 on CUDA
+    draft_precision: str | None = None  # default: as the target's
+    device: str = "cpu"
+    ngram_max: int = 4
+    ngram_min: int = 1
+
+    def __post_init__(self) -> None:
+        if self.drafter not in DRAFTERS:
+            raise SpecdecError(f"unknown drafter {self.drafter!r} (choose from {', '.join(DRAFTERS)})")
+        for name in ("precision", "draft_precision"):
+            p = getattr(self, name)
+            if p is not None and p not in PRECISIONS:
+                raise SpecdecError(f"unknown {name.replace('_', ' ')} {p!r} (choose from {', '.join(PRECISIONS)})")
+        if self.device not in ("cpu", "cuda"):
+            raise SpecdecError(f"unknown device {self.device!r} (cpu or cuda)")
+        if self.drafter == "draft-model" and not self.draft_model:
+            raise SpecdecError("--drafter draft-model needs --draft-model PATH")
+
+    @classmethod
+    def from_args(cls, args) -> ModelSpec:
+        """From the shared command-line arguments (specdec.engine.cli.add_model_args)."""
+        return cls(args.model, args.drafter, args.draft_model, args.precision, args.draft_precision, args.device,
+                   args.ngram_max, args.ngram_min)
+
+    @property
+    def target_precision(self) -> str:
+        return self.precision or ("bf16" if self.device == "cuda" else "fp16")
+
+
+def build(spec: ModelSpec):
+    """(loaded target, drafter)."""
+    from specdec.drafters.base import NoDrafter
+    from specdec.drafters.draft_model import DraftModelDrafter
+    from specdec.drafters.ngram import NgramDrafter
+    from specdec.models.loader import load_model
+
+    if spec.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SpecdecError("--device cuda: no CUDA device is available here")
+    target = load_model(spec.model, spec.target_precision, spec.device)
+    if spec.drafter == "ngram":
+        drafter = NgramDrafter(spec.ngram_max, spec.ngram_min)
+    elif spec.drafter == "none":
+        drafter = NoDrafter()
+    else:
+        draft = load_model(spec.draft_model, spec.draft_precision or spec.target_precision, spec.device)
+        DraftModelDrafter.check_compatible(target.tokenizer, draft.tokenizer)
+        drafter = DraftModelDrafter(draft.model, target.model.cfg.vocab_size)
+    return target, drafter
+
+
+def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a chat, through the model's chat template, ready for the assistant's answer."""
+    if not tokenizer.chat_template:
+        return tokenizer.encode("\n".join(m["content"] for m in messages))
+    return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+
+def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
+    if chat and tokenizer.chat_template:
+        return encode_messages(tokenizer, [{"role": "user", "content": text}])
+    return tokenizer.encode(text)

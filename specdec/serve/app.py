@@ -1,0 +1,232 @@
+"""The OpenAI-compatible HTTP API over the engine thread (FastAPI).
+
+POST /v1/chat/completions and /v1/completions (streamed as server-sent events, or whole), GET /v1/models,
+/health, /metrics (Prometheus) and / (the explainer page). Every error is OpenAI-shaped:
+{"error": {"message", "type", "param", "code"}}. A client that disconnects frees its slot at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specdec.engine.scheduler import QueueFull
+from specdec.engine.sequence import GenerationConfig, Sequence, cut_at_stop
+from specdec.errors import SpecdecError
+from specdec.models.tokenizer import IncrementalDecoder
+from specdec.runtime import encode_messages
+from specdec.sampling.warp import SamplingConfig
+from specdec.serve import protocol
+from specdec.serve.protocol import APIError, GenRequest
+from specdec.serve.worker import EngineWorker, Ticket
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
+DISCONNECT_POLL_S = 0.5  # how often a non-streamed request checks that its client is still there
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model_name: str = "specdec"
+    api_key: str | None = None
+    max_body_bytes: int = 4 << 20
+    max_tokens_default: int | None = None  # None: up to the context
+    aliases: tuple[str, ...] = ()  # other names a request may give the model by
+
+
+def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
+    from specdec.explain import STATIC_DIR
+
+    app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
+    context = worker.sched.context
+    created = int(time.time())
+    static = {p.name: p for p in STATIC_DIR.iterdir() if p.is_file()}
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError):
+        headers = {"Retry-After": "1"} if e.status == 503 else None
+        return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException):
+        return JSONResponse(APIError(e.status_code, str(e.detail)).body(), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, e: Exception):
+        return JSONResponse(APIError(500, f"internal error: {type(e).__name__}").body(), status_code=500)
+
+    def authorize(request: Request) -> None:
+        if cfg.api_key is None:
+            return
+        auth = request.headers.get("authorization", "")
+        scheme, _, key = auth.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), cfg.api_key.encode()):
+            raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer KEY')",
+                           code="invalid_api_key")
+
+    async def read_json(request: Request) -> object:
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
+            raise APIError(413, f"request body over {cfg.max_body_bytes} bytes", code="body_too_large")
+        body = b""
+        async for part in request.stream():
+            body += part
+            if len(body) > cfg.max_body_bytes:
+                raise APIError(413, f"request body over {cfg.max_body_bytes} bytes", code="body_too_large")
+        try:
+            return json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise APIError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
+
+    def make_sequence(req: GenRequest) -> Sequence:
+        try:
+            if req.kind == "chat":
+                ids = encode_messages(tokenizer, [dict(m) for m in req.messages])
+            else:
+                ids = tokenizer.encode(req.prompt)
+        except SpecdecError as e:
+            raise APIError(400, str(e), param="messages" if req.kind == "chat" else "prompt") from None
+        where = "messages" if req.kind == "chat" else "prompt"
+        if not ids:
+            raise APIError(400, "the prompt encodes to no tokens", param=where)
+        room = context - len(ids)
+        if room < 1:
+            raise APIError(400, f"the prompt is {len(ids)} tokens; this server's context is {context}",
+                           param=where, code="context_length_exceeded")
+        if req.max_tokens is not None and req.max_tokens > room:
+            raise APIError(400, f"max_tokens {req.max_tokens} with a prompt of {len(ids)} tokens exceeds the "
+                           f"context of {context} (at most {room})", param="max_tokens",
+                           code="context_length_exceeded")
+        max_tokens = req.max_tokens or min(room, cfg.max_tokens_default or room)
+        sampling = SamplingConfig(temperature=req.temperature, top_p=req.top_p, seed=req.seed)
+        return Sequence(ids, GenerationConfig(max_tokens, sampling, req.stop), device=worker.sched.device,
+                        max_k=max(worker.sched.policy.max_k, 1))
+
+    def usage_of(seq: Sequence) -> dict:
+        st = seq.stats
+        spec = {"drafted_tokens": st.drafted, "accepted_tokens": st.accepted,
+                "mean_tokens_per_round": st.mean_tokens_per_round}
+        return protocol.usage(seq.prompt_len, seq.num_generated, spec)
+
+    def finished(seq: Sequence) -> None:
+        worker.metrics.on_finish(FINISH.get(seq.finish, "stop"), seq.prompt_len, seq.num_generated)
+
+    async def generate(kind: str, request: Request):
+        authorize(request)
+        req = protocol.parse_request(kind, await read_json(request), [cfg.model_name, *cfg.aliases])
+        seq = make_sequence(req)
+        try:
+            ticket = worker.submit(seq, asyncio.get_running_loop())
+        except QueueFull as e:
+            raise APIError(503, str(e), code="server_overloaded") from None
+        rid = protocol.new_id(kind)
+        if req.stream:
+            return StreamingResponse(stream(req, rid, ticket), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await whole(req, rid, ticket, request)
+
+    async def whole(req: GenRequest, rid: str, ticket: Ticket, request: Request):
+        try:
+            while True:
+                try:
+                    e = await asyncio.wait_for(ticket.events.get(), DISCONNECT_POLL_S)
+                except asyncio.TimeoutError:
+                    if await request.is_disconnected():
+                        worker.cancel(ticket.seq)
+                        return Response(status_code=499)
+                    continue
+                if isinstance(e, Exception):
+                    raise APIError(503 if isinstance(e, QueueFull) else 500, str(e))
+                if e.finished:
+                    break
+        except asyncio.CancelledError:
+            worker.cancel(ticket.seq)
+            raise
+        seq = ticket.seq
+        finished(seq)
+        text = seq.text(_SkipSpecial(tokenizer))
+        return protocol.full_response(req, rid, created, text, FINISH.get(seq.finish, "stop"), usage_of(seq))
+
+    async def stream(req: GenRequest, rid: str, ticket: Ticket):
+        seq = ticket.seq
+        dec = IncrementalDecoder(tokenizer, skip_special_tokens=True)
+        hold = max((len(s) for s in req.stop), default=1) - 1  # text that may yet become a stop string
+        ids: list[int] = []  # the tokens delivered so far (seq.output may already be ahead: the engine runs on)
+        text, sent, first, done = "", 0, True, False
+        try:
+            while not done:
+                e = await ticket.events.get()
+                if isinstance(e, Exception):
+                    yield protocol.sse(APIError(503 if isinstance(e, QueueFull) else 500, str(e)).body())
+                    return
+                done = e.finished
+                ids += e.tokens
+                text += dec.step(ids)
+                if done:
+                    text += dec.flush(ids)
+                    if seq.finish == "stop":
+                        text = cut_at_stop(text, req.stop)
+                upto = len(text) if done else max(sent, len(text) - hold)
+                if upto > sent or first:
+                    yield protocol.sse(protocol.chunk(req, rid, created, text[sent:upto], None, first))
+                    sent, first = upto, False
+            finished(seq)
+            yield protocol.sse(protocol.chunk(req, rid, created, None, FINISH.get(seq.finish, "stop"), False))
+            if req.include_usage:
+                yield protocol.sse(protocol.usage_chunk(req, rid, created, usage_of(seq)))
+            yield protocol.SSE_DONE
+        finally:
+            if not done:  # the client went away (or the engine failed): free the slot now
+                worker.cancel(seq)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await generate("chat", request)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate("completion", request)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        authorize(request)
+        return protocol.models_list([cfg.model_name], created)
+
+    @app.get("/health")
+    async def health():
+        running, waiting = worker.load
+        return {"status": "ok", "running": running, "waiting": waiting}
+
+    @app.get("/metrics")
+    async def metrics():
+        worker.metrics.set_queue(*worker.load)
+        body, ctype = worker.metrics.render()
+        return Response(body, media_type=ctype)
+
+    @app.get("/")
+    async def index():
+        return FileResponse(static["index.html"])
+
+    @app.get("/{name}")
+    async def page_file(name: str):
+        if name not in static:
+            raise APIError(404, f"no such path: /{name}")
+        return FileResponse(static[name])
+
+    return app
+
+
+class _SkipSpecial:
+    """The tokenizer, decoding without special tokens (what a client should see)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def decode(self, ids):
+        return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -1,0 +1,104 @@
+"""`specdec serve` (the OpenAI-compatible server) and `specdec loadtest` (its load generator)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from specdec.errors import SpecdecError
+from specdec.serve import loadtest
+
+
+def register(sub) -> None:
+    from specdec.engine.cli import add_model_args
+    from specdec.engine.policy import POLICIES
+    from specdec.engine.scheduler import PREFILL_CHUNK
+
+    s = sub.add_parser("serve", help="an OpenAI-compatible server with continuous batching and speculation")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    add_model_args(s)
+    s.add_argument("--k", type=int, default=5, help="the most tokens drafted per row and round")
+    s.add_argument("--policy", choices=POLICIES, default="auto",
+                   help="auto: each round, each row's k (0 allowed) by expected tokens per second; always: k; "
+                        "never: plain decoding")
+    s.add_argument("--max-batch", type=int, default=8, help="sequences decoding at once (KV pool slots)")
+    s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 503s")
+    s.add_argument("--context", type=int, default=None, help="positions per sequence (default: the model's)")
+    s.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
+                   help="prompt tokens prefilled per step, between decode rounds (0: whole prompts)")
+    s.add_argument("--max-tokens-default", type=int, default=None,
+                   help="max_tokens when a request gives none (default: the rest of the context)")
+    s.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY, else no key)")
+    s.add_argument("--profile", metavar="FILE", help="`specdec profile` JSON for the auto policy's pass costs "
+                                                      "(default: a few seconds of calibration at start-up)")
+    s.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model's)")
+    s.add_argument("--max-body-bytes", type=int, default=4 << 20)
+    s.set_defaults(func=run_serve)
+    loadtest.register(sub)
+
+
+def make_policy(name: str, k: int, model, max_batch: int, profile: str | None):
+    from specdec.engine.calibrate import calibrate
+    from specdec.engine.policy import Auto, FixedK, Never, PassCost
+
+    if name == "never":
+        return Never()
+    if name == "always":
+        return FixedK(k)
+    if profile:
+        from specdec.theory.cli import load_profile
+
+        cost = PassCost.from_profile(load_profile(profile))
+    else:
+        print("specdec: measuring pass costs for the auto policy (some seconds; --profile FILE skips this)",
+              file=sys.stderr)
+        cost = calibrate(model, max_batch * (k + 1), max_batch)
+    return Auto(cost, max_k=k)
+
+
+def run_serve(args) -> int:
+    import uvicorn
+
+    from specdec.engine.scheduler import Scheduler, SchedulerConfig
+    from specdec.engine.stats import AcceptanceMeter
+    from specdec.runtime import ModelSpec, build
+    from specdec.serve.app import ServeConfig, create_app
+    from specdec.serve.metrics import ServerMetrics
+    from specdec.serve.worker import EngineWorker
+    from specdec.theory.economics import check_k
+
+    check_k(args.k)
+    if not 0 < args.port < 65536:
+        raise SpecdecError(f"--port must be in 1..65535, got {args.port}")
+    if args.prefill_chunk < 0:
+        raise SpecdecError(f"--prefill-chunk must be >= 0, got {args.prefill_chunk}")
+    if args.max_body_bytes < 1024:
+        raise SpecdecError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
+    if args.profile and not os.path.isfile(args.profile):
+        raise SpecdecError(f"--profile: no such file: {args.profile}")
+    sched_cfg = SchedulerConfig(args.max_batch, args.max_queue, args.context, args.prefill_chunk or None)
+    spec = ModelSpec.from_args(args)
+    target, drafter = build(spec)
+    policy = make_policy("never" if spec.drafter == "none" else args.policy, args.k, target.model,
+                         args.max_batch, args.profile)
+    sched = Scheduler(target.model, target.tokenizer, drafter, policy, sched_cfg, AcceptanceMeter())
+    worker = EngineWorker(sched, ServerMetrics(max(policy.max_k, 1)))
+    name = args.served_model_name or target.name
+    aliases = tuple({args.model, target.name} - {name})  # a client may also name the model as it was given
+    app = create_app(worker, target.tokenizer, ServeConfig(name, args.api_key, args.max_body_bytes,
+                                                           args.max_tokens_default, aliases))
+    worker.start()
+    print(f"specdec: serving {name} ({target.model.precision}) on http://{args.host}:{args.port}/v1 - drafter "
+          f"{drafter.name}, policy {args.policy if spec.drafter != 'none' else 'never'}, k <= {args.k}, "
+          f"max batch {args.max_batch}, context {sched.context}", file=sys.stderr, flush=True)
+    # SIGTERM: uvicorn stops accepting connections and lets requests in flight finish, then re-raises the signal
+    # to the handler that was there before it: ignoring it there makes a graceful stop exit with status 0
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    finally:
+        worker.stop()
+    return 0

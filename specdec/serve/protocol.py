@@ -1,0 +1,320 @@
+"""The OpenAI-compatible wire protocol, without a web framework: a JSON body in, a GenRequest or an APIError out;
+plain values in, response dicts (and server-sent-event bytes) out.
+
+Validation follows OpenAI's API: a bad field is a 400 whose `param` names it, an unknown model a 404 with code
+"model_not_found". Fields this server does not know are ignored, as OpenAI-compatible servers do; the few
+known fields it cannot honour (logprobs, best_of > 1, echo, n > 1) are refused rather than silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+KINDS = ("chat", "completion")
+ROLES = ("system", "user", "assistant")
+FINISH_REASONS = ("stop", "length")
+MAX_STOP = 4  # OpenAI's limit on stop sequences
+SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch.manual_seed and friends accept without overflow
+
+_DEFAULT_TYPE = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+class APIError(Exception):
+    """An error for the client, in OpenAI's shape (see body()). type defaults from the status."""
+
+    def __init__(self, status: int, message: str, type: str | None = None, param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type or _DEFAULT_TYPE.get(status, "server_error")
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def __repr__(self) -> str:
+        return f"APIError({self.status}, {self.message!r}, type={self.type!r}, param={self.param!r})"
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    kind: str  # "chat" | "completion"
+    model: str
+    messages: tuple[dict, ...] | None  # chat: each {"role": str, "content": str}, text parts already joined
+    prompt: str | None  # completion
+    max_tokens: int | None  # None: the server's default (chat: max_completion_tokens wins over max_tokens)
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a final chunk carries the usage
+
+
+# ---- parsing -----------------------------------------------------------------------------------------------------
+
+def _bad(message: str, param: str | None) -> APIError:
+    return APIError(400, message, param=param)
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+    x = body.get(name)
+    if x is None:
+        return default
+    if not _is_number(x) or (isinstance(x, float) and not math.isfinite(x)):  # a huge int is finite, and fails below
+        raise _bad(f"'{name}' must be a finite number, got {x!r}", name)
+    if (x <= lo if lo_open else x < lo) or x > hi:
+        interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+        raise _bad(f"'{name}' must be in {interval}, got {x!r}", name)
+    return float(x)
+
+
+def _max_tokens(body: dict, names: Sequence[str]) -> int | None:
+    """The first of `names` that is set; every one that is set must be an int >= 1."""
+    found = None
+    for name in names:
+        x = body.get(name)
+        if x is None:
+            continue
+        if not _is_int(x) or x < 1:
+            raise _bad(f"'{name}' must be an integer >= 1, got {x!r}", name)
+        if found is None:
+            found = x
+    return found
+
+
+def _content(content: object, param: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise _bad(f"'{param}' must be a string or a list of text parts", param)
+    texts = []
+    for j, part in enumerate(content):
+        p = f"{param}[{j}]"
+        if not isinstance(part, dict):
+            raise _bad(f"'{p}' must be an object", p)
+        if part.get("type") != "text":
+            raise _bad(f"'{p}.type' must be 'text' (only text content is supported), got {part.get('type')!r}",
+                       f"{p}.type")
+        if not isinstance(part.get("text"), str):
+            raise _bad(f"'{p}.text' must be a string", f"{p}.text")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _messages(body: dict) -> tuple[dict, ...]:
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise _bad("'messages' must be a non-empty list of messages", "messages")
+    out = []
+    for i, m in enumerate(msgs):
+        p = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(f"'{p}' must be an object", p)
+        role = m.get("role")
+        if not isinstance(role, str) or role not in ROLES:
+            raise _bad(f"'{p}.role' must be one of {', '.join(ROLES)}; got {role!r}", f"{p}.role")
+        out.append({"role": role, "content": _content(m.get("content"), f"{p}.content")})
+    return tuple(out)
+
+
+def _prompt(body: dict) -> str:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise _bad("'prompt' must be a string, or a list holding exactly one string", "prompt")
+    if not prompt:
+        raise _bad("'prompt' must not be empty", "prompt")
+    return prompt
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    seqs = [stop] if isinstance(stop, str) else stop
+    if not isinstance(seqs, list) or len(seqs) > MAX_STOP or not all(isinstance(s, str) and s for s in seqs):
+        raise _bad(f"'stop' must be a non-empty string or a list of at most {MAX_STOP} non-empty strings", "stop")
+    return tuple(seqs)
+
+
+def _unsupported(body: dict) -> None:
+    n = body.get("n")
+    if n is not None and not (_is_int(n) and n == 1):
+        raise _bad(f"only n=1 is supported, got n={n!r}", "n")
+    if body.get("logprobs") is not None and body.get("logprobs") is not False:  # 0 is a request for logprobs too
+        raise _bad("'logprobs' is not supported", "logprobs")
+    if body.get("top_logprobs") is not None:
+        raise _bad("'top_logprobs' is not supported", "top_logprobs")
+    best_of = body.get("best_of")
+    if best_of is not None:
+        if not _is_int(best_of) or best_of < 1:
+            raise _bad(f"'best_of' must be an integer >= 1, got {best_of!r}", "best_of")
+        if best_of > 1:
+            raise _bad("'best_of' > 1 is not supported", "best_of")
+    echo = body.get("echo")
+    if echo is not None and not isinstance(echo, bool):
+        raise _bad("'echo' must be a boolean", "echo")
+    if echo:
+        raise _bad("'echo' is not supported", "echo")
+
+
+def parse_request(kind: str, body: object, served_models: Sequence[str]) -> GenRequest:
+    """Validate a decoded JSON body of /v1/chat/completions (kind "chat") or /v1/completions ("completion").
+
+    Raises APIError: 400 naming the offending field in `param`, or 404 "model_not_found"."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if not isinstance(body, dict):
+        raise _bad("the request body must be a JSON object", None)
+
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("'model' is required and must be a string", "model")
+    if model not in served_models:
+        raise APIError(404, f"The model `{model}` does not exist. Served: {', '.join(served_models)}",
+                       type="not_found_error", param="model", code="model_not_found")
+
+    messages = _messages(body) if kind == "chat" else None
+    prompt = _prompt(body) if kind == "completion" else None
+    _unsupported(body)
+
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("'stream' must be a boolean", "stream")
+    stream = bool(stream)
+    options = body.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not stream:
+            raise _bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
+        if not isinstance(options, dict):
+            raise _bad("'stream_options' must be an object", "stream_options")
+        include_usage = options.get("include_usage")
+        if include_usage is not None and not isinstance(include_usage, bool):
+            raise _bad("'stream_options.include_usage' must be a boolean", "stream_options.include_usage")
+        include_usage = bool(include_usage)
+
+    seed = body.get("seed")
+    if seed is not None and not (_is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
+        raise _bad(f"'seed' must be a 64-bit signed integer, got {seed!r}", "seed")
+
+    return GenRequest(
+        kind=kind,
+        model=model,
+        messages=messages,
+        prompt=prompt,
+        max_tokens=_max_tokens(body, ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",)),
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_number(body, "top_p", 1.0, 0.0, 1.0, lo_open=True),
+        seed=seed,
+        stop=_stop(body),
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+# ---- responses ---------------------------------------------------------------------------------------------------
+
+def new_id(kind: str) -> str:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+
+
+def usage(prompt_tokens: int, completion_tokens: int, speculative: dict | None = None) -> dict:
+    """OpenAI's usage object; with `speculative` ({"drafted_tokens", "accepted_tokens", "mean_tokens_per_round"}),
+    an extension object of the same name that adds acceptance_rate = accepted / drafted (None if none drafted)."""
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens}
+    if speculative is not None:
+        drafted, accepted = speculative["drafted_tokens"], speculative["accepted_tokens"]
+        out["speculative"] = {
+            "drafted_tokens": drafted,
+            "accepted_tokens": accepted,
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "mean_tokens_per_round": speculative["mean_tokens_per_round"],
+        }
+    return out
+
+
+def _check_finish(finish_reason: str | None, allow_none: bool) -> None:
+    if not (finish_reason in FINISH_REASONS or (allow_none and finish_reason is None)):
+        raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {finish_reason!r}")
+
+
+def full_response(req: GenRequest, rid: str, created: int, text: str, finish_reason: str,
+                  usage: dict | None) -> dict:
+    """A non-streamed answer: OpenAI's chat.completion or text_completion object."""
+    _check_finish(finish_reason, allow_none=False)
+    if req.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                  "finish_reason": finish_reason}
+        obj = "chat.completion"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        obj = "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [choice], "usage": usage}
+
+
+def chunk(req: GenRequest, rid: str, created: int, delta_text: str | None, finish_reason: str | None,
+          first: bool) -> dict:
+    """One streamed piece: chat.completion.chunk (the first one's delta carries the role) or text_completion.
+
+    With include_usage, every chunk has "usage": null, as OpenAI sends it; usage_chunk() carries the numbers."""
+    _check_finish(finish_reason, allow_none=True)
+    if req.kind == "chat":
+        delta: dict = {"role": "assistant", "content": delta_text or ""} if first else {}
+        if delta_text is not None:
+            delta["content"] = delta_text
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+        obj = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": delta_text or "", "logprobs": None, "finish_reason": finish_reason}
+        obj = "text_completion"
+    out = {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [choice]}
+    if req.include_usage:
+        out["usage"] = None
+    return out
+
+
+def usage_chunk(req: GenRequest, rid: str, created: int, usage: dict) -> dict:
+    """The last chunk before [DONE] when stream_options.include_usage is set: no choices, the usage."""
+    obj = "chat.completion.chunk" if req.kind == "chat" else "text_completion"
+    return {"id": rid, "object": obj, "created": created, "model": req.model, "choices": [], "usage": usage}
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse(obj: dict) -> bytes:
+    """One server-sent event. NaN/inf are refused (they are not JSON)."""
+    return b"data: " + json.dumps(obj, ensure_ascii=False, allow_nan=False).encode() + b"\n\n"
+
+
+def models_list(names: Sequence[str], created: int) -> dict:
+    """GET /v1/models."""
+    return {"object": "list",
+            "data": [{"id": n, "object": "model", "created": created, "owned_by": "specdec"} for n in names]}

@@ -1,0 +1,102 @@
+"""The speculation policy: `auto` picks each row's k by expected tokens per second from a pass-cost curve and
+per-row acceptance. The serving rule of thumb (shorten k as load rises, stop speculating above some batch) must
+come out of the optimisation, and a row whose drafts keep being accepted keeps drafting when others stop."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.engine.generate import GenerationConfig
+from specdec.engine.policy import Auto, FixedK, Never, PassCost, RowView
+from specdec.engine.sequence import Sequence
+from specdec.errors import SpecdecError
+
+# the bundled model on this 2-core CPU (plain decoding: 67 tok/s at batch 1, 208 at 4, 282 at 8, 284 at 16): a row
+# costs ~0.1 of a one-row pass up to 4 rows, ~0.15 up to 8, ~0.23 beyond
+CPU = PassCost(((1, 0.015), (2, 0.016), (4, 0.019), (8, 0.028), (16, 0.056), (64, 0.224)))
+
+
+def rows(n: int, a: float, depth: int = 8, evidence: int = 1000, cap: int = 8) -> list[RowView]:
+    """n rows whose drafts were judged `evidence` times per position and accepted at conditional rate a."""
+    return [RowView([evidence] * depth, [round(a * evidence)] * depth, cap) for _ in range(n)]
+
+
+def test_pass_cost_interpolates_and_extrapolates():
+    c = PassCost(((1, 1.0), (3, 2.0), (5, 2.0)))
+    assert c(1) == 1.0 and c(2) == 1.5 and c(4) == 2.0 and c(7) == 2.0
+    d = PassCost(((1, 1.0), (2, 2.0)))
+    assert d(4) == 4.0  # beyond the last point: the last slope
+    d.observe(2, 4.0, weight=1.0)
+    assert d(2) == 4.0 and d.scale == 2.0
+    with pytest.raises(SpecdecError):
+        PassCost(((2, 1.0),))
+
+
+def test_from_profile():
+    c = PassCost.from_profile({"step_s": 0.02, "verify_cost": {"1": 1.0, "4": 1.5}})
+    assert c(1) == pytest.approx(0.02) and c(4) == pytest.approx(0.03)
+    with pytest.raises(SpecdecError, match="verify cost"):
+        PassCost.from_profile({"step_s": 0.02})
+
+
+def test_fixed_and_never():
+    assert FixedK(5).plan(rows(3, 0.5, cap=3)) == [3, 3, 3]
+    assert Never().plan(rows(3, 0.9)) == [0, 0, 0]
+
+
+def test_a_free_pass_drafts_deep_and_a_linear_one_not_at_all():
+    flat = PassCost(((1, 0.01), (100, 0.01)))
+    assert Auto(flat, max_k=6).plan(rows(4, 0.3)) == [6] * 4  # extra rows cost nothing: every draft pays
+    linear = PassCost(((1, 0.01), (2, 0.02)))  # each row costs a full pass
+    assert Auto(linear, max_k=6).plan(rows(4, 0.9)) == [0] * 4  # a draft never earns a whole pass
+
+
+def test_k_shortens_as_the_batch_grows_and_speculation_stops():
+    """Nothing about batch size is coded in the policy: the cost curve alone shortens k and then stops it."""
+    auto = Auto(CPU, max_k=8)
+    mean_k = {b: sum(auto.plan(rows(b, 0.7))) / b for b in (1, 2, 4, 8, 16)}
+    print("mean k by batch at a = 0.7:", mean_k)
+    ks = list(mean_k.values())
+    assert ks[0] >= 3 and all(x >= y for x, y in zip(ks, ks[1:])) and ks[-1] == 0
+
+
+def test_a_row_that_keeps_being_accepted_keeps_drafting_when_others_stop():
+    auto = Auto(CPU, max_k=8)
+    plan = auto.plan(rows(3, 0.3) + rows(1, 0.97))
+    assert plan[:3] == [0] * 3 and plan[3] >= 3, plan
+
+
+def test_the_prior_is_optimistic_until_evidence_comes():
+    """A new row is tried; evidence of rejections then switches it off."""
+    auto = Auto(CPU, max_k=4)
+    fresh = RowView([0] * 4, [0] * 4, 4)
+    assert auto.plan([fresh] * 4)[0] > 0
+    rejected = RowView([50, 0, 0, 0], [0, 0, 0, 0], 4)
+    assert auto.plan([rejected] * 4) == [0] * 4
+
+
+def test_learn_moves_the_prior():
+    auto = Auto(CPU, max_k=2)
+    assert auto.prior(0) == 0.5
+    auto.learn([10, 2], [2, 1])
+    assert auto.prior(0) == pytest.approx(3 / 12) and auto.prior(1) == pytest.approx(2 / 4)
+
+
+def test_shadow_drafts_are_scored_against_what_the_target_emits():
+    s = Sequence([1, 2, 3], GenerationConfig(50), max_k=4)
+    s.emit([9], ["prefill"], set(), None)
+    s.set_shadow([4, 5, 6])  # drafts continuing [1, 2, 3, 9], not verified
+    s.emit([4], ["bonus"], set(), None)  # matches draft 0: wait for more
+    assert s.judged == [0, 0, 0, 0]
+    s.emit([5, 7], ["accepted", "recovered"], set(), None)  # draft 1 matches, draft 2 does not
+    assert s.judged == [1, 1, 1, 0] and s.hits == [1, 1, 0, 0] and s.shadow is None
+    s.set_shadow([8])
+    s.emit([8], ["bonus"], set(), None)
+    assert s.judged == [2, 1, 1, 0] and s.hits == [2, 1, 0, 0]
+
+
+def test_verified_rounds_record_per_position_evidence():
+    s = Sequence([1], GenerationConfig(50), max_k=3)
+    s.record(3, 1)  # positions 0 and 1 judged, 0 accepted
+    s.record(2, 2)  # both accepted (the bonus is not a draft)
+    assert s.judged == [2, 2, 0] and s.hits == [2, 1, 0]

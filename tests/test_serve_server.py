@@ -1,0 +1,362 @@
+"""`specdec serve` end to end, driven by the official `openai` client: a tiny model served from a subprocess
+bound to 127.0.0.1 on a free port, stopped by its process id. Request loops are bounded in count and time.
+
+Checks the OpenAI shapes, greedy identity under concurrent load (every output equals the same request sent
+alone), bad input (4xx with OpenAI-style bodies, and the server keeps serving), a full queue (503), clients
+that disconnect mid-stream (their slots come back), and SIGTERM (in-flight requests finish, then it exits)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import write_tiny_model, write_word_tokenizer
+
+openai = pytest.importorskip("openai")
+
+WORDS = ["<unk>", "<eos>", *[f"w{i}" for i in range(30)]]
+KEY = "sekret"
+CONTEXT = 128  # the tiny model's positions
+PROMPTS = ["w1 w2 w3 w4 w5 w1 w2 w3", "w7 w8 w9", "w2 w2 w2 w2 w2 w2", "w10 w11 w12 w13 w10 w11",
+           "w5", "w20 w21 w22 w23 w24 w25 w26 w27 w20 w21 w22"]
+START_TIMEOUT_S = 90
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`specdec serve` in a subprocess on 127.0.0.1."""
+
+    def __init__(self, model: Path, *args: str):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.log = open(model.parent / f"server-{self.port}.log", "w+")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "specdec.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+             "--model", str(model), *args], stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        self.stop()
+        raise AssertionError(f"the server did not come up in {START_TIMEOUT_S} s:\n{self.output()}")
+
+    def output(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()[-3000:]
+
+    def health(self) -> dict:
+        return httpx.get(self.url + "/health", timeout=5).json()
+
+    def client(self, key: str | None = KEY):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key or "none", timeout=60, max_retries=0)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("serve-model")
+    write_tiny_model(folder, vocab=len(WORDS), max_pos=CONTEXT, std=0.3)
+    write_word_tokenizer(folder, WORDS)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    s = Server(model_dir, "--k", "3", "--policy", "always", "--max-batch", "4", "--api-key", KEY,
+               "--max-body-bytes", "65536", "--prefill-chunk", "4")
+    yield s
+    assert s.stop() == 0, s.output()
+
+
+def model_name(server) -> str:
+    return server.client().models.list().data[0].id
+
+
+# ---- shapes -----------------------------------------------------------------------------------------------------
+
+def test_chat_and_completions_with_and_without_streaming(server):
+    c, name = server.client(), model_name(server)
+    chat = c.chat.completions.create(model=name, messages=[{"role": "user", "content": PROMPTS[0]}],
+                                     max_tokens=12, temperature=0)
+    assert chat.object == "chat.completion" and chat.choices[0].message.role == "assistant"
+    assert chat.choices[0].finish_reason in ("stop", "length")
+    u = chat.usage
+    assert u.prompt_tokens == 8 and u.total_tokens == u.prompt_tokens + u.completion_tokens
+    spec = u.model_extra["speculative"]
+    assert spec["drafted_tokens"] >= spec["accepted_tokens"] >= 0 and spec["mean_tokens_per_round"] > 0
+    comp = c.completions.create(model=name, prompt=PROMPTS[0], max_tokens=12, temperature=0)
+    assert comp.choices[0].text == chat.choices[0].message.content  # no chat template: the same prompt
+
+    pieces, finish, usage = [], None, None
+    for ch in c.chat.completions.create(model=name, messages=[{"role": "user", "content": PROMPTS[0]}],
+                                        max_tokens=12, temperature=0, stream=True,
+                                        stream_options={"include_usage": True}):
+        if ch.usage is not None:
+            usage = ch.usage
+        for choice in ch.choices:
+            pieces.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    assert "".join(pieces) == chat.choices[0].message.content and finish == chat.choices[0].finish_reason
+    assert usage.completion_tokens == u.completion_tokens
+
+    text = "".join(ch.choices[0].text for ch in c.completions.create(
+        model=name, prompt=PROMPTS[0], max_tokens=12, temperature=0, stream=True))
+    assert text == comp.choices[0].text
+
+
+def test_max_tokens_and_stop(server):
+    c, name = server.client(), model_name(server)
+    answers = {p: c.completions.create(model=name, prompt=p, max_tokens=10, temperature=0) for p in PROMPTS}
+    prompt, full = next((p, a) for p, a in answers.items() if a.choices[0].finish_reason == "length")
+    assert full.usage.completion_tokens == 10
+    for a in answers.values():  # the others ended at the end-of-sequence token
+        assert a.choices[0].finish_reason == "stop" or a.usage.completion_tokens == 10
+    words = full.choices[0].text.split()
+    stop = words[3]
+    cut = c.completions.create(model=name, prompt=prompt, max_tokens=10, temperature=0, stop=[stop])
+    expect = full.choices[0].text[: full.choices[0].text.find(stop)]
+    assert cut.choices[0].text == expect and cut.choices[0].finish_reason == "stop"
+    streamed = "".join(ch.choices[0].text for ch in c.completions.create(
+        model=name, prompt=prompt, max_tokens=10, temperature=0, stop=[stop], stream=True))
+    assert streamed == expect  # the stop string never leaks into the stream
+
+
+def test_seeded_sampling_is_reproducible_and_varies_with_the_seed(server):
+    c, name = server.client(), model_name(server)
+    ask = lambda seed: c.completions.create(model=name, prompt=PROMPTS[1], max_tokens=16, temperature=1.0,
+                                            seed=seed).choices[0].text
+    assert ask(5) == ask(5)
+    assert len({ask(s) for s in range(6)}) > 1
+
+
+# ---- load: greedy identity --------------------------------------------------------------------------------------
+
+def test_concurrent_load_loses_nothing_and_matches_requests_sent_alone(server):
+    """16 clients x 3 requests, mixed streaming and not, over 4 slots: every greedy output equals the same
+    request sent alone, nothing is lost and nothing fails."""
+    c, name = server.client(), model_name(server)
+    alone = {p: c.completions.create(model=name, prompt=p, max_tokens=24, temperature=0).choices[0].text
+             for p in PROMPTS}
+
+    def client(i: int) -> list[tuple[str, str]]:
+        out = []
+        for j in range(3):
+            p = PROMPTS[(i * 3 + j) % len(PROMPTS)]
+            if (i + j) % 2:
+                text = "".join(ch.choices[0].text for ch in c.completions.create(
+                    model=name, prompt=p, max_tokens=24, temperature=0, stream=True))
+            else:
+                text = c.completions.create(model=name, prompt=p, max_tokens=24, temperature=0).choices[0].text
+            out.append((p, text))
+        return out
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        results = [r for f in [pool.submit(client, i) for i in range(16)] for r in f.result(timeout=300)]
+    assert len(results) == 48
+    for p, text in results:
+        assert text == alone[p], f"{p!r}: {text!r} != alone {alone[p]!r}"
+    assert server.health()["running"] == 0
+
+
+# ---- bad input --------------------------------------------------------------------------------------------------
+
+def post(server, path: str, body, key: str | None = KEY, raw: bytes | None = None) -> httpx.Response:
+    headers = {"content-type": "application/json"}
+    if key is not None:
+        headers["authorization"] = f"Bearer {key}"
+    data = raw if raw is not None else json.dumps(body).encode()
+    return httpx.post(server.url + path, content=data, headers=headers, timeout=30)
+
+
+def first_data(lines) -> str:
+    for line in lines:
+        if line.startswith("data:"):
+            return line
+    raise AssertionError("the stream ended without a data line")
+
+
+LONG = " ".join(["w3"] * (CONTEXT + 5))
+
+
+@pytest.mark.parametrize("path, body, status, param", [
+    ("/v1/chat/completions", b"{not json", 400, None),
+    ("/v1/chat/completions", {"model": "M"}, 400, "messages"),
+    ("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "w1"}]}, 404, "model"),
+    ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user", "content": "w1"}], "temperature": -1},
+     400, "temperature"),
+    ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user", "content": "w1"}], "top_p": 0}, 400,
+     "top_p"),
+    ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user", "content": "w1"}], "top_p": 1.5}, 400,
+     "top_p"),
+    ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user", "content": "w1"}], "max_tokens": 0},
+     400, "max_tokens"),
+    ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user", "content": "w1"}],
+                              "max_tokens": CONTEXT}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user", "content": LONG}]}, 400, "messages"),
+    ("/v1/completions", {"model": "M", "prompt": LONG}, 400, "prompt"),
+    ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user", "content": "w1"}], "n": 2}, 400, "n"),
+    ("/v1/completions", {"model": "M", "prompt": "w1 " * 30000}, 413, None),
+], ids=["malformed-json", "no-messages", "unknown-model", "temperature", "top_p-0", "top_p-1.5", "max_tokens-0",
+        "max_tokens-past-context", "prompt-past-context", "completion-past-context", "n", "too-large"])
+def test_bad_input_gets_an_openai_error_and_the_server_keeps_serving(server, path, body, status, param):
+    name = model_name(server)
+    if isinstance(body, dict) and body.get("model") == "M":
+        body = {**body, "model": name}
+    r = post(server, path, body, raw=body if isinstance(body, bytes) else None)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["param"] == param, err
+    ok = post(server, "/v1/completions", {"model": name, "prompt": "w1 w2", "max_tokens": 2})
+    assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("key", [None, "wrong"])
+def test_a_wrong_or_missing_api_key_is_401(server, key):
+    r = post(server, "/v1/completions", {"model": model_name(server), "prompt": "w1", "max_tokens": 2}, key=key)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    with pytest.raises(openai.AuthenticationError):
+        server.client(key).models.list()
+
+
+def test_health_metrics_and_the_explainer_page(server):
+    assert server.health()["status"] == "ok"
+    metrics = httpx.get(server.url + "/metrics", timeout=5).text
+    for name in ("specdec:spec_decode_num_drafts_total", "specdec:spec_decode_num_draft_tokens_total",
+                 "specdec:spec_decode_num_accepted_tokens_total", "specdec:spec_decode_acceptance_rate",
+                 "specdec:num_requests_running", "specdec:num_requests_waiting",
+                 "specdec:time_to_first_token_seconds_bucket", "specdec:inter_token_latency_seconds_bucket",
+                 "specdec:tokens_per_round_bucket", "specdec:batch_size_bucket",
+                 'specdec:spec_decode_num_accepted_tokens_per_pos_total{position="0"}'):
+        assert name in metrics, name
+    drafted = next(float(line.split()[-1]) for line in metrics.splitlines()
+                   if line.startswith("specdec:spec_decode_num_draft_tokens_total"))
+    assert drafted > 0  # earlier tests in this module speculated (policy always)
+    page = httpx.get(server.url + "/", timeout=5)
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    assert httpx.get(server.url + "/app.js", timeout=5).status_code == 200
+    assert httpx.get(server.url + "/nothing-here", timeout=5).json()["error"]["type"] == "not_found_error"
+
+
+# ---- faults -----------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def long_model_dir(tmp_path_factory) -> Path:
+    """The same tiny model with 2,048 positions, and an end-of-sequence token it cannot produce (an id past its
+    vocabulary): a request that holds its slot for a while."""
+    folder = tmp_path_factory.mktemp("serve-model-long")
+    write_tiny_model(folder, vocab=len(WORDS), max_pos=2048, std=0.3)
+    write_word_tokenizer(folder, [*WORDS, "<never>"])
+    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<never>", "unk_token": WORDS[0]}))
+    (folder / "generation_config.json").unlink(missing_ok=True)  # transformers' default eos id is a word here
+    return folder
+
+
+def test_a_full_queue_gets_503_not_a_hang(long_model_dir):
+    s = Server(long_model_dir, "--max-batch", "1", "--max-queue", "0", "--policy", "never")
+    try:
+        name = model_name(s)
+        body = {"model": name, "prompt": PROMPTS[1], "max_tokens": 2000, "temperature": 0, "stream": True}
+        with httpx.Client(timeout=30) as h, h.stream("POST", s.url + "/v1/completions", json=body) as r:
+            lines = r.iter_lines()  # kept: dropping the iterator would close the stream
+            first_data(lines)  # the first chunk arrived: it holds the only slot
+            assert s.health()["running"] == 1
+            busy = post(s, "/v1/completions", {"model": name, "prompt": "w1", "max_tokens": 2}, key=None)
+            assert busy.status_code == 503, busy.text
+            assert busy.json()["error"]["type"] == "overloaded_error"
+            with pytest.raises(openai.InternalServerError):  # what the client sees: a 5xx it may retry
+                s.client(None).completions.create(model=name, prompt="w1", max_tokens=2)
+        deadline = time.monotonic() + 20  # the stream was dropped: the slot comes back
+        while s.health()["running"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert s.client(None).completions.create(model=name, prompt="w1", max_tokens=2).usage.completion_tokens
+    finally:
+        s.stop()
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_clients_that_disconnect_mid_stream_free_their_slots(long_model_dir):
+    """Each request would run 2,000 tokens; its client hangs up after the first chunk. With 2 slots, ignored
+    disconnects would leave many seconds of queued work; freed slots leave none, and memory stays flat."""
+    n = int(os.environ.get("SPECDEC_DISCONNECTS", "20"))
+    s = Server(long_model_dir, "--max-batch", "2", "--policy", "always", "--k", "3")
+    try:
+        name = model_name(s)
+        body = {"model": name, "prompt": PROMPTS[1], "max_tokens": 2000, "temperature": 0, "stream": True}
+        t0 = time.monotonic()
+        full = s.client(None).completions.create(**{**body, "stream": False})
+        one = time.monotonic() - t0  # what one request costs when nobody hangs up
+        assert full.usage.completion_tokens == 2000
+        rss = rss_bytes(s.proc.pid)
+        for _ in range(n):
+            with httpx.Client(timeout=30) as h, h.stream("POST", s.url + "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                first_data(r.iter_lines())  # the first chunk arrived; hang up
+        deadline = time.monotonic() + min(3.0, one)
+        while s.health()["running"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert s.health() == {"status": "ok", "running": 0, "waiting": 0}, f"one request takes {one:.2f} s"
+        assert rss_bytes(s.proc.pid) - rss < 64 << 20
+        assert s.client(None).completions.create(model=name, prompt="w1", max_tokens=2).usage.completion_tokens
+    finally:
+        s.stop()
+
+
+def test_sigterm_finishes_requests_in_flight_then_exits(model_dir):
+    s = Server(model_dir, "--max-batch", "2", "--policy", "never")
+    name = model_name(s)
+    body = {"model": name, "prompt": PROMPTS[1], "max_tokens": 60, "temperature": 1.0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    chunks = []
+    try:
+        with httpx.Client(timeout=60) as h, h.stream("POST", s.url + "/v1/completions", json=body) as r:
+            lines = r.iter_lines()
+            chunks.append(first_data(lines))
+            s.proc.send_signal(signal.SIGTERM)
+            chunks += [line for line in lines if line.startswith("data:")]
+        assert chunks[-1] == "data: [DONE]"
+        usage = json.loads(chunks[-2][5:])["usage"]
+        finish = [json.loads(c[5:])["choices"][0]["finish_reason"] for c in chunks[:-2]]
+        assert finish[-1] in ("stop", "length") and usage["completion_tokens"] >= 1
+        assert s.proc.wait(30) == 0
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(s.url + "/health", timeout=2)
+    finally:
+        s.stop()
