@@ -18,8 +18,8 @@ auto keeps >= 90% of always's speedup over never: auto/never - 1 >= 0.9 * (alway
 
 Chunked prefill: a server with policy never and --max-batch 8, once with --prefill-chunk 64 (the default) and
 once with 0 (whole prompts). Four clients stream long greedy answers; once all stream, one request with a
-~1,500-token prompt arrives. Reported: the four streams' inter-chunk gaps that overlap the window from sending the long request to
-its first token (p50, p99, max), and that request's time to first token.
+~1,500-token prompt arrives. Reported: the four streams' inter-chunk gaps that overlap the window from sending
+the long request to its first token (p50, p99, max), and that request's time to first token.
 
 Writes OUT/serve-bench.json, .md and .png (throughput and latency against concurrency, mixed set). Progress goes
 to stderr; the report (tables and PASS/FAIL lines) to stdout. Exit status 0 when the measurement completed (also
