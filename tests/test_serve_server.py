@@ -163,16 +163,17 @@ def test_seeded_sampling_is_reproducible_and_varies_with_the_seed(server):
 # ---- load: greedy identity --------------------------------------------------------------------------------------
 
 def test_concurrent_load_loses_nothing_and_matches_requests_sent_alone(server):
-    """16 clients x 3 requests, mixed streaming and not, over 4 slots: every greedy output equals the same
-    request sent alone, nothing is lost and nothing fails."""
+    """16 clients x 3 requests (SPECDEC_LOAD=64x10 for the bigger run), mixed streaming and not, over 4 slots:
+    every greedy output equals the same request sent alone, nothing is lost and nothing fails."""
+    clients, per = (int(x) for x in os.environ.get("SPECDEC_LOAD", "16x3").split("x"))
     c, name = server.client(), model_name(server)
     alone = {p: c.completions.create(model=name, prompt=p, max_tokens=24, temperature=0).choices[0].text
              for p in PROMPTS}
 
     def client(i: int) -> list[tuple[str, str]]:
         out = []
-        for j in range(3):
-            p = PROMPTS[(i * 3 + j) % len(PROMPTS)]
+        for j in range(per):
+            p = PROMPTS[(i * per + j) % len(PROMPTS)]
             if (i + j) % 2:
                 text = "".join(ch.choices[0].text for ch in c.completions.create(
                     model=name, prompt=p, max_tokens=24, temperature=0, stream=True))
@@ -181,9 +182,9 @@ def test_concurrent_load_loses_nothing_and_matches_requests_sent_alone(server):
             out.append((p, text))
         return out
 
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        results = [r for f in [pool.submit(client, i) for i in range(16)] for r in f.result(timeout=300)]
-    assert len(results) == 48
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        results = [r for f in [pool.submit(client, i) for i in range(clients)] for r in f.result(timeout=600)]
+    assert len(results) == clients * per
     for p, text in results:
         assert text == alone[p], f"{p!r}: {text!r} != alone {alone[p]!r}"
     assert server.health()["running"] == 0
@@ -358,5 +359,22 @@ def test_sigterm_finishes_requests_in_flight_then_exits(model_dir):
         assert s.proc.wait(30) == 0
         with pytest.raises(httpx.ConnectError):
             httpx.get(s.url + "/health", timeout=2)
+    finally:
+        s.stop()
+
+
+def test_a_draft_model_server_under_auto_gives_the_same_greedy_text(server, model_dir):
+    """The other drafter and the other policy: a draft model (here the target itself, so drafts are accepted)
+    under `auto` answers exactly as the n-gram server under `always`."""
+    name = model_name(server)
+    expected = [server.client().completions.create(model=name, prompt=p, max_tokens=16, temperature=0)
+                .choices[0].text for p in PROMPTS[:3]]
+    s = Server(model_dir, "--drafter", "draft-model", "--draft-model", str(model_dir), "--policy", "auto",
+               "--max-batch", "2", "--k", "3")
+    try:
+        got = [s.client(None).completions.create(model=name, prompt=p, max_tokens=16, temperature=0)
+               for p in PROMPTS[:3]]
+        assert [g.choices[0].text for g in got] == expected
+        assert sum(g.usage.model_extra["speculative"]["accepted_tokens"] for g in got) > 0
     finally:
         s.stop()

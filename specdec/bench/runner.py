@@ -173,7 +173,7 @@ def turn_from_result(prompt_ids: list[int], result) -> Turn:
 
 def engine_method(name: str, engine, drafter, k, baseline: str | None = None,
                   k_label: int | str | None = None) -> Method:
-    """Greedy decoding at batch 1 through Engine.generate; k is an int, FixedK or AutoK (ignored for NoDrafter).
+    """Greedy decoding at batch 1 through Engine.generate; k is an int or a policy (ignored for NoDrafter).
     Give each method its own Engine: its meter then holds that method's running acceptance estimate."""
     from specdec.engine.generate import GenerationConfig
 

@@ -23,7 +23,9 @@ def row_grid(max_rows: int) -> list[int]:
 def calibrate(model, max_rows: int, slots: int, context: int = 256, reps: int = 2) -> PassCost:
     """Time ragged passes of 1..max_rows token-rows spread over up to `slots` sequences, each `context`
     positions deep (their keys are junk: attention costs the same)."""
-    cache = model.new_cache(slots, context + max_rows + 1)
+    depth = -(-max_rows // slots)  # the most rows one sequence gets
+    context = max(0, min(context, model.cfg.max_position_embeddings - depth))
+    cache = model.new_cache(slots, context + depth)
     points = []
     for n in row_grid(max_rows):
         per = [n // slots + (i < n % slots) for i in range(min(slots, n))]  # rows per sequence

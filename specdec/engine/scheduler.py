@@ -125,8 +125,7 @@ class Scheduler:
         self.check(seq)
         if self.cfg.max_queue is not None and len(self.waiting) >= self.cfg.max_queue and not self._free():
             raise QueueFull(f"the queue is full ({self.cfg.max_queue} requests waiting)")
-        seq.t0 = time.perf_counter()
-        self.waiting.append(seq)
+        self.waiting.append(seq)  # seq.t0 stays its arrival: time to first token includes the wait
 
     def evict(self, seq: Sequence) -> None:
         """Remove a sequence wherever it is (its client left); its slot and KV rows are free at once."""

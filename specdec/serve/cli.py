@@ -91,9 +91,11 @@ def run_serve(args) -> int:
     app = create_app(worker, target.tokenizer, ServeConfig(name, args.api_key, args.max_body_bytes,
                                                            args.max_tokens_default, aliases))
     worker.start()
+    kv_gib = getattr(sched.cache, "nbytes", 0) / 2**30
     print(f"specdec: serving {name} ({target.model.precision}) on http://{args.host}:{args.port}/v1 - drafter "
           f"{drafter.name}, policy {args.policy if spec.drafter != 'none' else 'never'}, k <= {args.k}, "
-          f"max batch {args.max_batch}, context {sched.context}", file=sys.stderr, flush=True)
+          f"max batch {args.max_batch}, context {sched.context} (KV pool {kv_gib:.1f} GiB)", file=sys.stderr,
+          flush=True)
     # SIGTERM: uvicorn stops accepting connections and lets requests in flight finish, then re-raises the signal
     # to the handler that was there before it: ignoring it there makes a graceful stop exit with status 0
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
