@@ -143,8 +143,8 @@ class ScriptedDrafter:
 
     free = False
 
-    def reserve(self, slots, capacity) -> None:
-        pass
+    def reserve(self, slots, capacity) -> int:
+        return capacity
 
     def open(self, slot, prompt, sampling) -> None:
         self.row_of = getattr(self, "row_of", {})

@@ -125,3 +125,24 @@ def test_each_slot_drafts_as_it_would_alone(tiny_model):
             assert torch.equal(got.tokens[i], want.tokens[0]), (r, got.tokens[i], want.tokens[0])
             if not settings[r].greedy:
                 assert torch.equal(got.probs[i], want.probs[0]), r
+
+
+def test_a_draft_model_with_a_shorter_context_bounds_the_scheduler(tiny_model):
+    """Target 256 positions, draft model 64: the step loop serves 64, refuses longer prompts with a clear error,
+    and a sequence stops at the draft model's limit instead of writing past its cache."""
+    from specdec.engine.policy import FixedK
+    from specdec.engine.scheduler import Scheduler, SchedulerConfig
+    from specdec.engine.sequence import Sequence
+
+    target = tiny_model("fp16", vocab=VOCAB, max_pos=256)
+    sched = Scheduler(target, None, DraftModelDrafter(tiny_model("fp16", vocab=VOCAB, max_pos=64), VOCAB),
+                      FixedK(3), SchedulerConfig(max_batch=2))
+    assert sched.context == 64
+    with pytest.raises(SpecdecError, match="does not fit the context of 64"):
+        sched.admit(Sequence(list(range(1, 31)) * 3, GenerationConfig(4)))
+    seq = Sequence(list(range(1, 31)), GenerationConfig(100))
+    sched.admit(seq)
+    while not sched.idle:
+        sched.step()
+    # every position of the slot was used; the last token, sampled from position 63, is never fed back
+    assert seq.finish == "length" and seq.length == 64 and seq.prompt_len + seq.num_generated == 65

@@ -100,3 +100,30 @@ def test_verified_rounds_record_per_position_evidence():
     s.record(3, 1)  # positions 0 and 1 judged, 0 accepted
     s.record(2, 2)  # both accepted (the bonus is not a draft)
     assert s.judged == [2, 2, 0] and s.hits == [2, 1, 0]
+
+
+def test_drafts_verified_this_round_are_not_shadow_scored_again():
+    """Four drafts offered, two verified (both accepted, then a bonus that differs from draft 3): positions 0-1
+    are recorded once, by the verification; the shadow adds position 2 only."""
+    s = Sequence([1, 2, 3], GenerationConfig(50), max_k=4)
+    s.emit([9], ["prefill"], set(), None)
+    s.set_shadow([4, 5, 6, 7], verified=2)
+    s.emit([4, 5, 8], ["accepted", "accepted", "bonus"], set(), None)
+    s.record(2, 2)
+    assert s.judged == [1, 1, 1, 0] and s.hits == [1, 1, 0, 0]
+    s.set_shadow([4, 5], verified=1)  # the verified draft is rejected: the shadow's context never happened
+    s.emit([3], ["recovered"], set(), None)
+    s.record(1, 0)
+    assert s.judged == [2, 1, 1, 0] and s.hits == [1, 1, 0, 0]
+
+
+def test_the_drafting_cost_decays_while_nothing_is_drafted():
+    """One slow drafting round must not switch speculation off for good."""
+    auto = Auto(PassCost(((1, 0.10), (8, 0.105), (48, 0.2))), max_k=5, draft_step_s=0.01)
+    fresh = [RowView([0] * 5, [0] * 5, 5)] * 4
+    assert auto.plan(fresh) == [3, 3, 3, 3] or all(k > 0 for k in auto.plan(fresh))
+    auto.observe(8, 0.105, 3.0, 1)
+    assert auto.plan(fresh) == [0, 0, 0, 0]
+    for _ in range(1000):
+        auto.observe(4, 0.10, 0.0, 0)
+    assert all(k > 0 for k in auto.plan(fresh))

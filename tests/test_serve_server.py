@@ -152,6 +152,13 @@ def test_max_tokens_and_stop(server):
     assert streamed == expect  # the stop string never leaks into the stream
 
 
+def test_a_tiny_temperature_is_as_good_as_greedy(server):
+    c, name = server.client(), model_name(server)
+    greedy = c.completions.create(model=name, prompt=PROMPTS[0], max_tokens=12, temperature=0).choices[0].text
+    assert c.completions.create(model=name, prompt=PROMPTS[0], max_tokens=12, temperature=1e-30,
+                                seed=1).choices[0].text == greedy
+
+
 def test_seeded_sampling_is_reproducible_and_varies_with_the_seed(server):
     c, name = server.client(), model_name(server)
     ask = lambda seed: c.completions.create(model=name, prompt=PROMPTS[1], max_tokens=16, temperature=1.0,
@@ -228,8 +235,11 @@ LONG = " ".join(["w3"] * (CONTEXT + 5))
     ("/v1/completions", {"model": "M", "prompt": LONG}, 400, "prompt"),
     ("/v1/chat/completions", {"model": "M", "messages": [{"role": "user", "content": "w1"}], "n": 2}, 400, "n"),
     ("/v1/completions", {"model": "M", "prompt": "w1 " * 30000}, 413, None),
+    ("/v1/completions", b'{"model": "M", "prompt": "w1 \\ud800"}', 400, None),
+    ("/v1/completions", b"[" * 50000, 400, None),
 ], ids=["malformed-json", "no-messages", "unknown-model", "temperature", "top_p-0", "top_p-1.5", "max_tokens-0",
-        "max_tokens-past-context", "prompt-past-context", "completion-past-context", "n", "too-large"])
+        "max_tokens-past-context", "prompt-past-context", "completion-past-context", "n", "too-large",
+        "lone-surrogate", "nested-too-deep"])
 def test_bad_input_gets_an_openai_error_and_the_server_keeps_serving(server, path, body, status, param):
     name = model_name(server)
     if isinstance(body, dict) and body.get("model") == "M":

@@ -28,8 +28,9 @@ class Drafter(Protocol):
     name: str
     free: bool  # proposing costs next to nothing and draws no random numbers (prompt lookup)
 
-    def reserve(self, slots: int, capacity: int) -> None:
-        """Room for `slots` sequences at once, each never longer than `capacity` tokens."""
+    def reserve(self, slots: int, capacity: int) -> int:
+        """Room for `slots` sequences at once, each never longer than `capacity` tokens. Returns the length it
+        can serve (less when, say, a draft model's own context is shorter)."""
 
     def open(self, slot: int, prompt: Sequence[int], sampling: SamplingConfig) -> None:
         """Start a sequence in `slot`. Drafters that give probabilities warp them with `sampling`, as the
@@ -61,8 +62,8 @@ class NoDrafter:
     name = "none"
     free = True
 
-    def reserve(self, slots, capacity) -> None:
-        pass
+    def reserve(self, slots, capacity) -> int:
+        return capacity
 
     def open(self, slot, prompt, sampling) -> None:
         pass

@@ -9,6 +9,7 @@ distributions q, so sampling at temperature > 0 stays exact.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -32,6 +33,7 @@ class DraftModelDrafter:
         self.sampling: dict[int, SamplingConfig] = {}
         self.gen: dict[int, torch.Generator] = {}
         self._fed: dict[int, int] = {}  # per slot, after propose: drafted tokens fed beyond the context
+        self.catch_up_s = 0.0  # of the last propose: feeding contexts, not drafting
 
     @staticmethod
     def check_compatible(target_tokenizer, draft_tokenizer) -> None:
@@ -41,8 +43,10 @@ class DraftModelDrafter:
                                f"the target's vocabulary ({draft_tokenizer.vocab_size} vs "
                                f"{target_tokenizer.vocab_size} tokens, or the same size with other tokens)")
 
-    def reserve(self, slots: int, capacity: int) -> None:
+    def reserve(self, slots: int, capacity: int) -> int:
+        capacity = min(capacity, self.model.cfg.max_position_embeddings)  # its own context may be shorter
         self.cache = self.model.new_cache(slots, capacity)
+        return capacity
 
     def open(self, slot: int, prompt: Sequence[int], sampling: SamplingConfig) -> None:
         self.valid[slot], self._fed[slot], self.sampling[slot] = 0, 0, sampling
@@ -106,7 +110,9 @@ class DraftModelDrafter:
         feeds = [list(contexts[i][self.valid[slots[i]]:]) for i in rows]  # >= 1 token each
         for f in feeds:  # an id only the target has: any stand-in stays exact
             f[:] = [t if t < self.model.cfg.vocab_size else 0 for t in f]
+        t0 = time.perf_counter()
         logits = self._catch_up(act, feeds)  # [m, vocab]
+        self.catch_up_s = time.perf_counter() - t0  # a new prompt's prefill is not a drafting cost
         pos = [self.valid[s] + len(f) for s, f in zip(act, feeds)]  # where each slot's first draft goes
         sampled = any(not self.sampling[s].greedy for s in act)
         probs = torch.zeros(len(slots), width, self.target_vocab) if sampled else None  # [n, k, vocab]

@@ -31,8 +31,8 @@ class NgramDrafter:
         self.max_n, self.min_n = max_n, min_n
         self.rows: dict[int, _RowIndex] = {}  # slot -> its sequence's index
 
-    def reserve(self, slots: int, capacity: int) -> None:
-        pass
+    def reserve(self, slots: int, capacity: int) -> int:
+        return capacity
 
     def open(self, slot: int, prompt: Sequence[int] = (), sampling=None) -> None:
         self.rows[slot] = _RowIndex()

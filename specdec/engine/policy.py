@@ -167,6 +167,10 @@ class Auto:
             self.prior_hits[i] += hits[i]
 
     def observe(self, rows: int, seconds: float, draft_seconds: float, max_k: int) -> None:
+        """A round took `seconds` for its target pass over `rows` token-rows and `draft_seconds` for `max_k`
+        drafting steps. While nothing is drafted the drafting cost decays, so that drafting is tried again."""
         self.cost.observe(rows, seconds)
         if max_k > 0:
             self.draft_step_s = 0.9 * self.draft_step_s + 0.1 * draft_seconds / max_k
+        else:
+            self.draft_step_s *= 0.99

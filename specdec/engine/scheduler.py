@@ -106,8 +106,10 @@ class Scheduler:
         self.meter = meter or AcceptanceMeter()
         limit = model.cfg.max_position_embeddings
         self.context = min(self.cfg.context or limit, limit)  # tokens a sequence may hold, prompt included
+        served = self.drafter.reserve(self.cfg.max_batch, self.context)
+        if served is not None and served < self.context:  # a draft model with a shorter context bounds it
+            self.context = served
         self.cache = model.new_cache(self.cfg.max_batch, self.context)
-        self.drafter.reserve(self.cfg.max_batch, self.context)
         self.slots: list[Sequence | None] = [None] * self.cfg.max_batch
         self.waiting: deque[Sequence] = deque()
         self.eos = set(tokenizer.eos_token_ids) if tokenizer is not None else set()
@@ -121,9 +123,11 @@ class Scheduler:
         if seq.prompt_len + 1 > self.context:
             raise SpecdecError(f"prompt of {seq.prompt_len} tokens does not fit the context of {self.context}")
 
-    def admit(self, seq: Sequence) -> None:
+    def admit(self, seq: Sequence, check_queue: bool = True) -> None:
+        """Queue a sequence; QueueFull when the queue is at its limit (unless the caller already decided)."""
         self.check(seq)
-        if self.cfg.max_queue is not None and len(self.waiting) >= self.cfg.max_queue and not self._free():
+        if check_queue and self.cfg.max_queue is not None and len(self.waiting) >= self.cfg.max_queue \
+                and not self._free():
             raise QueueFull(f"the queue is full ({self.cfg.max_queue} requests waiting)")
         self.waiting.append(seq)  # seq.t0 stays its arrival: time to first token includes the wait
 
@@ -223,7 +227,7 @@ class Scheduler:
             for i, (s, o) in enumerate(zip(rows, offered)):
                 drafts[i] = o[:ks[i]]
                 if ks[i] < len(o):
-                    s.set_shadow(o)
+                    s.set_shadow(o, verified=ks[i])
         else:
             ks = self.policy.plan([RowView(s.judged, s.hits, c) for s, c in zip(rows, caps)])
             if any(ks):
@@ -263,7 +267,7 @@ class Scheduler:
         spec = [i for i, n in enumerate(drafted) if n]
         if spec:
             self.drafter.accepted([slots[i] for i in spec], [accepted[i] for i in spec])
-        self.policy.observe(len(toks), t1 - tv, tv - td, max(drafted))
+        self.policy.observe(len(toks), t1 - tv, tv - td - getattr(self.drafter, "catch_up_s", 0.0), max(drafted))
         learn = getattr(self.policy, "learn", None)
         if learn is not None:
             depth = max(drafted)

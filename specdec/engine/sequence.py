@@ -65,7 +65,7 @@ class Sequence:
         # the automatic policy's evidence about this request
         self.judged = [0] * max_k
         self.hits = [0] * max_k
-        self.shadow: tuple[int, list[int]] | None = None  # (output index it continues, drafted tokens)
+        self.shadow: tuple[int, list[int], int] | None = None  # (output index it continues, drafts, verified)
 
     @property
     def output(self) -> list[int]:
@@ -124,30 +124,30 @@ class Sequence:
 
     # --- acceptance evidence -----------------------------------------------------------------------------
 
-    def record(self, drafted: int, accepted: int) -> None:
-        """A verified round: positions 0..accepted were judged, 0..accepted-1 accepted."""
-        for i in range(min(drafted, accepted + 1, len(self.judged))):
+    def record(self, drafted: int, accepted: int, first: int = 0) -> None:
+        """Positions first..accepted were judged (up to the drafted ones), first..accepted-1 accepted."""
+        for i in range(first, min(drafted, accepted + 1, len(self.judged))):
             self.judged[i] += 1
             self.hits[i] += i < accepted
 
-    def set_shadow(self, drafted: list[int]) -> None:
-        """Drafts the policy chose not to verify (a free, deterministic drafter's). Scored against the tokens
-        the target emits next: for a one-hot q, a draft token equals the target's next token with probability
-        p(x), its acceptance probability, so shadow scores estimate acceptance without a verify pass."""
-        if self.shadow is None and drafted:
-            self.shadow = (self.num_generated, list(drafted))
+    def set_shadow(self, drafted: list[int], verified: int = 0) -> None:
+        """Drafts the policy chose not to verify (a free, deterministic drafter's; the first `verified` of them
+        are verified this round and recorded as such). Scored against the tokens the target emits next: for a
+        one-hot q, a draft token equals the target's next token with probability p(x), its acceptance
+        probability, so shadow scores estimate acceptance without a verify pass."""
+        if self.shadow is None and len(drafted) > verified:
+            self.shadow = (self.num_generated, list(drafted), verified)
 
     def _score_shadow(self) -> None:
         if self.shadow is None:
             return
-        at, drafted = self.shadow
+        at, drafted, verified = self.shadow
         out = self.output
-        if len(out) - at < min(len(drafted), 1):
-            return
         n = 0  # leading draft tokens that match the output
         while n < len(drafted) and at + n < len(out) and out[at + n] == drafted[n]:
             n += 1
         if n < len(drafted) and at + n >= len(out):
             return  # every emitted token matched so far: wait for the next one
-        self.record(len(drafted), n)
+        if n >= verified:  # the shadowed positions continue a context the target did produce
+            self.record(len(drafted), n, first=verified)
         self.shadow = None

@@ -39,7 +39,7 @@ def warp_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     logits = logits.float()
     if cfg.greedy:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
-    logits = logits / cfg.temperature
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / cfg.temperature  # shifted first: a tiny T stays finite
     if cfg.top_k and cfg.top_k < logits.shape[-1]:
         kth = logits.topk(cfg.top_k, dim=-1).values[..., -1:]  # [..., 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -80,9 +80,16 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
             if len(body) > cfg.max_body_bytes:
                 raise APIError(413, f"request body over {cfg.max_body_bytes} bytes", code="body_too_large")
         try:
-            return json.loads(body)
+            obj = json.loads(body)
+            json.dumps(obj, ensure_ascii=False).encode("utf-8")  # lone surrogates ("\ud800") are not text
+            return obj
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise APIError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
+        except UnicodeEncodeError:
+            raise APIError(400, "the body holds a string that is not valid Unicode (a lone surrogate)",
+                           code="invalid_json") from None
+        except RecursionError:
+            raise APIError(400, "the body is nested too deeply", code="invalid_json") from None
 
     def make_sequence(req: GenRequest) -> Sequence:
         try:

@@ -75,6 +75,8 @@ def run_serve(args) -> int:
         raise SpecdecError(f"--port must be in 1..65535, got {args.port}")
     if args.prefill_chunk < 0:
         raise SpecdecError(f"--prefill-chunk must be >= 0, got {args.prefill_chunk}")
+    if args.max_tokens_default is not None and args.max_tokens_default < 1:
+        raise SpecdecError(f"--max-tokens-default must be >= 1, got {args.max_tokens_default}")
     if args.max_body_bytes < 1024:
         raise SpecdecError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
     if args.profile and not os.path.isfile(args.profile):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from specdec.engine.scheduler import Event, QueueFull, Scheduler
 from specdec.engine.sequence import Sequence
+from specdec.errors import SpecdecError
 from specdec.serve.metrics import ServerMetrics
 
 
@@ -85,18 +86,19 @@ class EngineWorker:
                     self._lock.wait()
                 if self._stop:
                     return
-                inbox, self._inbox = self._inbox, []
-                cancels, self._cancels = self._cancels, []
-            for t in inbox:
-                try:
-                    self.sched.admit(t.seq)  # capacity was checked by submit
-                except QueueFull as e:
-                    t.loop.call_soon_threadsafe(t.events.put_nowait, e)
-                    continue
-                self._tickets[id(t.seq)] = t
-            for seq in cancels:
-                self.sched.evict(seq)
-                self._tickets.pop(id(seq), None)
+                # under the lock, so that submit() always counts every request not yet in a slot
+                for t in self._inbox:
+                    try:
+                        self.sched.admit(t.seq, check_queue=False)  # submit() decided, with the same limit
+                    except SpecdecError as e:  # cannot happen after the app's checks; never kill the thread
+                        t.loop.call_soon_threadsafe(t.events.put_nowait, e)
+                        continue
+                    self._tickets[id(t.seq)] = t
+                self._inbox = []
+                for seq in self._cancels:
+                    self.sched.evict(seq)
+                    self._tickets.pop(id(seq), None)
+                self._cancels = []
             if self.sched.idle:
                 continue
             try:
