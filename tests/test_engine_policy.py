@@ -75,6 +75,16 @@ def test_the_prior_is_optimistic_until_evidence_comes():
     assert auto.plan([rejected] * 4) == [0] * 4
 
 
+def test_without_exploration_a_fresh_row_waits_for_evidence():
+    """For a free drafter (shadow-scored drafts) the plan uses the posterior mean: at batch 6 on this CPU a row at
+    the prior's 0.5 does not pay (an exploring plan tries some), and only evidence of acceptance makes it draft."""
+    fresh = RowView([0] * 4, [0] * 4, 4)
+    assert any(Auto(CPU, max_k=4).plan([fresh] * 6))
+    assert Auto(CPU, max_k=4, explore=False).plan([fresh] * 6) == [0] * 6
+    copying = RowView([40] * 4, [39] * 4, 4)
+    assert Auto(CPU, max_k=4, explore=False).plan([fresh] * 5 + [copying])[5] > 0
+
+
 def test_learn_moves_the_prior():
     auto = Auto(CPU, max_k=2)
     assert auto.prior(0) == 0.5

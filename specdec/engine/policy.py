@@ -114,6 +114,9 @@ class Auto:
     max_k: int = 8
     strength: float = 4.0
     draft_step_s: float = 0.0  # seconds per drafting step (a draft model's; ~0 for prompt lookup)
+    # optimism while a row's evidence is thin, so that its drafts get tried; not needed for a free drafter,
+    # whose unverified drafts are shadow-scored at no cost
+    explore: bool = True
     prior_judged: list[float] = field(default_factory=list)
     prior_hits: list[float] = field(default_factory=list)
 
@@ -127,15 +130,15 @@ class Auto:
         return (self.prior_hits[i] + 1.0) / (j + 2.0)  # Laplace: 0.5 before any evidence
 
     def estimates(self, row: RowView) -> list[float]:
-        """Conditional acceptance per position: an optimistic posterior (mean + one standard deviation while
-        evidence is thin), so that a row whose drafts were never tried still gets tried."""
+        """Conditional acceptance per position: the posterior mean, plus one standard deviation when exploring
+        (large while evidence is thin), so that a row whose drafts were never tried still gets tried."""
         out = []
         for i in range(min(self.max_k, row.cap)):
             n = row.judged[i] if i < len(row.judged) else 0
             h = row.hits[i] if i < len(row.hits) else 0
             w = self.strength
             mean = (h + w * self.prior(i)) / (n + w)
-            sd = math.sqrt(mean * (1 - mean) / (n + w + 1))
+            sd = math.sqrt(mean * (1 - mean) / (n + w + 1)) if self.explore else 0.0
             out.append(min(1.0, mean + sd))
         return out
 

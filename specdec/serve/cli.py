@@ -40,7 +40,7 @@ def register(sub) -> None:
     loadtest.register(sub)
 
 
-def make_policy(name: str, k: int, model, max_batch: int, profile: str | None):
+def make_policy(name: str, k: int, model, max_batch: int, profile: str | None, free_drafts: bool):
     from specdec.engine.calibrate import calibrate
     from specdec.engine.policy import Auto, FixedK, Never, PassCost
 
@@ -56,7 +56,7 @@ def make_policy(name: str, k: int, model, max_batch: int, profile: str | None):
         print("specdec: measuring pass costs for the auto policy (some seconds; --profile FILE skips this)",
               file=sys.stderr)
         cost = calibrate(model, max_batch * (k + 1), max_batch)
-    return Auto(cost, max_k=k)
+    return Auto(cost, max_k=k, explore=not free_drafts)
 
 
 def run_serve(args) -> int:
@@ -85,7 +85,7 @@ def run_serve(args) -> int:
     spec = ModelSpec.from_args(args)
     target, drafter = build(spec)
     policy = make_policy("never" if spec.drafter == "none" else args.policy, args.k, target.model,
-                         args.max_batch, args.profile)
+                         args.max_batch, args.profile, drafter.free)
     sched = Scheduler(target.model, target.tokenizer, drafter, policy, sched_cfg, AcceptanceMeter())
     worker = EngineWorker(sched, ServerMetrics(max(policy.max_k, 1)))
     name = args.served_model_name or target.name
