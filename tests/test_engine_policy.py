@@ -137,3 +137,14 @@ def test_the_drafting_cost_decays_while_nothing_is_drafted():
     for _ in range(1000):
         auto.observe(4, 0.10, 0.0, 0)
     assert all(k > 0 for k in auto.plan(fresh))
+
+
+def test_the_calibrated_curve_smooths_upward_noise():
+    from specdec.engine.calibrate import smooth
+
+    noisy = [(1, 1.0), (2, 1.11), (3, 1.32), (4, 1.35), (6, 1.59), (9, 2.51), (13, 2.4)]
+    expect = [(1, 1.0), (2, 1.11), (3, 1.23), (4, 1.35), (6, 1.59), (9, 1.59 + 0.81 * 3 / 7), (13, 2.4)]
+    got = smooth(noisy)
+    assert [n for n, _ in got] == [n for n, _ in expect]
+    assert [t for _, t in got] == pytest.approx([t for _, t in expect])
+    assert smooth([(1, 1.0), (2, 0.9)]) == ((1, 1.0), (2, 1.0))  # never cheaper with more rows

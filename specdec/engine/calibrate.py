@@ -20,7 +20,7 @@ def row_grid(max_rows: int) -> list[int]:
     return grid + [max_rows]
 
 
-def calibrate(model, max_rows: int, slots: int, context: int = 256, reps: int = 2) -> PassCost:
+def calibrate(model, max_rows: int, slots: int, context: int = 256, reps: int = 3) -> PassCost:
     """Time ragged passes of 1..max_rows token-rows spread over up to `slots` sequences, each `context`
     positions deep (their keys are junk: attention costs the same)."""
     depth = -(-max_rows // slots)  # the most rows one sequence gets
@@ -39,4 +39,17 @@ def calibrate(model, max_rows: int, slots: int, context: int = 256, reps: int = 
             model.forward_ragged(tokens, slot, pos, cache)
             times.append(time.perf_counter() - t0)
         points.append((n, statistics.median(times)))
-    return PassCost(tuple(points))
+    return PassCost(smooth(points))
+
+
+def smooth(points: list[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """Each inner point no higher than the line through its neighbours, then non-decreasing. Timing noise is
+    mostly upward (a pass interrupted), and one high point must not make a deeper draft look dearer than it is."""
+    pts = sorted(points)
+    low = [pts[0]] + [(n, min(t, a[1] + (b[1] - a[1]) * (n - a[0]) / (b[0] - a[0])))
+                      for a, (n, t), b in zip(pts, pts[1:], pts[2:])] + pts[-1:] if len(pts) > 2 else pts
+    out, top = [], 0.0
+    for n, t in low:
+        top = max(top, t)
+        out.append((n, top))
+    return tuple(out)

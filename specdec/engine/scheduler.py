@@ -216,6 +216,9 @@ class Scheduler:
                            s.cfg.max_new_tokens - s.num_generated - 1)) for s in rows]
         slots = [s.slot for s in rows]
         contexts = [s.tokens for s in rows]
+        depth = len(rows[0].judged)
+        judged0 = [sum(s.judged[j] for s in rows) for j in range(depth)]  # evidence before this round
+        hits0 = [sum(s.hits[j] for s in rows) for j in range(depth)]
         td = time.perf_counter()
         drafts: list[list[int]] = [[] for _ in rows]
         probs = None
@@ -269,11 +272,9 @@ class Scheduler:
             self.drafter.accepted([slots[i] for i in spec], [accepted[i] for i in spec])
         self.policy.observe(len(toks), t1 - tv, tv - td - getattr(self.drafter, "catch_up_s", 0.0), max(drafted))
         learn = getattr(self.policy, "learn", None)
-        if learn is not None:
-            depth = max(drafted)
-            judged = [sum(1 for n, a in zip(drafted, accepted) if n > j and a >= j) for j in range(depth)]
-            hits = [sum(1 for n, a in zip(drafted, accepted) if n > j and a > j) for j in range(depth)]
-            learn(judged, hits)
+        if learn is not None:  # the round's evidence, verified and shadow-scored, into the running prior
+            learn([sum(s.judged[j] for s in rows) - b for j, b in enumerate(judged0)],
+                  [sum(s.hits[j] for s in rows) - b for j, b in enumerate(hits0)])
         if self.on_round is not None:
             self.on_round(rows, drafted, accepted, [len(e.tokens) for e in events[len(done):]])
         return events
