@@ -27,6 +27,8 @@ def mean(xs: Sequence[float]) -> float | None:
 
 def percentile(xs: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0..100), interpolating linearly between order statistics (numpy's default)."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be in [0, 100], got {q}")
     if not xs:
         return None
     s = sorted(xs)

@@ -142,11 +142,11 @@ class Sequence:
         if self.shadow is None:
             return
         at, drafted, verified = self.shadow
-        out = self.output
+        toks, at = self.tokens, self.prompt_len + at  # the output, without copying it out every round
         n = 0  # leading draft tokens that match the output
-        while n < len(drafted) and at + n < len(out) and out[at + n] == drafted[n]:
+        while n < len(drafted) and at + n < len(toks) and toks[at + n] == drafted[n]:
             n += 1
-        if n < len(drafted) and at + n >= len(out):
+        if n < len(drafted) and at + n >= len(toks):
             return  # every emitted token matched so far: wait for the next one
         if n >= verified:  # the shadowed positions continue a context the target did produce
             self.record(len(drafted), n, first=verified)

@@ -210,6 +210,7 @@ class Transformer:
         x = x.reshape(b * n, cfg.hidden_size)
         cos, sin = self.cos[pos].unsqueeze(2), self.sin[pos].unsqueeze(2)  # [B, n, 1, d]
         hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        pick = None if rows is None else _slot_picker(rows)  # the cache rows attention reads, decided once
         for layer, blk in enumerate(self.blocks):
             h = rms_norm(x, blk.norm1, cfg.rms_norm_eps)
             qkv = blk.qkv(h).view(b, n, hq + 2 * hk, d)  # [B, n, heads, d]
@@ -218,8 +219,8 @@ class Transformer:
             v = qkv[:, :, hq + hk:]  # [B, n, hk, d]
             k_cache, v_cache = cache.k[layer], cache.v[layer]
             write_kv(k_cache, v_cache, k, v, pos, rows)
-            if rows is not None:
-                k_cache, v_cache = _slots(k_cache, rows), _slots(v_cache, rows)  # [B, hk, capacity, d]
+            if pick is not None:
+                k_cache, v_cache = k_cache[pick], v_cache[pick]  # [B, hk, capacity, d]
             if prefill:
                 att = attend_prefill(q, k_cache, v_cache, pos)
             else:
@@ -231,12 +232,13 @@ class Transformer:
         return x.view(b, n, cfg.hidden_size)
 
 
-def _slots(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """t [slots, ...] restricted to `rows`: a view when they are a contiguous range, else a copy."""
+def _slot_picker(rows: torch.Tensor) -> slice | torch.Tensor:
+    """An index of a cache's slots that selects `rows`: a slice (a view) when they are a contiguous range, else
+    the rows themselves (a copy)."""
     lo = int(rows[0])
     if bool((rows == torch.arange(lo, lo + rows.numel(), device=rows.device)).all()):
-        return t[lo:lo + rows.numel()]
-    return t[rows]
+        return slice(lo, lo + rows.numel())
+    return rows
 
 
 def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

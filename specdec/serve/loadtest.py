@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+from specdec.bench.stats import percentile
 from specdec.errors import SpecdecError
 
 ENDPOINTS = {"chat": "/chat/completions", "completions": "/completions"}  # paths under the /v1 base
@@ -104,19 +105,6 @@ class LevelResult:
 
 
 # ---- statistics ------------------------------------------------------------------------------------------------
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100) with linear interpolation between order statistics, as numpy's default."""
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile q must be in [0, 100], got {q}")
-    if not values:
-        return None
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
 
 def summarize(concurrency: int, records: Sequence[RequestResult], wall_s: float) -> LevelResult:
     ok = [r for r in records if r.ok]

@@ -38,7 +38,6 @@ class EngineWorker:
         self._tickets: dict[int, Ticket] = {}  # id(seq) -> ticket
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
-        self.steps = 0
         scheduler.on_round = lambda rows, drafted, accepted, emitted: metrics.on_round(
             len(rows), drafted, accepted, emitted)
 
@@ -107,7 +106,6 @@ class EngineWorker:
                 traceback.print_exc()
                 self._fail_all(e)
                 continue
-            self.steps += 1
             now = time.perf_counter()
             for e in events:
                 self._deliver(e, now)
