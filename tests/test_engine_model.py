@@ -79,16 +79,16 @@ def test_logits_agree_with_transformers(tiny_dir, tiny_model, arch, precision):
         assert min(agreement) >= 0.5, report
 
 
-def verify_vs_one_token(model, prompts: list[list[int]], drafts: list[list[int]]):
+def verify_vs_one_token(model, prompts: list[list[int]], drafts: list[list[int]], capacity: int = 128):
     """Logits of one verify pass over [last prompt token] + draft for all rows at once [B, k+1, vocab], and
     the same positions run as separate one-token passes, one row at a time (batch 1), from the same prefill."""
     b = len(prompts)
     start = torch.tensor([len(p) - 1 for p in prompts])
     step = torch.tensor([[p[-1]] + d for p, d in zip(prompts, drafts)])  # [B, k+1]
-    verify = model.forward(step, start, prefill_rows(model, [p[:-1] for p in prompts])[0])
+    verify = model.forward(step, start, prefill_rows(model, [p[:-1] for p in prompts], capacity)[0])
     single = []
     for r in range(b):
-        c, _ = prefill_rows(model, [prompts[r][:-1]])
+        c, _ = prefill_rows(model, [prompts[r][:-1]], capacity)
         rows = [model.forward(step[r:r + 1, i:i + 1], start[r:r + 1] + i, c)[0, 0] for i in range(step.shape[1])]
         single.append(torch.stack(rows))
     return verify, torch.stack(single)
@@ -170,6 +170,6 @@ def test_prefill_is_batch_invariant(tiny_model):
     for r, p in enumerate(prompts):
         _, own_first = prefill_cache(model, [p], 128)
         worst = max(worst, (first[r] - own_first[0]).abs().max().item(),
-                    *((together.k[i][r, :, :len(p)] - alone.k[i][r, :, :len(p)]).abs().max().item()
+                    *((together.keys(i)[r, :, :len(p)] - alone.keys(i)[r, :, :len(p)]).abs().max().item()
                       for i in range(len(together.k))))
     assert worst == 0.0, f"prefill in a batch differs from batch-1 prefill by up to {worst:.3g}"

@@ -37,8 +37,8 @@ def assert_cache_equal(cache, reference, valid: list[int], what: str) -> None:
     """Keys and values of every layer, row r at positions [0, valid[r]), must be bit-identical."""
     for r, n in enumerate(valid):
         for layer in range(len(cache.k)):
-            for name, got, ref in (("keys", cache.k, reference.k), ("values", cache.v, reference.v)):
-                a, b = got[layer][r, :, :n], ref[layer][r, :, :n]
+            for name, got, ref in (("keys", cache.keys, reference.keys), ("values", cache.values, reference.values)):
+                a, b = got(layer)[r, :, :n], ref(layer)[r, :, :n]
                 if not torch.equal(a, b):
                     pos = int((a != b).any(dim=0).any(dim=-1).nonzero()[0])
                     raise AssertionError(f"{what}: row {r}, layer {layer} {name} differ at position {pos} of {n} "

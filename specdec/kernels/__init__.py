@@ -1,19 +1,22 @@
 """Native CPU kernels for the decode pass (AVX2 + FMA + F16C), compiled on first use and cached.
 
-`decode_f16.cpp` runs a whole decoder block of a decode/verify pass in one call, with fp16 weights read
-once per call whatever the number of rows, and every result computed per row in a fixed order (batch
-invariance by construction). Without a compiler, or on a CPU without AVX2, specdec falls back to the
-torch path (fbgemm), which is slower but equally exact.
+`decode_f16.cpp` runs a whole decoder block of a decode, verify or prefill pass in one call, with fp16
+weights read once per call whatever the number of rows, and every result computed per row in a fixed order
+(batch invariance by construction). `attention.cpp` keeps the KV cache in fp16 and reads a sequence's
+keys and values once per pass for all of its rows. Without a compiler, or on a CPU without AVX2, specdec
+falls back to the torch path (fbgemm), which is slower but equally exact.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import sys
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("decode_f16.cpp")
+SOURCES = [Path(__file__).with_name(n) for n in ("decode_f16.cpp", "attention.cpp")]
+HEADERS = [Path(__file__).with_name("common.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 
 
@@ -35,11 +38,12 @@ def decode_kernels():
 
         from specdec.models.gguf_convert import cache_root
 
-        build = cache_root() / "kernels"
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS)).hexdigest()[:12]
+        build = cache_root() / "kernels" / digest  # a changed source never meets a stale build
         build.mkdir(parents=True, exist_ok=True)
         if not any(build.glob("*.so")):
             print("specdec: compiling the decode kernels (once, about a minute)", file=sys.stderr)
-        return load("specdec_decode_f16", [str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+        return load("specdec_decode_f16", [str(p) for p in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
                     build_directory=str(build), verbose=False)
     except Exception as e:  # no compiler, no ninja, an unsupported CPU: stay correct, get slower
         print(f"specdec: native decode kernels unavailable ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "

@@ -8,44 +8,19 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include "common.h"
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 namespace {
 
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  __m128 hi = _mm256_extractf128_ps(v, 1);
-  __m128 s = _mm_add_ps(lo, hi);                 // 4 lanes
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));        // 2 lanes
-  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x1));  // 1 lane
-  return _mm_cvtss_f32(s);
-}
-
-inline __m256 load_w(const at::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-// e^x for 8 floats: range reduction by ln 2 and a degree-5 polynomial (Cephes' expf), ~1 ulp. The same
-// instruction sequence for every lane and call, so results depend only on x.
-inline __m256 exp256(__m256 x) {
-  const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365447505531f);
-  x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2));
-}
+using specdec::hsum;
+using specdec::load_w;
+using specdec::exp256;
 
 // One tile: weight rows n and n+1 against activation rows [m0, m0 + MB). Each (m, n) accumulates in its own
 // register in ascending k; the tile shape only decides which chains run side by side.
@@ -101,8 +76,49 @@ void pass1(const float* x, const at::Half* w, const float* bias, float* y, int64
   }
 }
 
+// Prefill-sized calls: compute-bound, so the weights of a slab are converted to fp32 once (in L2) and used in
+// tiles of MB rows x NB weight rows, which load 7 vectors per 12 FMAs where a one-weight-row tile loads 13.
+template <int MB, int NB>
+inline void tile_f32(const float* x, const float* w, const float* bias, float* y, int64_t N, int64_t K,
+                     int64_t m0, int64_t n) {
+  __m256 a[MB][NB];
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) a[i][j] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; k += 8) {
+    __m256 wv[NB];
+    for (int j = 0; j < NB; ++j) wv[j] = _mm256_loadu_ps(w + j * K + k);
+    for (int i = 0; i < MB; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + (m0 + i) * K + k);
+      for (int j = 0; j < NB; ++j) a[i][j] = _mm256_fmadd_ps(xv, wv[j], a[i][j]);
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) y[(m0 + i) * N + n + j] = hsum(a[i][j]) + (bias ? bias[n + j] : 0.f);
+}
+
+template <int MB>
+void slab_rows(const float* x, const float* w, const float* bias, float* y, int64_t N, int64_t K, int64_t m0,
+               int64_t s0, int64_t s1) {
+  int64_t n = s0;
+  for (; n + 3 <= s1; n += 3) tile_f32<MB, 3>(x, w + (n - s0) * K, bias, y, N, K, m0, n);
+  for (; n < s1; ++n) tile_f32<MB, 1>(x, w + (n - s0) * K, bias, y, N, K, m0, n);
+}
+
+void many_rows(const float* x, const at::Half* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+               int64_t n0, int64_t n1) {
+  const int64_t slab = std::max<int64_t>(3, (int64_t(1) << 16) / K);  // 256 KB of fp32 weights
+  std::vector<float> buf(slab * K);
+  for (int64_t s0 = n0; s0 < n1; s0 += slab) {
+    const int64_t s1 = std::min(n1, s0 + slab);
+    for (int64_t i = 0; i < (s1 - s0) * K; i += 8) _mm256_storeu_ps(buf.data() + i, load_w(w + s0 * K + i));
+    int64_t m0 = 0;
+    for (; m0 + 4 <= M; m0 += 4) slab_rows<4>(x, buf.data(), bias, y, N, K, m0, s0, s1);
+    for (; m0 < M; ++m0) slab_rows<1>(x, buf.data(), bias, y, N, K, m0, s0, s1);
+  }
+}
+
 // Up to 6 rows: tiles of 2 weight rows x all rows (12 accumulators). 7 to 12 rows: tiles of 1 weight row x
-// all rows, so the weights still pass once. More rows (prefill-sized): blocks of 12 over slabs kept in L2.
+// all rows, so the weights still pass once. More rows (prefill-sized): many_rows.
 void rows(const float* x, const at::Half* w, const float* bias, float* y,
           int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
   if (M <= 6) {
@@ -116,24 +132,20 @@ void rows(const float* x, const at::Half* w, const float* bias, float* y,
     }
     return;
   }
+  if (M > 12) {
+    many_rows(x, w, bias, y, M, N, K, n0, n1);
+    return;
+  }
   const int64_t slab = std::max<int64_t>(2, (int64_t(1) << 17) / (K * 2));
   for (int64_t s0 = n0; s0 < n1; s0 += slab) {
     const int64_t s1 = std::min(n1, s0 + slab);
-    for (int64_t m0 = 0; m0 < M; m0 += 12) {
-      switch (std::min<int64_t>(12, M - m0)) {
-        case 1: pass1<1>(x, w, bias, y, N, K, m0, s0, s1); break;
-        case 2: pass1<2>(x, w, bias, y, N, K, m0, s0, s1); break;
-        case 3: pass1<3>(x, w, bias, y, N, K, m0, s0, s1); break;
-        case 4: pass1<4>(x, w, bias, y, N, K, m0, s0, s1); break;
-        case 5: pass1<5>(x, w, bias, y, N, K, m0, s0, s1); break;
-        case 6: pass1<6>(x, w, bias, y, N, K, m0, s0, s1); break;
-        case 7: pass1<7>(x, w, bias, y, N, K, m0, s0, s1); break;
-        case 8: pass1<8>(x, w, bias, y, N, K, m0, s0, s1); break;
-        case 9: pass1<9>(x, w, bias, y, N, K, m0, s0, s1); break;
-        case 10: pass1<10>(x, w, bias, y, N, K, m0, s0, s1); break;
-        case 11: pass1<11>(x, w, bias, y, N, K, m0, s0, s1); break;
-        default: pass1<12>(x, w, bias, y, N, K, m0, s0, s1); break;
-      }
+    switch (M) {
+      case 7: pass1<7>(x, w, bias, y, N, K, 0, s0, s1); break;
+      case 8: pass1<8>(x, w, bias, y, N, K, 0, s0, s1); break;
+      case 9: pass1<9>(x, w, bias, y, N, K, 0, s0, s1); break;
+      case 10: pass1<10>(x, w, bias, y, N, K, 0, s0, s1); break;
+      case 11: pass1<11>(x, w, bias, y, N, K, 0, s0, s1); break;
+      default: pass1<12>(x, w, bias, y, N, K, 0, s0, s1); break;
     }
   }
 }
@@ -192,25 +204,23 @@ inline void rope(float* v, const float* cos, const float* sin, int64_t d) {
   }
 }
 
-inline float dot(const float* a, const float* b, int64_t d) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < d; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  return hsum(acc);
-}
-
 }  // namespace
 
 // A ragged pass: token-row r belongs to cache slot slot[r] and sits at position pos[r].
-// x [R, H] (updated in place); slot, pos [R] int64; caches [slots, hk, cap, d]; cos/sin [max_pos, d].
+// x [R, H] (updated in place); slot, pos [R] int64; fp16 caches as attention.cpp lays them out; cos/sin
+// [max_pos, d]. A slot's rows are contiguous.
 void decode_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1, torch::Tensor qkv_w,
                   c10::optional<torch::Tensor> qkv_b, torch::Tensor o_w, torch::Tensor norm2,
                   torch::Tensor gate_up_w, torch::Tensor down_w, torch::Tensor k_cache, torch::Tensor v_cache,
                   torch::Tensor cos, torch::Tensor sin, int64_t hq, int64_t hk, double eps) {
   TORCH_CHECK(x.is_contiguous() && x.dtype() == torch::kFloat32, "x: contiguous float32");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
+  TORCH_CHECK(k_cache.dtype() == torch::kHalf && v_cache.dtype() == torch::kHalf, "caches must be float16");
+  TORCH_CHECK(k_cache.dim() == 5 && k_cache.size(4) == specdec::KB && v_cache.dim() == 4,
+              "keys [slots, hk, cap/KB, d, KB], values [slots, hk, cap, d]");
   const int64_t R = pos.numel(), H = x.size(1), slots = k_cache.size(0);
   TORCH_CHECK(slot.numel() == R && x.size(0) == R, "x, slot and pos need one entry per token-row");
-  const int64_t d = k_cache.size(3), cap = k_cache.size(2), group = hq / hk;
+  const int64_t d = v_cache.size(3), cap = v_cache.size(2);
   const int64_t qkv_n = (hq + 2 * hk) * d, inter = down_w.size(1);
   TORCH_CHECK(d % 8 == 0 && H % 8 == 0 && inter % 8 == 0, "sizes must be multiples of 8");
   auto opts = x.options();
@@ -226,8 +236,8 @@ void decode_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch:
   const int64_t* sl = slot_c.data_ptr<int64_t>();
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
-  float* kc = k_cache.data_ptr<float>();
-  float* vc = v_cache.data_ptr<float>();
+  at::Half* kc = k_cache.data_ptr<at::Half>();
+  at::Half* vc = v_cache.data_ptr<at::Half>();
   torch::Tensor qb;
   const float* qbp = nullptr;
   if (qkv_b.has_value()) { qb = qkv_b->contiguous(); qbp = qb.data_ptr<float>(); }
@@ -239,51 +249,15 @@ void decode_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch:
   rms_norm_rows(xp, norm1.data_ptr<float>(), h.data_ptr<float>(), R, H, float(eps));
   gemv_raw(h.data_ptr<float>(), qkv_w.data_ptr<at::Half>(), qbp, qkv.data_ptr<float>(), R, qkv_n, H);
   float* qp = qkv.data_ptr<float>();
-  for (int64_t r = 0; r < R; ++r) {  // rotate q and k; write k and v at their positions
-    const int64_t b = sl[r], p = pp[r];
+  for (int64_t r = 0; r < R; ++r) {  // rotate q and k; write k and v (fp16) at their positions
+    const int64_t p = pp[r];
     float* row = qp + r * qkv_n;
     for (int64_t hh = 0; hh < hq + hk; ++hh) rope(row + hh * d, cp + p * d, sp + p * d, d);
-    for (int64_t g = 0; g < hk; ++g) {
-      std::memcpy(kc + ((b * hk + g) * cap + p) * d, row + (hq + g) * d, d * sizeof(float));
-      std::memcpy(vc + ((b * hk + g) * cap + p) * d, row + (hq + hk + g) * d, d * sizeof(float));
-    }
+    for (int64_t g = 0; g < hk; ++g)
+      specdec::store_kv(row + (hq + g) * d, row + (hq + hk + g) * d, kc, vc, sl[r], g, p, hk, cap, d);
   }
-  const float scale = 1.0f / std::sqrt(float(d));
   float* ap = att.data_ptr<float>();
-  at::parallel_for(0, R * hq, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> s;
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r = t / hq, head = t % hq, b = sl[r], g = head / group, p = pp[r];
-      const float* q = qp + r * qkv_n + head * d;
-      const float* kb = kc + (b * hk + g) * cap * d;
-      const float* vb = vc + (b * hk + g) * cap * d;
-      const int64_t L = p + 1, Lpad = (L + 7) & ~int64_t(7);
-      s.resize(Lpad);
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < L; ++j) { s[j] = dot(q, kb + j * d, d) * scale; mx = std::max(mx, s[j]); }
-      __m256 dacc = _mm256_setzero_ps();
-      const __m256 mxv = _mm256_set1_ps(mx);
-      for (int64_t j = 0; j < Lpad; j += 8) {  // the padding lanes are computed, then zeroed
-        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s.data() + j), mxv));
-        if (j + 8 > L) {
-          alignas(32) float tmp[8];
-          _mm256_store_ps(tmp, e);
-          for (int64_t t = L - j; t < 8; ++t) tmp[t] = 0.f;
-          e = _mm256_load_ps(tmp);
-        }
-        _mm256_storeu_ps(s.data() + j, e);
-        dacc = _mm256_add_ps(dacc, e);
-      }
-      const float den = hsum(dacc);
-      float* out = ap + r * hq * d + head * d;
-      for (int64_t i = 0; i < d; i += 8) {
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t j = 0; j <= p; ++j)
-          acc = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), _mm256_loadu_ps(vb + j * d + i), acc);
-        _mm256_storeu_ps(out + i, _mm256_div_ps(acc, _mm256_set1_ps(den)));
-      }
-    }
-  });
+  specdec::attention(qp, qkv_n, sl, pp, R, kc, vc, hq, hk, cap, d, ap);
   gemv_raw(ap, o_w.data_ptr<at::Half>(), nullptr, o.data_ptr<float>(), R, H, hq * d);
   const float* op = o.data_ptr<float>();
   for (int64_t i = 0; i < R * H; ++i) xp[i] += op[i];
@@ -310,7 +284,37 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   return out;
 }
 
+// The fp32 multiply-add peak of this machine, as these kernels issue them: every thread runs 12 independent
+// 8-lane FMA chains for about `seconds`. Returns multiply-adds per second, all threads together.
+double fma_peak(double seconds) {
+  const int64_t threads = at::get_num_threads(), steps = 1 << 20;
+  std::vector<double> rate(threads, 0.0);
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      __m256 a[12];
+      for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(0.001f * i);
+      const __m256 b = _mm256_set1_ps(0.9999f), c = _mm256_set1_ps(1e-4f);
+      const auto start = std::chrono::steady_clock::now();
+      int64_t done = 0;
+      double el = 0;
+      do {
+        for (int64_t s = 0; s < steps; ++s)
+          for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], b, c);
+        done += steps;
+        el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      } while (el < seconds);
+      __m256 sum = a[0];
+      for (int i = 1; i < 12; ++i) sum = _mm256_add_ps(sum, a[i]);
+      rate[t] = done * 12.0 * 8.0 / el + 0.0 * hsum(sum);  // keep the chains alive
+    }
+  });
+  double total = 0;
+  for (double r : rate) total += r;
+  return total;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("fma_peak", &fma_peak, "fp32 multiply-adds per second over all threads (12 FMA chains a thread)");
   m.def("gemv_f16", &gemv_f16, "fp16-weight GEMV for a few rows");
   m.def("decode_block", &decode_block, "one decoder block for a decode/verify pass, in place");
   m.def("rms_norm", &rms_norm, "RMSNorm over rows");

@@ -5,11 +5,16 @@ writes their keys and values there, and every query attends to keys at positions
 draft therefore costs nothing: the sequence's length simply does not advance, and the stale entries are
 masked out until the next round overwrites them.
 
-Decode passes (one token, or a verify pass over k+1) use an attention formulation whose result for a query
-row is bit-identical whatever the other rows, their number or the cache's filled length: keys are read in
-fixed chunks of CHUNK positions, every matrix product has a fixed width, and query groups are padded to at
-least MIN_QUERY_POSITIONS positions and split at MAX_QUERY_ROWS rows (MKL picks another kernel above ~32
-rows). Prefill uses torch's fused attention.
+With the native kernels (the default on CPU), every pass -- decode, verify and prefill -- runs each decoder
+block in one call whose rows are computed independently in a fixed order, over an fp16 cache that attention
+reads once per sequence for all of its rows (specdec/kernels). A position's keys and values are therefore the
+same however it was computed, which is what lets a prefix cache reuse them exactly.
+
+The torch fallback: decode passes (one token, or a verify pass over k+1) use an attention formulation whose
+result for a query row is bit-identical whatever the other rows, their number or the cache's filled length:
+keys are read in fixed chunks of CHUNK positions, every matrix product has a fixed width, and query groups are
+padded to at least MIN_QUERY_POSITIONS positions and split at MAX_QUERY_ROWS rows (MKL picks another kernel
+above ~32 rows). Prefill uses torch's fused attention.
 """
 
 from __future__ import annotations
@@ -26,23 +31,56 @@ from specdec.models.linear import Linear
 CHUNK = 64  # keys per attention block; cache capacity is a multiple of it
 MIN_QUERY_POSITIONS = 3
 MAX_QUERY_ROWS = 30  # query rows (heads per group x positions) per matrix product
+NATIVE_ROWS = 256  # token-rows per native call (bounds its buffers; rows are independent, so results are not)
 
 
 class KVCache:
-    """Keys and values of `batch` sequences, [batch, kv_heads, capacity, head_dim] per layer."""
+    """Keys and values of `batch` sequences (slots), per layer.
 
-    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, device="cpu", dtype=torch.float32):
-        self.capacity = math.ceil(capacity / CHUNK) * CHUNK
-        shape = (batch, cfg.num_kv_heads, self.capacity, cfg.head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+    The torch path keeps [batch, kv_heads, capacity, head_dim] in fp32. The native kernels keep fp16 and store
+    keys in blocks of CHUNK positions transposed, [batch, kv_heads, capacity / CHUNK, head_dim, CHUNK] (see
+    kernels/attention.cpp); `keys` and `values` give every layout as [batch, kv_heads, capacity, head_dim]."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, device="cpu", dtype=torch.float32,
+                 blocked: bool = False):
+        self.capacity, self.blocked = math.ceil(capacity / CHUNK) * CHUNK, blocked
+        hk, d = cfg.num_kv_heads, cfg.head_dim
+        k_shape = (batch, hk, self.capacity // CHUNK, d, CHUNK) if blocked else (batch, hk, self.capacity, d)
+        self.k = [torch.zeros(k_shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
+        self.v = [torch.zeros((batch, hk, self.capacity, d), device=device, dtype=dtype)
+                  for _ in range(cfg.num_layers)]
 
     def row(self, r: int) -> KVCache:
         """A view of sequence r alone (writes go to this cache)."""
         view = object.__new__(KVCache)
-        view.capacity = self.capacity
+        view.capacity, view.blocked = self.capacity, self.blocked
         view.k, view.v = [t[r:r + 1] for t in self.k], [t[r:r + 1] for t in self.v]
         return view
+
+    def keys(self, layer: int) -> torch.Tensor:
+        """[batch, kv_heads, capacity, head_dim] (a copy when blocked)."""
+        k = self.k[layer]
+        return k.transpose(-1, -2).reshape(k.shape[0], k.shape[1], self.capacity, k.shape[3]) if self.blocked else k
+
+    def values(self, layer: int) -> torch.Tensor:
+        return self.v[layer]
+
+    def copy_positions(self, src: KVCache, src_slot: int, dst_slot: int, n: int) -> int:
+        """Row dst_slot gets row src_slot of `src` (a cache of the same model) at positions [0, n); blocked, up
+        to the end of the last block (positions past a sequence's length are never read before written).
+        Returns the positions copied (n, or less where a cache is shorter)."""
+        n = max(0, min(n, self.capacity, src.capacity))
+        if n == 0 or (src is self and src_slot == dst_slot):
+            return n
+        blocks = math.ceil(n / CHUNK)
+        for k, v, sk, sv in zip(self.k, self.v, src.k, src.v):
+            if self.blocked:
+                k[dst_slot, :, :blocks] = sk[src_slot, :, :blocks]
+                v[dst_slot, :, :blocks * CHUNK] = sv[src_slot, :, :blocks * CHUNK]
+            else:
+                k[dst_slot, :, :n] = sk[src_slot, :, :n]
+                v[dst_slot, :, :n] = sv[src_slot, :, :n]
+        return n
 
     @property
     def nbytes(self) -> int:
@@ -98,6 +136,9 @@ class Transformer:
 
             self.kernels = decode_kernels()  # None when they cannot be built: the torch path is used
         native = self.kernels is not None
+        # keys and values at a position are the same however it was computed (prefill chunk, decode, verify):
+        # what makes a prefix cache exact
+        self.exact_kv_reuse = native
         self.embed = weights["model.embed_tokens.weight"].float()  # [vocab, hidden]
         self.blocks = [Block(cfg, weights, i, precision, native) for i in range(cfg.num_layers)]
         self.norm = weights["model.norm.weight"].float().contiguous()
@@ -130,11 +171,14 @@ class Transformer:
         return lin + norms
 
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.cfg.num_layers * self.cfg.num_kv_heads * self.cfg.head_dim * 4
+        per = 2 if self.kernels is not None else 4  # the native kernels keep the cache in fp16
+        return 2 * self.cfg.num_layers * self.cfg.num_kv_heads * self.cfg.head_dim * per
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         if capacity > self.cfg.max_position_embeddings:
             capacity = self.cfg.max_position_embeddings
+        if self.kernels is not None:
+            return KVCache(self.cfg, batch, capacity, self.device, torch.float16, blocked=True)
         return KVCache(self.cfg, batch, capacity, self.device)
 
     # --- forward -----------------------------------------------------------------------------------------
@@ -155,7 +199,9 @@ class Transformer:
             return torch.cat([self.forward(tokens[r:r + 1, : int(last_only[r]) + 1], start[r:r + 1], cache.row(r),
                                            last_only=last_only[r:r + 1], prefill=True) for r in range(b)])
         pos = start.view(b, 1) + torch.arange(n, device=dev).view(1, n)  # [B, n]
-        if not prefill:  # a decode/verify pass: the ragged pass with n token-rows per slot
+        if not prefill or self.kernels is not None:
+            # the ragged pass with n token-rows per slot: every decode/verify pass, and with the native kernels
+            # every prefill too (their rows are batch-invariant, so a prompt's cache is what decoding it writes)
             slots = torch.arange(b, device=dev).repeat_interleave(n)  # [B*n]
             select = None if last_only is None else torch.arange(b, device=dev) * n + last_only.to(dev)
             logits = self.forward_ragged(tokens.reshape(-1), slots, pos.reshape(-1), cache, select)
@@ -180,10 +226,12 @@ class Transformer:
         tokens, slots, pos = tokens.to(dev), slots.to(dev), pos.to(dev)
         x = F.embedding(tokens, self.embed)  # [R, hidden]
         if self.kernels is not None:
-            x = x.contiguous()
-            for layer, blk in enumerate(self.blocks):
-                self.kernels.decode_block(x, slots, pos, *blk.native, cache.k[layer], cache.v[layer], self.cos,
-                                          self.sin, cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps)
+            for a in range(0, x.shape[0], NATIVE_ROWS):  # in order: a later part reads what earlier parts wrote
+                part = x[a:a + NATIVE_ROWS]  # [<= NATIVE_ROWS, hidden], a contiguous view updated in place
+                for layer, blk in enumerate(self.blocks):
+                    self.kernels.decode_block(part, slots[a:a + NATIVE_ROWS], pos[a:a + NATIVE_ROWS], *blk.native,
+                                              cache.k[layer], cache.v[layer], self.cos, self.sin, cfg.num_heads,
+                                              cfg.num_kv_heads, cfg.rms_norm_eps)
         else:
             # the torch path works on rectangles: [S, m] over the slots present, each slot's rows padded with
             # copies of its last row (a copy computes, and writes, exactly what the original does)

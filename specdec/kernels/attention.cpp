@@ -1,0 +1,267 @@
+// Attention of a decode, verify or prefill pass over a ragged batch, on an fp16 KV cache.
+//
+// Cache layout (per layer): keys [slots, hk, cap / KB, d, KB] -- each block of KB positions stored transposed,
+// so the scores of 8 consecutive keys are one vector FMA chain over d -- and values [slots, hk, cap, d].
+//
+// Memory: a unit of work is (slot, kv head, key partition, chunk of up to ROWS of that slot's rows). It reads
+// the partition's keys and values once for every row of the chunk and every query head of the group, so a
+// verify pass over k+1 rows reads a sequence's cache once, not k+1 times; rows whose position lies before a
+// partition skip it (a prefill chunk skips the causal blocks above its diagonal).
+//
+// Invariance: a query's result is a fixed sequence of operations over its own position alone. Its keys are
+// split into partitions at fixed absolute boundaries (multiples of SPLIT); within a partition its scores are
+// FMA chains in ascending d, its softmax sums in ascending key order, its value sums in ascending key order;
+// partitions merge in ascending order. Nothing depends on the other rows, their number, the tiling or threads.
+#include "common.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace specdec {
+
+#ifndef SPLIT_KEYS
+#define SPLIT_KEYS 256
+#endif
+constexpr int64_t SPLIT = SPLIT_KEYS;  // keys per partition: the unit of memory reuse and of parallel work
+constexpr int64_t ROWS = 16;    // rows of one slot per unit (bounds the score buffer)
+constexpr int SV = 2;        // key vectors (8 keys each) per score tile
+constexpr int VV = 2;        // value vectors (8 dims each) per value tile
+
+namespace {
+
+struct Unit {
+  int64_t slot, g, part, r0, r1;
+};
+
+// s[h][j] = scale * sum_i q[h][i] * kb[i][j] for the KB keys of one block (kb fp32 [d][KB]), 8 NV keys at a time.
+template <int NH, int NV>
+void block_scores(const float* const* q, const float* kb, int64_t d, float scale, float* const* s) {
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (int64_t j = 0; j < KB; j += 8 * NV) {
+    __m256 acc[NH][NV];
+    for (int h = 0; h < NH; ++h)
+      for (int v = 0; v < NV; ++v) acc[h][v] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < d; ++i) {
+      __m256 k[NV];
+      for (int v = 0; v < NV; ++v) k[v] = _mm256_loadu_ps(kb + i * KB + j + 8 * v);
+      for (int h = 0; h < NH; ++h) {
+        const __m256 b = _mm256_broadcast_ss(q[h] + i);
+        for (int v = 0; v < NV; ++v) acc[h][v] = _mm256_fmadd_ps(b, k[v], acc[h][v]);
+      }
+    }
+    for (int h = 0; h < NH; ++h)
+      for (int v = 0; v < NV; ++v) _mm256_storeu_ps(s[h] + j + 8 * v, _mm256_mul_ps(acc[h][v], sc));
+  }
+}
+
+// acc[h][c, c + 8 NV) += sum_{j < n} e[h][j] * vb[j][c, c + 8 NV), in ascending j (vb fp32 [KB][d]).
+template <int NH, int NV>
+void block_values(const float* const* e, const float* vb, int64_t n, int64_t d, int64_t c, float* const* acc) {
+  __m256 a[NH][NV];
+  for (int h = 0; h < NH; ++h)
+    for (int v = 0; v < NV; ++v) a[h][v] = _mm256_loadu_ps(acc[h] + c + 8 * v);
+  for (int64_t j = 0; j < n; ++j) {
+    __m256 x[NV];
+    for (int v = 0; v < NV; ++v) x[v] = _mm256_loadu_ps(vb + j * d + c + 8 * v);
+    for (int h = 0; h < NH; ++h) {
+      const __m256 b = _mm256_broadcast_ss(e[h] + j);
+      for (int v = 0; v < NV; ++v) a[h][v] = _mm256_fmadd_ps(b, x[v], a[h][v]);
+    }
+  }
+  for (int h = 0; h < NH; ++h)
+    for (int v = 0; v < NV; ++v) _mm256_storeu_ps(acc[h] + c + 8 * v, a[h][v]);
+}
+
+template <int NH>
+void values_all(const float* const* e, const float* vb, int64_t n, int64_t d, float* const* acc) {
+  int64_t c = 0;
+  for (; c + 8 * VV <= d; c += 8 * VV) block_values<NH, VV>(e, vb, n, d, c, acc);
+  for (; c < d; c += 8) block_values<NH, 1>(e, vb, n, d, c, acc);
+}
+
+// Queries in tiles of up to 6 (the tile only decides which chains run side by side).
+void scores_tiles(const float* const* q, int64_t nq, const float* kb, int64_t d, float scale, float* const* s) {
+  for (int64_t h = 0; h < nq; h += 6) {
+    switch (std::min<int64_t>(6, nq - h)) {
+      case 1: block_scores<1, SV>(q + h, kb, d, scale, s + h); break;
+      case 2: block_scores<2, SV>(q + h, kb, d, scale, s + h); break;
+      case 3: block_scores<3, SV>(q + h, kb, d, scale, s + h); break;
+      case 4: block_scores<4, SV>(q + h, kb, d, scale, s + h); break;
+      case 5: block_scores<5, SV>(q + h, kb, d, scale, s + h); break;
+      default: block_scores<6, SV>(q + h, kb, d, scale, s + h); break;
+    }
+  }
+}
+
+// Queries [0, nq) with n[i] valid keys each, in tiles of up to 6 consecutive queries with the same count.
+void values_tiles(const float* const* e, const int64_t* n, int64_t nq, const float* vb, int64_t d,
+                  float* const* acc) {
+  for (int64_t h = 0; h < nq;) {
+    int64_t t = 1;
+    while (t < 6 && h + t < nq && n[h + t] == n[h]) ++t;
+    switch (t) {
+      case 1: values_all<1>(e + h, vb, n[h], d, acc + h); break;
+      case 2: values_all<2>(e + h, vb, n[h], d, acc + h); break;
+      case 3: values_all<3>(e + h, vb, n[h], d, acc + h); break;
+      case 4: values_all<4>(e + h, vb, n[h], d, acc + h); break;
+      case 5: values_all<5>(e + h, vb, n[h], d, acc + h); break;
+      default: values_all<6>(e + h, vb, n[h], d, acc + h); break;
+    }
+    h += t;
+  }
+}
+
+// n halves (n % 8 == 0) to floats, prefetching as many that follow (the next block), which the caller reads next
+void to_float(const at::Half* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; i += 8) {
+    if ((i & 31) == 0) _mm_prefetch(reinterpret_cast<const char*>(src + n + i), _MM_HINT_T0);
+    _mm256_storeu_ps(dst + i, load_w(src + i));
+  }
+}
+
+// exp(s - max) over the first n scores in place (the rest of the 8-lane group zeroed); returns the max and the
+// sum, accumulated in ascending groups of 8 and then across lanes.
+void softmax_part(float* s, int64_t n, float* mx_out, float* sum_out) {
+  __m256 m8 = _mm256_set1_ps(-INFINITY);  // the max is exact, so its order does not matter
+  int64_t j0 = 0;
+  for (; j0 + 8 <= n; j0 += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(s + j0));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m8);
+  float mx = -INFINITY;
+  for (int t = 0; t < 8; ++t) mx = std::max(mx, lanes[t]);
+  for (; j0 < n; ++j0) mx = std::max(mx, s[j0]);
+  const __m256 mxv = _mm256_set1_ps(mx);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; j += 8) {
+    __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), mxv));
+    if (j + 8 > n) {
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, e);
+      for (int64_t t = n - j; t < 8; ++t) tmp[t] = 0.f;
+      e = _mm256_load_ps(tmp);
+    }
+    _mm256_storeu_ps(s + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  *mx_out = mx;
+  *sum_out = hsum(acc);
+}
+
+}  // namespace
+
+void store_kv(const float* k, const float* v, at::Half* kc, at::Half* vc, int64_t slot, int64_t g, int64_t p,
+              int64_t hk, int64_t cap, int64_t d) {
+  at::Half* kb = kc + ((slot * hk + g) * (cap / KB) + p / KB) * d * KB + p % KB;
+  for (int64_t i = 0; i < d; ++i) kb[i * KB] = at::Half(k[i]);
+  at::Half* vr = vc + ((slot * hk + g) * cap + p) * d;
+  for (int64_t i = 0; i < d; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(vr + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(v + i), _MM_FROUND_TO_NEAREST_INT));
+}
+
+// q: row r's query head h at qkv + r * qstride + h * d. slot/pos [R]: a slot's rows are contiguous. out [R, hq*d].
+void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int64_t* pos, int64_t R,
+               const at::Half* kc, const at::Half* vc, int64_t hq, int64_t hk, int64_t cap, int64_t d, float* out) {
+  const int64_t group = hq / hk, nblk = cap / KB, stride = d + 2;
+  const float scale = 1.0f / std::sqrt(float(d));
+  int64_t parts = 1;
+  std::vector<Unit> units;
+  for (int64_t a0 = 0; a0 < R;) {
+    int64_t a1 = a0 + 1, top = pos[a0];
+    while (a1 < R && slot[a1] == slot[a0]) top = std::max(top, pos[a1++]);
+    parts = std::max(parts, top / SPLIT + 1);
+    for (int64_t g = 0; g < hk; ++g)
+      for (int64_t part = 0; part <= top / SPLIT; ++part)
+        for (int64_t r0 = a0; r0 < a1; r0 += ROWS) {
+          const int64_t r1 = std::min(a1, r0 + ROWS);
+          bool any = false;
+          for (int64_t r = r0; r < r1; ++r) any |= pos[r] >= part * SPLIT;
+          if (any) units.push_back({slot[a0], g, part, r0, r1});
+        }
+    a0 = a1;
+  }
+  std::vector<float> partial(R * hq * parts * stride);  // per (row, head, partition): max, sum, values [d]
+
+  at::parallel_for(0, int64_t(units.size()), 1, [&](int64_t u0, int64_t u1) {
+    std::vector<float> kb(d * KB), vb(KB * d), s(ROWS * group * SPLIT), acc(ROWS * group * d);
+    std::vector<const float*> qp(ROWS * group);
+    std::vector<float*> sp(ROWS * group), ap(ROWS * group);
+    std::vector<int64_t> nv(ROWS * group);
+    for (int64_t u = u0; u < u1; ++u) {
+      const Unit& w = units[u];
+      const int64_t a = w.part * SPLIT;
+      int64_t hi = a;
+      for (int64_t r = w.r0; r < w.r1; ++r) hi = std::max(hi, std::min(a + SPLIT, pos[r] + 1));
+      const at::Half* kbase = kc + (w.slot * hk + w.g) * nblk * d * KB;
+      const at::Half* vbase = vc + (w.slot * hk + w.g) * cap * d;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      // the queries (rows x heads of the group) that see the block at key0: pointers into q, scores, values
+      auto gather = [&](int64_t key0, int64_t nk) {
+        int64_t nq = 0;
+        for (int64_t r = w.r0; r < w.r1; ++r) {
+          if (pos[r] < key0) continue;
+          for (int64_t h = 0; h < group; ++h, ++nq) {
+            const int64_t i = (r - w.r0) * group + h;
+            qp[nq] = qkv + r * qstride + (w.g * group + h) * d;
+            sp[nq] = s.data() + i * SPLIT + (key0 - a);
+            ap[nq] = acc.data() + i * d;
+            nv[nq] = std::min(nk, pos[r] + 1 - key0);
+          }
+        }
+        return nq;
+      };
+      for (int64_t key0 = a; key0 < hi; key0 += KB) {  // scores, block by block
+        to_float(kbase + (key0 / KB) * d * KB, kb.data(), d * KB);
+        const int64_t nq = gather(key0, KB);
+        scores_tiles(qp.data(), nq, kb.data(), d, scale, sp.data());
+      }
+      for (int64_t r = w.r0; r < w.r1; ++r) {
+        if (pos[r] < a) continue;
+        const int64_t n = std::min(a + SPLIT, pos[r] + 1) - a;
+        for (int64_t h = 0; h < group; ++h) {
+          float* dst = partial.data() + ((r * hq + w.g * group + h) * parts + w.part) * stride;
+          softmax_part(s.data() + ((r - w.r0) * group + h) * SPLIT, n, dst, dst + 1);
+        }
+      }
+      for (int64_t key0 = a; key0 < hi; key0 += KB) {  // values, block by block
+        const int64_t nk = std::min(KB, hi - key0);
+        to_float(vbase + key0 * d, vb.data(), nk * d);
+        const int64_t nq = gather(key0, nk);
+        values_tiles(sp.data(), nv.data(), nq, vb.data(), d, ap.data());
+      }
+      for (int64_t r = w.r0; r < w.r1; ++r) {
+        if (pos[r] < a) continue;
+        for (int64_t h = 0; h < group; ++h) {
+          float* dst = partial.data() + ((r * hq + w.g * group + h) * parts + w.part) * stride;
+          std::copy_n(acc.data() + ((r - w.r0) * group + h) * d, d, dst + 2);
+        }
+      }
+    }
+  });
+
+  at::parallel_for(0, R * hq, 64, [&](int64_t t0, int64_t t1) {  // merge the partitions, in ascending order
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r = t / hq, np = pos[r] / SPLIT + 1;
+      const float* p = partial.data() + t * parts * stride;
+      float mx = -INFINITY;
+      for (int64_t i = 0; i < np; ++i) mx = std::max(mx, p[i * stride]);
+      float den = 0.f;
+      float* o = out + t * d;
+      for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(o + c, _mm256_setzero_ps());
+      for (int64_t i = 0; i < np; ++i) {
+        const float wgt = std::exp(p[i * stride] - mx);
+        den += p[i * stride + 1] * wgt;
+        const __m256 wv = _mm256_set1_ps(wgt);
+        for (int64_t c = 0; c < d; c += 8)
+          _mm256_storeu_ps(o + c, _mm256_fmadd_ps(_mm256_loadu_ps(p + i * stride + 2 + c), wv, _mm256_loadu_ps(o + c)));
+      }
+      const __m256 dv = _mm256_set1_ps(den);
+      for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(o + c, _mm256_div_ps(_mm256_loadu_ps(o + c), dv));
+    }
+  });
+}
+
+}  // namespace specdec

@@ -1,0 +1,49 @@
+// Small AVX2 helpers shared by the native kernels. Every helper is one fixed instruction sequence, so a
+// result depends only on its inputs (the kernels' batch invariance rests on that).
+#pragma once
+#include <immintrin.h>
+#include <torch/extension.h>
+
+namespace specdec {
+
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  __m128 s = _mm_add_ps(lo, hi);                 // 4 lanes
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));        // 2 lanes
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 0x1));  // 1 lane
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 load_w(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// e^x for 8 floats: range reduction by ln 2 and a degree-5 polynomial (Cephes' expf), ~1 ulp. The same
+// instruction sequence for every lane and call, so results depend only on x.
+inline __m256 exp256(__m256 x) {
+  const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365447505531f);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500E-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073E-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894E-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459E-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201E-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2));
+}
+
+
+// attention.cpp: the fp16 KV cache and attention over it (layout and invariance described there).
+constexpr int64_t KB = 64;  // positions per key block (the Python side's KV_BLOCK)
+void store_kv(const float* k, const float* v, at::Half* kc, at::Half* vc, int64_t slot, int64_t g, int64_t p,
+              int64_t hk, int64_t cap, int64_t d);
+void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int64_t* pos, int64_t R,
+               const at::Half* kc, const at::Half* vc, int64_t hq, int64_t hk, int64_t cap, int64_t d, float* out);
+
+}  // namespace specdec

@@ -1,0 +1,81 @@
+"""Long contexts on the native kernels: the verify pass stays bit-equal to one-token passes at thousands of
+positions (attention reads a sequence's cache once for all its rows, in key partitions merged in a fixed
+order), agrees with the fp32 torch path, prefill writes the same cache however it is chunked, and the model's
+whole context works with a clear error past it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.engine.generate import Engine, GenerationConfig
+from specdec.errors import SpecdecError
+from tests.test_engine_model import mismatch_report, verify_vs_one_token
+
+VOCAB = 96
+MAX_POS = 8192
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.fixture
+def long_model(tiny_model):
+    model = tiny_model("fp16", vocab=VOCAB, std=0.1, max_pos=MAX_POS)
+    if model.kernels is None:
+        pytest.skip("the native kernels are not available here")
+    return model
+
+
+def test_verify_pass_equals_one_token_passes_at_2k_to_8k_positions(long_model):
+    """Three sequences of 2k, 4k and 8k positions in one ragged pass, 6 rows each."""
+    prompts = [tokens(n, s) for n, s in ((2050, 1), (4100, 2), (8180, 3))]
+    drafts = [tokens(5, 10 + s) for s in range(3)]
+    verify, single = verify_vs_one_token(long_model, prompts, drafts, capacity=MAX_POS)
+    assert torch.equal(verify, single), mismatch_report(verify, single)
+
+
+def test_long_context_attention_agrees_with_the_fp32_torch_path(tiny_model, long_model):
+    """Partitioned attention over an fp16 cache against the torch path's fp32 attention over fp32 weights."""
+    reference = tiny_model("fp32", vocab=VOCAB, std=0.1, max_pos=MAX_POS)
+    seq = tokens(3000, 4)
+    got, want = [], []
+    for model, out in ((long_model, got), (reference, want)):
+        cache = model.new_cache(1, 3100)
+        model.forward(torch.tensor([seq[:-4]]), torch.zeros(1, dtype=torch.long), cache, prefill=True,
+                      last_only=torch.tensor([len(seq) - 5]))
+        out.append(model.forward(torch.tensor([seq[-4:]]), torch.tensor([len(seq) - 4]), cache)[0])  # [4, vocab]
+    got, want = got[0], want[0]
+    scale = want.std().item()
+    assert (got - want).abs().max().item() < 0.05 * scale, f"max |diff| {(got - want).abs().max():.3g}"
+    assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_prefill_writes_the_same_cache_however_it_is_chunked(long_model):
+    """What makes prefix caching exact: one prefill call, 64-token chunks, and 100-token chunks after a run of
+    one-token passes all leave the same keys and values."""
+    seq = tokens(1000, 5)
+    caches = []
+    for pieces in ([1000], [64] * 15 + [40], [1] * 10 + [100] * 9 + [90]):
+        cache, at = long_model.new_cache(1, 1024), 0
+        for n in pieces:
+            long_model.forward(torch.tensor([seq[at:at + n]]), torch.tensor([at]), cache, prefill=n > 1,
+                               last_only=torch.tensor([n - 1]) if n > 1 else None)
+            at += n
+        caches.append(cache)
+    for layer in range(len(caches[0].k)):
+        for other in caches[1:]:
+            assert torch.equal(caches[0].keys(layer)[:, :, :1000], other.keys(layer)[:, :, :1000])
+            assert torch.equal(caches[0].values(layer)[:, :, :1000], other.values(layer)[:, :, :1000])
+
+
+def test_the_whole_context_works_and_one_token_more_is_refused(long_model):
+    engine = Engine(long_model, None)
+    prompt = tokens(MAX_POS - 3, 6)
+    out = engine.generate([prompt], GenerationConfig(10), k=1)[0]
+    # every position is used: the prompt and 3 generated tokens fill 8192, and the 4th is sampled from the last
+    assert len(out.token_ids) == 4 and out.finish_reason == "length"
+    with pytest.raises(SpecdecError, match=f"prompt of {MAX_POS} tokens does not fit the model's context of "
+                                           f"{MAX_POS}"):
+        engine.generate([tokens(MAX_POS, 7)], GenerationConfig(10))
