@@ -30,6 +30,7 @@ EXPECTED = {
     "specdec:request_success_total": "counter",
     "specdec:prompt_tokens_total": "counter",
     "specdec:generation_tokens_total": "counter",
+    "specdec:prefix_cache_hits_total": "counter",
 }
 
 
@@ -173,11 +174,12 @@ def test_requests_latencies_and_queue():
     m.on_tokens([0.0, 0.0, 0.02])
     m.on_tokens([])
     m.on_finish("stop", 10, 4)
-    m.on_finish("length", 5, 16)
+    m.on_finish("length", 5, 16, cached_tokens=4)
     m.on_finish("stop", 1, 1)
     m.on_finish("abort", 2, 0)
     m.set_queue(running=3, waiting=7)
     s = samples(m)
+    assert s[("specdec:prefix_cache_hits_total", ())] == 4
     assert s[("specdec:time_to_first_token_seconds_count", ())] == 2
     assert s[("specdec:time_to_first_token_seconds_sum", ())] == pytest.approx(0.33)
     assert s[("specdec:time_to_first_token_seconds_bucket", (("le", "0.04"),))] == 1

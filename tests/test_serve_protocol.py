@@ -293,7 +293,9 @@ def test_ids():
 
 
 def test_usage():
-    assert usage(3, 4, None) == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    assert usage(3, 4, None) == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+                                 "prompt_tokens_details": {"cached_tokens": 0}}
+    assert usage(3, 4, None, cached_tokens=2)["prompt_tokens_details"] == {"cached_tokens": 2}
     u = usage(3, 4, SPEC)
     assert u["speculative"] == {"drafted_tokens": 40, "accepted_tokens": 30, "acceptance_rate": 0.75,
                                 "mean_tokens_per_round": 3.5}

@@ -3,7 +3,8 @@ bound to 127.0.0.1 on a free port, stopped by its process id. Request loops are 
 
 Checks the OpenAI shapes, greedy identity under concurrent load (every output equals the same request sent
 alone), bad input (4xx with OpenAI-style bodies, and the server keeps serving), a full queue (503), clients
-that disconnect mid-stream (their slots come back), and SIGTERM (in-flight requests finish, then it exits)."""
+that disconnect mid-stream (their slots come back), SIGTERM (in-flight requests finish, then it exits),
+and the prefix cache."""
 
 from __future__ import annotations
 
@@ -133,6 +134,22 @@ def test_chat_and_completions_with_and_without_streaming(server):
     text = "".join(ch.choices[0].text for ch in c.completions.create(
         model=name, prompt=PROMPTS[0], max_tokens=12, temperature=0, stream=True))
     assert text == comp.choices[0].text
+
+
+def test_a_shared_prefix_is_served_from_the_prefix_cache(server):
+    """A second question on the same text reuses the first's keys and values (usage says how many prompt tokens
+    were cached), and answers as it does when asked first (the cache does not change outputs)."""
+    c, name = server.client(), model_name(server)
+    doc = " ".join(f"w{(i * 7) % 30}" for i in range(40))
+    ask = [doc + " w1 w2", doc + " w3"]
+    first = [c.completions.create(model=name, prompt=p, max_tokens=8, temperature=0) for p in ask]
+    assert first[1].usage.prompt_tokens_details.cached_tokens >= 40  # the document, as the first request left it
+    again = c.completions.create(model=name, prompt=ask[1], max_tokens=8, temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1  # all but the last
+    assert again.choices[0].text == first[1].choices[0].text
+    hits = [ln for ln in httpx.get(f"{server.url}/metrics").text.splitlines()
+            if ln.startswith("specdec:prefix_cache_hits_total")]
+    assert hits and float(hits[0].split()[-1]) >= 80
 
 
 def test_max_tokens_and_stop(server):

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from specdec.drafters.base import Drafter, NoDrafter
 from specdec.engine.policy import Auto, FixedK, Never
+from specdec.engine.prefix import PrefixCache
 from specdec.engine.scheduler import PREFILL_CHUNK, Scheduler, SchedulerConfig, verify_round
 from specdec.engine.sequence import GenerationConfig, Sequence
 from specdec.engine.stats import AcceptanceMeter, RequestStats
@@ -35,9 +36,12 @@ TokenCallback = Callable[[int, list[int], list[str]], None]
 
 
 class Engine:
-    def __init__(self, model, tokenizer, device: str = "cpu"):
+    def __init__(self, model, tokenizer, device: str = "cpu", prefix_cache: int = 0):
+        """prefix_cache: how many finished sequences to keep (keys and values over the model's whole context)
+        for later prompts that start the same way; 0 keeps none."""
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.meter = AcceptanceMeter()  # running acceptance rate across requests
+        self.prefix = PrefixCache(model, prefix_cache, model.cfg.max_position_embeddings) if prefix_cache else None
 
     def generate(
         self,
@@ -61,7 +65,7 @@ class Engine:
         context = min(limit, longest + cfg.max_new_tokens + policy.max_k + 2)
         sched = Scheduler(self.model, self.tokenizer, drafter, policy,
                           SchedulerConfig(max_batch=len(prompts), max_queue=None, context=context,
-                                          prefill_chunk=prefill_chunk), self.meter)
+                                          prefill_chunk=prefill_chunk), self.meter, self.prefix)
         seqs = []
         for r, p in enumerate(prompts):
             seed = cfg.sampling.seed

@@ -1,7 +1,8 @@
 """The step loop: requests join and leave a batch of slots over one preallocated KV pool.
 
 `admit` queues a Sequence, `evict` removes one (its client left), and each `step()`:
-  1. moves queued sequences into free slots;
+  1. moves queued sequences into free slots (copying in the longest prefix of the prompt that the prefix
+     cache holds, when there is one);
   2. prefills the next chunks of prompts still being prefilled (at most `prefill_chunk` tokens a step,
      chunk boundaries fixed per prompt, so a prompt's prefill never depends on its company), and samples
      the first token of each prompt that completes;
@@ -23,6 +24,7 @@ import torch
 
 from specdec.drafters.base import Drafter, NoDrafter
 from specdec.engine.policy import Never, RowView
+from specdec.engine.prefix import PrefixCache
 from specdec.engine.sequence import Sequence
 from specdec.engine.stats import AcceptanceMeter, RoundRecord
 from specdec.errors import SpecdecError
@@ -34,6 +36,7 @@ from specdec.sampling.warp import SamplingConfig, warp_probs
 # each, a 1,536-token prompt prefills as fast in them as in one pass (3.0 s), and streams already decoding wait
 # one chunk between their rounds instead of the whole prompt.
 PREFILL_CHUNK = 64
+IDLE_CHUNKS = 4  # chunks per prefill pass while nothing decodes (only where chunking cannot change the cache)
 
 
 class QueueFull(SpecdecError):
@@ -98,7 +101,8 @@ def sample_plain(logits: torch.Tensor, sampling: SamplingConfig, generator: torc
 
 class Scheduler:
     def __init__(self, model, tokenizer, drafter: Drafter | None = None, policy=None,
-                 cfg: SchedulerConfig | None = None, meter: AcceptanceMeter | None = None):
+                 cfg: SchedulerConfig | None = None, meter: AcceptanceMeter | None = None,
+                 prefix_cache: PrefixCache | None = None):
         self.model, self.tok = model, tokenizer
         self.drafter = drafter or NoDrafter()
         self.policy = Never() if isinstance(self.drafter, NoDrafter) or policy is None else policy
@@ -110,6 +114,7 @@ class Scheduler:
         if served is not None and served < self.context:  # a draft model with a shorter context bounds it
             self.context = served
         self.cache = model.new_cache(self.cfg.max_batch, self.context)
+        self.prefix = prefix_cache  # finished sequences' keys and values, reused by prompts that share them
         self.slots: list[Sequence | None] = [None] * self.cfg.max_batch
         self.waiting: deque[Sequence] = deque()
         self.eos = set(tokenizer.eos_token_ids) if tokenizer is not None else set()
@@ -144,6 +149,8 @@ class Scheduler:
         return [i for i, s in enumerate(self.slots) if s is None]
 
     def _release(self, seq: Sequence) -> None:
+        if self.prefix is not None and seq.length > 0:  # positions [0, length) hold these tokens' keys
+            self.prefix.store(seq.tokens[:min(seq.length, len(seq.tokens))], self.cache, seq.slot)
         self.drafter.close(seq.slot)
         self.slots[seq.slot] = None
         seq.slot = None
@@ -169,6 +176,8 @@ class Scheduler:
                 break
             seq = self.waiting.popleft()
             seq.slot, seq.length, seq.prefilled = slot, 0, 0
+            if self.prefix is not None:  # a stored prefix of the prompt is copied in, not prefilled
+                seq.length = seq.prefilled = seq.stats.cached_tokens = self.prefix.load(seq.prompt, self.cache, slot)
             self.slots[slot] = seq
             self.drafter.open(slot, seq.prompt, seq.cfg.sampling)
         events += self._prefill()
@@ -181,13 +190,17 @@ class Scheduler:
     def _prefill(self) -> list[Event]:
         """Prefill chunks, oldest prompt first, while the step's budget lasts (always at least one chunk)."""
         events, spent = [], 0
-        budget = self.cfg.prefill_chunk or float("inf")
+        # Where a prompt's keys do not depend on its chunking (the native kernels), and no sequence waits for a
+        # decode round, several chunks go in one pass: each pass reads all the weights, so fewer passes are faster.
+        idle = not any(s.running for s in self.slots if s is not None)
+        span = IDLE_CHUNKS if idle and getattr(self.model, "exact_kv_reuse", False) else 1
+        budget = (self.cfg.prefill_chunk or float("inf")) * span
         for seq in sorted((s for s in self.slots if s is not None and s.prefilled < s.prompt_len),
                           key=lambda s: s.t0):
             size = self.cfg.prefill_chunk or seq.prompt_len
             while seq.prefilled < seq.prompt_len:
                 a = seq.prefilled
-                b = min(seq.prompt_len, (a // size + 1) * size)  # fixed boundaries: multiples of the chunk size
+                b = min(seq.prompt_len, (a // size + span) * size)  # fixed boundaries: multiples of the chunk size
                 if spent and spent + b - a > budget:
                     return events
                 logits = self.model.forward(torch.tensor([seq.tokens[a:b]]), torch.tensor([a]),

@@ -24,6 +24,7 @@ class RoundRecord:
 @dataclass
 class RequestStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
     generated_tokens: int = 0
     ttft_s: float = 0.0  # time to the first generated token (prefill)
     total_s: float = 0.0

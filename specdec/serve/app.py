@@ -119,10 +119,11 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
         st = seq.stats
         spec = {"drafted_tokens": st.drafted, "accepted_tokens": st.accepted,
                 "mean_tokens_per_round": st.mean_tokens_per_round}
-        return protocol.usage(seq.prompt_len, seq.num_generated, spec)
+        return protocol.usage(seq.prompt_len, seq.num_generated, spec, seq.stats.cached_tokens)
 
     def finished(seq: Sequence) -> None:
-        worker.metrics.on_finish(FINISH.get(seq.finish, "stop"), seq.prompt_len, seq.num_generated)
+        worker.metrics.on_finish(FINISH.get(seq.finish, "stop"), seq.prompt_len, seq.num_generated,
+                                 seq.stats.cached_tokens)
 
     async def generate(kind: str, request: Request):
         authorize(request)

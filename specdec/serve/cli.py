@@ -26,6 +26,9 @@ def register(sub) -> None:
     s.add_argument("--max-batch", type=int, default=8, help="sequences decoding at once (KV pool slots)")
     s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 503s")
     s.add_argument("--context", type=int, default=None, help="positions per sequence (default: the model's)")
+    s.add_argument("--prefix-cache", type=int, default=4, metavar="N",
+                   help="finished sequences whose keys and values are kept for prompts that start the same way "
+                        "(least recently used evicted first; 0: off)")
     s.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
                    help="prompt tokens prefilled per step, between decode rounds (0: whole prompts)")
     s.add_argument("--max-tokens-default", type=int, default=None,
@@ -62,6 +65,7 @@ def make_policy(name: str, k: int, model, max_batch: int, profile: str | None, f
 def run_serve(args) -> int:
     import uvicorn
 
+    from specdec.engine.prefix import PrefixCache
     from specdec.engine.scheduler import Scheduler, SchedulerConfig
     from specdec.engine.stats import AcceptanceMeter
     from specdec.runtime import ModelSpec, build
@@ -77,6 +81,8 @@ def run_serve(args) -> int:
         raise SpecdecError(f"--prefill-chunk must be >= 0, got {args.prefill_chunk}")
     if args.max_tokens_default is not None and args.max_tokens_default < 1:
         raise SpecdecError(f"--max-tokens-default must be >= 1, got {args.max_tokens_default}")
+    if args.prefix_cache < 0:
+        raise SpecdecError(f"--prefix-cache must be >= 0, got {args.prefix_cache}")
     if args.max_body_bytes < 1024:
         raise SpecdecError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
     if args.profile and not os.path.isfile(args.profile):
@@ -87,6 +93,12 @@ def run_serve(args) -> int:
     policy = make_policy("never" if spec.drafter == "none" else args.policy, args.k, target.model,
                          args.max_batch, args.profile, drafter.free)
     sched = Scheduler(target.model, target.tokenizer, drafter, policy, sched_cfg, AcceptanceMeter())
+    prefix = "off"
+    if args.prefix_cache and getattr(target.model, "exact_kv_reuse", False):
+        sched.prefix = PrefixCache(target.model, args.prefix_cache, sched.context)
+        prefix = f"{args.prefix_cache} x {sched.prefix.capacity} positions ({sched.prefix.nbytes / 2**30:.1f} GiB)"
+    elif args.prefix_cache:
+        prefix = "off (it needs the native kernels to be exact)"
     worker = EngineWorker(sched, ServerMetrics(max(policy.max_k, 1)))
     name = args.served_model_name or target.name
     aliases = tuple({args.model, target.name} - {name})  # a client may also name the model as it was given
@@ -96,7 +108,8 @@ def run_serve(args) -> int:
     kv_gib = getattr(sched.cache, "nbytes", 0) / 2**30
     print(f"specdec: serving {name} ({target.model.precision}) on http://{args.host}:{args.port}/v1 - drafter "
           f"{drafter.name}, policy {args.policy if spec.drafter != 'none' else 'never'}, k <= {args.k}, "
-          f"max batch {args.max_batch}, context {sched.context} (KV pool {kv_gib:.1f} GiB)", file=sys.stderr,
+          f"max batch {args.max_batch}, context {sched.context} (KV pool {kv_gib:.1f} GiB), prefix cache {prefix}",
+          file=sys.stderr,
           flush=True)
     # SIGTERM: uvicorn stops accepting connections and lets requests in flight finish, then re-raises the signal
     # to the handler that was there before it: ignoring it there makes a graceful stop exit with status 0

@@ -107,6 +107,8 @@ class ServerMetrics:
         self.prompt_tokens = Counter("specdec:prompt_tokens", "Prompt tokens of finished requests.", registry=r)
         self.generation_tokens = Counter("specdec:generation_tokens", "Generated tokens of finished requests.",
                                          registry=r)
+        self.prefix_cache_hits = Counter("specdec:prefix_cache_hits",
+                                         "Prompt tokens of finished requests served by the prefix cache.", registry=r)
 
     def on_round(self, batch_size: int, drafted: Sequence[int], accepted: Sequence[int],
                  emitted: Sequence[int]) -> None:
@@ -146,9 +148,11 @@ class ServerMetrics:
         for g in gaps:
             self.inter_token_latency.observe(g)
 
-    def on_finish(self, finish_reason: str, prompt_tokens: int, completion_tokens: int) -> None:
+    def on_finish(self, finish_reason: str, prompt_tokens: int, completion_tokens: int,
+                  cached_tokens: int = 0) -> None:
         self.request_success.labels(finish_reason=finish_reason).inc()
         self.prompt_tokens.inc(prompt_tokens)
+        self.prefix_cache_hits.inc(cached_tokens)
         self.generation_tokens.inc(completion_tokens)
 
     def set_queue(self, running: int, waiting: int) -> None:

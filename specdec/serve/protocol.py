@@ -244,11 +244,14 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
 
 
-def usage(prompt_tokens: int, completion_tokens: int, speculative: dict | None = None) -> dict:
-    """OpenAI's usage object; with `speculative` ({"drafted_tokens", "accepted_tokens", "mean_tokens_per_round"}),
-    an extension object of the same name that adds acceptance_rate = accepted / drafted (None if none drafted)."""
+def usage(prompt_tokens: int, completion_tokens: int, speculative: dict | None = None,
+          cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object (prompt_tokens_details.cached_tokens: prompt tokens served by the prefix cache);
+    with `speculative` ({"drafted_tokens", "accepted_tokens", "mean_tokens_per_round"}), an extension object of
+    the same name that adds acceptance_rate = accepted / drafted (None if none drafted)."""
     out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-           "total_tokens": prompt_tokens + completion_tokens}
+           "total_tokens": prompt_tokens + completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": cached_tokens}}
     if speculative is not None:
         drafted, accepted = speculative["drafted_tokens"], speculative["accepted_tokens"]
         out["speculative"] = {
