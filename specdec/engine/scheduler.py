@@ -3,9 +3,10 @@
 `admit` queues a Sequence, `evict` removes one (its client left), and each `step()`:
   1. moves queued sequences into free slots (copying in the longest prefix of the prompt that the prefix
      cache holds, when there is one);
-  2. prefills the next chunks of prompts still being prefilled (at most `prefill_chunk` tokens a step,
-     chunk boundaries fixed per prompt, so a prompt's prefill never depends on its company), and samples
-     the first token of each prompt that completes;
+  2. prefills the next chunks of prompts still being prefilled (at most `prefill_chunk` tokens a step, or
+     IDLE_CHUNKS times that while nothing decodes and chunking cannot change a prompt's cache; chunk
+     boundaries fixed per prompt, so a prompt's prefill never depends on its company), and samples the
+     first token of each prompt that completes;
   3. runs one decode round for every running sequence: the policy picks each row's k (0 allowed), the
      drafter drafts, ONE ragged target pass scores every row's own drafts, and each row is verified with its
      own sampling settings and random stream;
