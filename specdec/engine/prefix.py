@@ -58,10 +58,10 @@ class PrefixCache:
         """Copy the longest stored prefix of `prompt` (all but its last token: that one's logits are needed)
         into row `slot` of `cache`. Returns how many positions were copied (0: nothing stored matches)."""
         self.lookups += 1
-        best, n = None, 0
+        best, n, wanted = None, 0, prompt[:-1]
         for i, e in enumerate(self.entries):
             if e is not None:
-                m = common_prefix(e.tokens, prompt[:-1])
+                m = common_prefix(e.tokens, wanted)
                 if m > n:
                     best, n = i, m
         if best is None:

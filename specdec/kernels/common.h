@@ -38,7 +38,6 @@ inline __m256 exp256(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2));
 }
 
-
 // attention.cpp: the fp16 KV cache and attention over it (layout and invariance described there).
 constexpr int64_t KB = 64;  // positions per key block (the Python side's KV_BLOCK)
 void store_kv(const float* k, const float* v, at::Half* kc, at::Half* vc, int64_t slot, int64_t g, int64_t p,

@@ -136,9 +136,6 @@ class Transformer:
 
             self.kernels = decode_kernels()  # None when they cannot be built: the torch path is used
         native = self.kernels is not None
-        # keys and values at a position are the same however it was computed (prefill chunk, decode, verify):
-        # what makes a prefix cache exact
-        self.exact_kv_reuse = native
         self.embed = weights["model.embed_tokens.weight"].float()  # [vocab, hidden]
         self.blocks = [Block(cfg, weights, i, precision, native) for i in range(cfg.num_layers)]
         self.norm = weights["model.norm.weight"].float().contiguous()
@@ -160,6 +157,12 @@ class Transformer:
         for f in sorted(path.glob("*.safetensors")):
             weights.update(load_file(f))
         return cls(ModelConfig.from_dir(path), weights, precision, device)
+
+    @property
+    def exact_kv_reuse(self) -> bool:
+        """Keys and values at a position are the same however it was computed (prefill chunk, decode, verify):
+        what makes a prefix cache exact. True on the native kernels."""
+        return self.kernels is not None
 
     # --- accounting --------------------------------------------------------------------------------------
 
