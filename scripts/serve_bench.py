@@ -51,8 +51,9 @@ from specdec.bench.prompts import load_prompts, select
 from specdec.engine.demo import DEMO_PROMPT
 from specdec.engine.scheduler import PREFILL_CHUNK
 from specdec.errors import SpecdecError
+from specdec.measure import percentile
 from specdec.serve import loadtest
-from specdec.serve.loadtest import LevelResult, LoadConfig, percentile
+from specdec.serve.loadtest import LevelResult, LoadConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -8,9 +8,12 @@ import json
 import pytest
 
 from specdec.bench.prompts import Prompt
-from specdec.bench.report import OVERALL, build_report, leaderboard, markdown, plot
-from specdec.bench.runner import Method, Round, Turn, encode_turns, mark_identity, run_bench
+from specdec.bench.records import OVERALL
+from specdec.bench.render import leaderboard, markdown, plot
+from specdec.bench.report import build_report
+from specdec.bench.runner import Method, Turn, encode_turns, mark_identity, run_bench
 from specdec.cli import main
+from specdec.engine.stats import RoundRecord
 
 
 class WordTokenizer:
@@ -31,7 +34,7 @@ def fake_method(name, calls, baseline=None, answer="ok", rounds=((2, 2, 3, 0.0, 
         calls.append((name, WordTokenizer().decode(ids), max_new))
         toks = [ord(c) for c in (answer * 4)[: len(times)]]
         return Turn(list(ids), toks, WordTokenizer().decode(toks), "length", times[-1], times[0], list(times),
-                    [Round(*r) for r in rounds])
+                    [RoundRecord([0] * d, a, 0, "bonus", e, ds, vs, 0.0) for d, a, e, ds, vs in rounds])
 
     return Method(name, generate, "specdec", baseline, None if baseline is None else 3)
 
@@ -88,19 +91,20 @@ def _report(profile=None, spec_answer="ok"):
 
 def test_report_tables_and_plot(tmp_path):
     report = _report()
-    res = report["results"]["ngram k=3"]
-    assert report["categories"] == ["writing", "coding"]
+    res = report.results["ngram k=3"]
+    assert report.categories == ["writing", "coding"]
     # plain: 4 tokens in 0.4 s; spec: 4 tokens in 0.2 s
-    assert res[OVERALL]["speedup"] == pytest.approx(2.0) and res["categories"]["coding"]["prompts"] == 2
-    assert res[OVERALL]["tokens_per_pass"] == 3.0 and res[OVERALL]["identical_rate"] == 1.0
-    assert res[OVERALL]["predicted_speedup_rounds"] is not None and "predicted_speedup" not in res[OVERALL]
+    assert res.overall.speedup == pytest.approx(2.0) and res.categories["coding"].prompts == 2
+    assert res.overall.tokens_per_pass == 3.0 and res.overall.identical_rate == 1.0
+    assert report.prediction_source == "rounds" and list(res.overall.predictions) == ["rounds"]
+    assert report.prediction(res.overall).speedup is not None
     lines = leaderboard(report).splitlines()
     assert lines[0] == "| Method | writing | coding | Overall | Mean accepted tokens |"
     assert lines[1].count("---") == 5 and len(lines) == 3
     assert lines[2].startswith("| ngram k=3 | 2.00x | 2.00x | 2.00x | 3.00 |")
     md = markdown(report)
     assert "## Details" in md and "acceptance drift, ngram k=3" in md
-    assert report["timing"]["plain"]["slow_qids"] == []
+    assert report.timing["plain"]["slow_qids"] == []
     assert "timing, plain: decode step median 100.0 ms; 0 of 3 prompts" in md
     assert "- prediction error, ngram k=3: conditional a_i: overall " in md
     detail_rows = [x for x in md.splitlines() if x.startswith("| ngram k=3 |") or x.startswith("| plain |")]
@@ -108,21 +112,24 @@ def test_report_tables_and_plot(tmp_path):
     png = tmp_path / "s.png"
     plot(report, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    json.dumps(report)  # everything serialises
+    j = json.loads(json.dumps(report.to_json()))  # everything serialises
+    assert j["results"]["ngram k=3"][OVERALL]["predictions"]["rounds"]["speedup"] == pytest.approx(
+        report.prediction(res.overall).speedup)
 
 
 def test_report_lists_outputs_that_differ():
     report = _report(spec_answer="oX")
-    assert report["results"]["ngram k=3"][OVERALL]["identical_rate"] == 0.0
+    assert report.results["ngram k=3"].overall.identical_rate == 0.0
     md = markdown(report)
-    assert (f"- output differs, ngram k=3: question 1, turn 1, token 1: {ord('X')} instead of {ord('k')}, "
+    assert (f"- output differs, ngram k=3: question 1, turn 1, token 1: {ord('X')!r} instead of {ord('k')!r}, "
             "target logit gap top1 - top2 = 0.5000") in md
 
 
 def test_report_with_profile_predicts_from_it():
     prof = {"verify_cost": {"1": 1.0, "4": 1.0}, "draft_cost": 0.0}
-    res = _report(prof)["results"]["ngram k=3"][OVERALL]
-    assert res["predicted_speedup"] is not None and res["predicted_speedup_error"] is not None
+    report = _report(prof)
+    p = report.prediction(report.results["ngram k=3"].overall)
+    assert report.prediction_source == "profile" and p.speedup is not None and p.error is not None
 
 
 # --- end to end on a tiny model ------------------------------------------------------------------------------
@@ -191,7 +198,7 @@ def test_profile_then_bench_on_a_tiny_model(tiny, tmp_path, capsys, one_thread):
                      "hf plain", "hf prompt-lookup k=5"]
     assert r["categories"] == ["copy", "other"] and len(r["samples"]) == 3 * len(names)
     auto = r["results"]["ngram k=auto"][OVERALL]
-    assert auto["speedup"] > 0 and auto["predicted_speedup"] > 0 and auto["identical_rate"] is not None
+    assert auto["speedup"] > 0 and auto["predictions"]["profile"]["speedup"] > 0 and auto["identical_rate"] is not None
     assert set(r["auto_k"][OVERALL]) >= {"auto", "best_fixed_k", "gain_vs_best", "gain_vs_default"}
     assert "ngram k=5 / hf plain" in r["hf"][OVERALL] and "ngram k=auto" in r["meters"]
     assert len(r["meters"]["ngram k=auto"]["trace"]) == 3 and "ngram k=auto" in r["drift"]

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from specdec.bench import stats
-from specdec.bench.runner import Round, Sample, Turn
+from specdec.bench.runner import Sample, Turn
+from specdec.engine.stats import RoundRecord
 from specdec.theory.economics import (
     CostCurve,
     batch_capacity,
@@ -115,10 +116,15 @@ def test_drift_and_auto_gains():
 # --- summaries of hand-built samples -------------------------------------------------------------------------
 
 
+def rec(drafted, accepted, emitted, draft_s, verify_s, t=0.0):
+    """The engine's round record from (tokens drafted, accepted, emitted, draft s, verify s, t)."""
+    return RoundRecord([0] * drafted, accepted, 0, "bonus", emitted, draft_s, verify_s, t)
+
+
 def turn(tokens, times, rounds=None, ttft=None, seconds=None, prompt=(1, 2, 3)):
     return Turn(list(prompt), list(tokens), "", "length", seconds if seconds is not None else times[-1],
                 ttft if ttft is not None else times[0], list(times),
-                None if rounds is None else [Round(*r) for r in rounds])
+                None if rounds is None else [rec(*r) for r in rounds])
 
 
 def plain_sample(qid, n, step=0.1, ttft=0.5):
@@ -135,20 +141,20 @@ def test_summarize_and_predict_by_hand():
     spec = Sample("q", "cat", "ngram k=3", [turn(range(7), [0.5, 0.65, 0.65, 0.65, 0.75, 0.9, 0.9], spec_rounds)],
                   identical=True)
     s = stats.summarize([spec], {"q": plain})
-    assert s["tokens"] == 7 and math.isclose(s["speedup"], (7 / 0.9) / (7 / 1.1))
+    assert s.tokens == 7 and math.isclose(s.speedup, (7 / 0.9) / (7 / 1.1))
     # the decode phase alone: 6 tokens after the first, in 0.4 s against the plain run's 0.6 s
-    assert math.isclose(s["decode_speedup"], (6 / 0.4) / (6 / 0.6))
-    assert s["tokens_per_pass"] == 2.0 and s["alpha"] == 3 / 5
-    assert s["acceptance_by_position"] == [1.0, 0.5, 0.0]  # pos 0: 2 of 2 rounds; pos 1: 1 of 2; pos 2: 0 of 1
-    assert s["draft_lengths"] == {0: 1, 2: 1, 3: 1}
-    assert s["burst_share"] == 5 / 7 and s["identical_rate"] == 1.0
+    assert math.isclose(s.decode_speedup, (6 / 0.4) / (6 / 0.6))
+    assert s.tokens_per_pass == 2.0 and s.alpha == 3 / 5
+    assert s.acceptance_by_position == [1.0, 0.5, 0.0]  # pos 0: 2 of 2 rounds; pos 1: 1 of 2; pos 2: 0 of 1
+    assert s.draft_lengths == {0: 1, 2: 1, 3: 1}
+    assert s.burst_share == 5 / 7 and s.identical_rate == 1.0
     # gaps 0.15, 0, 0, 0.1, 0.15, 0 -> sorted 0, 0, 0, 0.1, 0.15, 0.15: p50 halfway between 0 and 0.1
-    assert math.isclose(s["itl_p50_s"], 0.05) and math.isclose(s["itl_p99_s"], 0.15)
+    assert math.isclose(s.itl_p50_s, 0.05) and math.isclose(s.itl_p99_s, 0.15)
 
     step, prefill = stats.plain_step(plain)
     assert math.isclose(step, 0.1) and math.isclose(prefill, 5.0)
     unit = (lambda n: 1.0, 0.0)  # verification free, drafting free
-    p = stats.predict_sample(spec, plain, s["acceptance_by_position"], s["alpha"], unit)
+    p = stats.predict_sample(spec, plain, s.acceptance_by_position, s.alpha, unit)
     assert p["decode_speedup"] == (2.5 + 1 + 2.5) / 3 == 2.0  # E[tokens | d]: 1+1+0.5+0, 1, 1+1+0.5: as measured
     e2e = end_to_end_speedup(2.0, 7, 5.0)  # 6 decode tokens, prefill of 5 steps
     assert math.isclose(p["tokens_per_s"], plain.tokens_per_s * e2e)
@@ -164,7 +170,7 @@ def test_latency_percentiles_in_a_summary_are_the_right_ones():
     for g in gaps:
         times.append(times[-1] + g / 1000)
     s = stats.summarize([Sample("q", "cat", "plain", [turn(range(201), times)])])
-    assert math.isclose(s["itl_p50_s"], 0.1005) and math.isclose(s["itl_p99_s"], 0.19801)
+    assert math.isclose(s.itl_p50_s, 0.1005) and math.isclose(s.itl_p99_s, 0.19801)
     assert math.isclose(stats.percentile([g / 1000 for g in gaps], 90), 0.1801)
 
 
@@ -188,6 +194,17 @@ def test_tokens_per_pass_from_hf_stream_groups():
     assert stats.tokens_per_pass([t]) == 2.5
 
 
+def test_a_server_turn_counts_chunks_and_its_reported_acceptance():
+    """From a server: 9 tokens in 4 streamed chunks (the first from the prefill), and the draft tokens the
+    server reported; no token ids, so the usage count is the token count."""
+    t = Turn([], [], "abcd", "length", 1.0, 0.4, [0.4, 0.6, 0.8, 1.0], completion_tokens=9, drafted=10, accepted=6)
+    assert t.chunked and t.tokens == 9
+    assert stats.tokens_per_pass([t]) == 8 / 3
+    s = stats.summarize([Sample("q", "cat", "endpoint", [t])])
+    assert s.tokens == 9 and s.alpha == 0.6 and s.burst_share is None and s.acceptance_by_position == []
+    assert math.isclose(s.itl_p50_s, 0.2) and s.ttft_s == 0.4
+
+
 def test_timing_outliers_flag_prompts_that_ran_slow():
     samples = [plain_sample("a", 5, step=0.1), plain_sample("b", 5, step=0.11), plain_sample("c", 5, step=0.3)]
     t = stats.timing_outliers(samples, factor=1.5)
@@ -207,6 +224,6 @@ def test_robust_timing_ignores_a_burst_of_load():
     spec = Sample("q", "cat", "s", [turn(range(7), [0.5, 0.7, 0.7, 0.7, 0.7, 0.8, 1.0], spec_rounds)])
     assert math.isclose(stats.robust_decode_seconds(spec.turns[0]), 0.5) and math.isclose(stats.disturbance(spec), 1)
     s = stats.summarize([spec], {"q": busy})
-    assert s["timing_suspect"] == ["q"]  # its baseline was disturbed
-    assert math.isclose(s["robust_speedup"], (7 / 1.0) / (6 / 1.0))
+    assert s.timing_suspect == ["q"]  # its baseline was disturbed
+    assert math.isclose(s.robust_speedup, (7 / 1.0) / (6 / 1.0))
     assert stats.robust_tokens_per_s(Sample("q", "c", "hf", [turn(range(3), [0.1, 0.2, 0.3])])) is None

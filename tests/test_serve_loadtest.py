@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from specdec.errors import SpecdecError
+from specdec.measure import percentile
 from specdec.serve.loadtest import (
     MAX_ERRORS,
     LevelResult,
@@ -24,7 +25,6 @@ from specdec.serve.loadtest import (
     RequestResult,
     markdown,
     markdown_series,
-    percentile,
     plot_series,
     register,
     run,
@@ -111,7 +111,8 @@ def make_handler(stub: Stub):
                                   else {"text": text})
                     self._json(200, {"choices": [choice], "usage": {"completion_tokens": 2 * stub.tokens}})
             finally:
-                stub.leave()
+                if not getattr(self, "left", False):
+                    stub.leave()
 
         def _stream(self, body: dict) -> None:
             chat = "messages" in body
@@ -129,6 +130,8 @@ def make_handler(stub: Stub):
                 self._sse({"choices": [choice], "usage": None})
             if stub.usage and (body.get("stream_options") or {}).get("include_usage"):
                 self._sse({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2 * stub.tokens}})
+            stub.leave()  # before the last event: a client may send its next request as soon as it reads it
+            self.left = True
             self._sse("[DONE]")
 
     return Handler

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from specdec.errors import SpecdecError
@@ -43,6 +44,13 @@ def register(sub) -> None:
     b.add_argument("--markdown", metavar="FILE", help="write the tables as Markdown")
     b.add_argument("--plot", metavar="FILE.png", help="speedup per category, with the predictions")
     b.add_argument("--compare", choices=("hf",), help="also run Hugging Face transformers generate")
+    e = b.add_argument_group("against a server (any OpenAI-compatible one: vLLM, SGLang, llama-server, ours)")
+    e.add_argument("--endpoint", metavar="URL", help="bench this server instead of a local model")
+    e.add_argument("--baseline", metavar="URL", help="the same model with speculation off: speedups against it")
+    e.add_argument("--concurrency", default="1", help="comma-separated client counts, one level each (default 1)")
+    e.add_argument("--endpoint-model", metavar="NAME", help="model to ask for (default: the first of /v1/models)")
+    e.add_argument("--api-key", metavar="KEY", help="sent to both servers as 'Authorization: Bearer KEY'")
+    e.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="per request")
     b.add_argument("--drift-margin", type=float, default=0.10,
                    help="flag categories whose acceptance rate differs from the overall one by more (absolute)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -78,7 +86,7 @@ def check_output(path: str | None) -> None:
 
 def run_profile(args) -> int:
     from specdec.bench.profile import profile
-    from specdec.bench.report import render_profile
+    from specdec.bench.render import render_profile
     from specdec.runtime import ModelSpec, build
 
     contexts = parse_ints(args.contexts, "--contexts")
@@ -97,10 +105,13 @@ def run_profile(args) -> int:
 
 
 def run_bench(args) -> int:
+    if args.endpoint or args.baseline:
+        return run_endpoint_bench(args)
     import torch
 
     from specdec.bench.prompts import load_prompts, parse_categories, select
-    from specdec.bench.report import build_report, markdown, plot
+    from specdec.bench.render import markdown, plot
+    from specdec.bench.report import build_report
     from specdec.bench.runner import engine_method, logit_gap_fn, mark_identity
     from specdec.bench.runner import run_bench as run_all
     from specdec.drafters.base import NoDrafter
@@ -161,7 +172,56 @@ def run_bench(args) -> int:
     if args.markdown:
         Path(args.markdown).write_text(text)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1))
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
     if args.plot:
         plot(report, args.plot)
     return 0
+
+
+def run_endpoint_bench(args) -> int:
+    from specdec.bench.endpoint import round_cost, run_endpoints
+    from specdec.bench.prompts import load_prompts, parse_categories, select
+    from specdec.bench.render import markdown, plot
+    from specdec.bench.report import build_report
+    from specdec.bench.runner import mark_identity
+    from specdec.serve.loadtest import LoadConfig
+
+    if not args.endpoint:
+        raise SpecdecError("--baseline needs --endpoint (the server with speculation on)")
+    if args.compare or args.profile:
+        raise SpecdecError("--compare and --profile apply to a local model, not to --endpoint")
+    if args.max_new_tokens < 1:
+        raise SpecdecError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    for out in (args.json, args.markdown, args.plot):
+        check_output(out)
+    prompts = select(load_prompts(args.prompts), parse_categories(args.categories), args.per_category)
+    levels = tuple(parse_ints(args.concurrency, "--concurrency"))
+    cfg = LoadConfig(url=args.endpoint, concurrency=levels, max_tokens=args.max_new_tokens, api_key=args.api_key,
+                     model=args.endpoint_model, timeout_s=args.timeout)
+    base = replace(cfg, url=args.baseline) if args.baseline else None
+    say = None if args.quiet else lambda c, i, n: print(f"\rconcurrency {c}: block {i}/{n}", end="",
+                                                         file=sys.stderr, flush=True)
+    run = run_endpoints(cfg, base, prompts, say)
+    mark_identity(run["samples"], run["methods"])
+    if say:
+        print(file=sys.stderr)
+    config = {"endpoint": args.endpoint, "baseline": args.baseline, "concurrency": list(levels),
+              "max_new_tokens": args.max_new_tokens, "prompts": len(prompts), "prompt_file": args.prompts,
+              "categories": args.categories, "per_category": args.per_category, "greedy": True,
+              "model": run["servers"]["endpoint"]["model"], "drafter": "the server's", "precision": "the server's",
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    info = {"servers": run["servers"], "levels": run["levels"]}
+    info["round_cost"] = round_cost(run["levels"], run["samples"])
+    if info["round_cost"]:
+        info["verify_cost"] = info["round_cost"]["verify_cost"]
+    report = build_report(run["samples"], run["methods"], config, None, None, args.drift_margin, endpoint=info)
+    text = markdown(report)
+    print(text)
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
+    if args.plot:
+        plot(report, args.plot, title=f"specdec bench --endpoint {args.endpoint}: speedup per category and level")
+    return 0
+

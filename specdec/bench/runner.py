@@ -10,36 +10,39 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import torch
 
+from specdec import measure
 from specdec.bench.prompts import Prompt
-
-
-class Round(NamedTuple):
-    """One target pass after the prefill, as the engine recorded it (see specdec.engine.stats.RoundRecord)."""
-
-    drafted: int  # tokens drafted
-    accepted: int  # of them, kept
-    emitted: int  # tokens added to the output
-    draft_s: float
-    verify_s: float
-    t: float = 0.0  # seconds since the call when the round's tokens were final
+from specdec.engine.stats import RoundRecord
 
 
 @dataclass
 class Turn:
-    """One generation."""
+    """One generation, by the engine, by Hugging Face generate, or by a server over HTTP."""
 
-    prompt_ids: list[int]
-    token_ids: list[int]
+    prompt_ids: list[int]  # [] from a server (it applies its own chat template)
+    token_ids: list[int]  # [] from a server (it streams text)
     text: str
     finish: str  # "eos" | "stop" | "length"
     seconds: float  # from the call to the last token
-    ttft_s: float
-    token_times: list[float]  # seconds since the call, per generated token
-    rounds: list[Round] | None = None  # None for Hugging Face generate
+    ttft_s: float | None
+    token_times: list[float]  # seconds since the call, per generated token; per streamed chunk from a server
+    rounds: list[RoundRecord] | None = None  # the engine's rounds; None for Hugging Face and servers
+    completion_tokens: int | None = None  # a server's usage.completion_tokens (its token ids are not seen)
+    prompt_tokens: int | None = None  # a server's usage.prompt_tokens
+    drafted: int | None = None  # draft tokens a server reported for this turn (counters or per response)
+    accepted: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.completion_tokens if self.completion_tokens is not None else len(self.token_ids)
+
+    @property
+    def chunked(self) -> bool:
+        """token_times are one per streamed chunk (a server), not one per token."""
+        return self.completion_tokens is not None
 
 
 @dataclass
@@ -50,12 +53,12 @@ class Sample:
     category: str
     method: str
     turns: list[Turn]
-    identical: bool | None = None  # same tokens as the baseline method's (None: no baseline)
+    identical: bool | None = None  # same output as the baseline method's (None: no baseline)
     mismatch: dict | None = None  # where and by how much the first difference arose
 
     @property
     def tokens(self) -> int:
-        return sum(len(t.token_ids) for t in self.turns)
+        return sum(t.tokens for t in self.turns)
 
     @property
     def seconds(self) -> float:
@@ -63,17 +66,16 @@ class Sample:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+        return measure.tokens_per_s(self.tokens, self.seconds)
 
     @property
     def decode_tokens_per_s(self) -> float | None:
-        """Tokens after the first over the time after the first (prefill excluded; identical work for every
-        method on one prompt). None where the first token's time is unknown."""
+        """The decode phase over the sample's turns (prefill excluded; identical work for every method on one
+        prompt). None where a first token's time is unknown."""
         if any(t.ttft_s is None for t in self.turns):
             return None
-        seconds = sum(t.seconds - t.ttft_s for t in self.turns)
-        tokens = sum(max(len(t.token_ids) - 1, 0) for t in self.turns)
-        return tokens / seconds if seconds > 0 else None
+        tokens = sum(max(t.tokens - 1, 0) for t in self.turns)
+        return measure.decode_tokens_per_s(tokens + 1, self.seconds, sum(t.ttft_s for t in self.turns))
 
 
 GenerateFn = Callable[[list[int], int], Turn]
@@ -135,10 +137,16 @@ def run_bench(prompts: Sequence[Prompt], methods: Sequence[Method], tokenizer, m
     return samples
 
 
+def _output(turn: Turn) -> list[int] | str:
+    """What identity compares: token ids where the method exposes them, else (a server) the text."""
+    return turn.text if turn.chunked else turn.token_ids
+
+
 def mark_identity(samples: list[Sample], methods: Sequence[Method], logit_gap=None) -> None:
-    """Compare each sample's tokens with its baseline method's on the same prompt, turn by turn; at the first
-    difference record the position and, when `logit_gap(ids) -> (gap, top1, top2)` is given (specdec methods),
-    the target's top-1 minus top-2 logit for the baseline's prefix there."""
+    """Compare each sample's output with its baseline method's on the same prompt, turn by turn; at the first
+    difference record the position (a token, or a character of a server's text) and, when `logit_gap(ids) ->
+    (gap, top1, top2)` is given (specdec methods), the target's top-1 minus top-2 logit for the baseline's
+    prefix there."""
     by_key = {(s.qid, s.method): s for s in samples}
     family = {m.name: m for m in methods}
     for s in samples:
@@ -146,16 +154,15 @@ def mark_identity(samples: list[Sample], methods: Sequence[Method], logit_gap=No
         base = by_key.get((s.qid, m.baseline)) if m.baseline else None
         if base is None:
             continue
-        s.identical = all(a.token_ids == b.token_ids for a, b in zip(s.turns, base.turns))
+        s.identical = all(_output(a) == _output(b) for a, b in zip(s.turns, base.turns))
         if s.identical:
             continue
         t, (mine, ref) = next((i, (a, b)) for i, (a, b) in enumerate(zip(s.turns, base.turns))
-                              if a.token_ids != b.token_ids)
-        pos = next((i for i, (x, y) in enumerate(zip(mine.token_ids, ref.token_ids)) if x != y),
-                   min(len(mine.token_ids), len(ref.token_ids)))
-        s.mismatch = {"turn": t, "position": pos,
-                      "token": mine.token_ids[pos] if pos < len(mine.token_ids) else None,
-                      "baseline_token": ref.token_ids[pos] if pos < len(ref.token_ids) else None}
+                              if _output(a) != _output(b))
+        out, ref_out = _output(mine), _output(ref)
+        pos = next((i for i, (x, y) in enumerate(zip(out, ref_out)) if x != y), min(len(out), len(ref_out)))
+        s.mismatch = {"turn": t, "position": pos, "token": out[pos] if pos < len(out) else None,
+                      "baseline_token": ref_out[pos] if pos < len(ref_out) else None}
         if logit_gap is not None and m.family == "specdec":
             gap, top1, top2 = logit_gap(ref.prompt_ids + ref.token_ids[:pos])
             s.mismatch.update(logit_gap=gap, top1=top1, top2=top2)
@@ -166,9 +173,8 @@ def mark_identity(samples: list[Sample], methods: Sequence[Method], logit_gap=No
 
 def turn_from_result(prompt_ids: list[int], result) -> Turn:
     st = result.stats
-    rounds = [Round(len(r.drafted), r.accepted, r.emitted, r.draft_s, r.verify_s, r.t) for r in st.rounds]
     return Turn(list(prompt_ids), list(result.token_ids), result.text, result.finish_reason, st.total_s,
-                st.ttft_s, list(st.token_times), rounds)
+                st.ttft_s, list(st.token_times), list(st.rounds))
 
 
 def engine_method(name: str, engine, drafter, k, baseline: str | None = None,

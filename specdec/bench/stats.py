@@ -1,15 +1,18 @@
 """The statistics of a benchmark: pure functions over samples (see runner.Sample), checked by hand in tests.
 
 Speedup is a ratio of means: mean tokens/s of a method over the prompts of a group, divided by the mean
-tokens/s of its baseline on the same prompts. Times include the prefill, as a user sees them.
+tokens/s of its baseline on the same prompts. Times include the prefill, as a user sees them. The measurements
+themselves (percentiles, latencies, rates) are defined once, in specdec.measure.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable, Sequence
 
+from specdec import measure
+from specdec.bench.records import GroupResult
+from specdec.measure import inter_token_latencies, mean, percentile, ratio_of_means  # noqa: F401 (re-exported)
 from specdec.theory.economics import (
     CostCurve,
     conditional_acceptance,
@@ -19,33 +22,6 @@ from specdec.theory.economics import (
 )
 
 DISTURBED = 1.5  # a run whose decode time exceeds its robust estimate by this factor is flagged
-
-
-def mean(xs: Sequence[float]) -> float | None:
-    return sum(xs) / len(xs) if xs else None
-
-
-def percentile(xs: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100), interpolating linearly between order statistics (numpy's default)."""
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile q must be in [0, 100], got {q}")
-    if not xs:
-        return None
-    s = sorted(xs)
-    pos = (len(s) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def ratio_of_means(num: Sequence[float], den: Sequence[float]) -> float | None:
-    m, d = mean(num), mean(den)
-    return m / d if m is not None and d else None
-
-
-def inter_token_latencies(times: Sequence[float]) -> list[float]:
-    """Gaps between consecutive tokens of one generation (0 within a burst)."""
-    return [b - a for a, b in zip(times, times[1:])]
 
 
 def bursts(times: Sequence[float]) -> list[int]:
@@ -68,17 +44,21 @@ def burst_share(times_per_turn: Sequence[Sequence[float]]) -> float | None:
 
 def tokens_per_pass(turns) -> float | None:
     """Generated tokens per target pass after the prefill, bonus included (1.00 for plain decoding). From the
-    engine's rounds; for Hugging Face (no rounds) from the groups of tokens its streamer received together."""
+    engine's rounds; from a server's streamed chunks (one per pass, where the server sends each pass's tokens
+    at once); for Hugging Face from the groups of tokens its streamer received together."""
     emitted, passes = 0, 0
     for t in turns:
         if t.rounds is not None:
             emitted += sum(r.emitted for r in t.rounds)
             passes += len(t.rounds)
+        elif t.chunked:
+            emitted += max(t.tokens - 1, 0)  # the first chunk comes from the prefill
+            passes += max(len(t.token_times) - 1, 0)
         else:
             groups = bursts(t.token_times)[1:]  # the first token comes from the prefill
             emitted += sum(groups)
             passes += len(groups)
-    return emitted / passes if passes else None
+    return measure.tokens_per_pass(emitted, passes)
 
 
 def all_rounds(samples) -> list[tuple]:
@@ -88,52 +68,65 @@ def all_rounds(samples) -> list[tuple]:
 def plain_step(sample) -> tuple[float, float]:
     """(seconds per decode step, prefill cost in decode steps) of a plain-decoding sample."""
     decode_s = sum(t.seconds - t.ttft_s for t in sample.turns)
-    steps = sum(len(t.rounds) if t.rounds is not None else max(len(t.token_ids) - 1, 0) for t in sample.turns)
+    steps = sum(len(t.rounds) if t.rounds is not None else max(t.tokens - 1, 0) for t in sample.turns)
     step = decode_s / steps if steps and decode_s > 0 else 0.0
     prefill = sum(t.ttft_s for t in sample.turns)
     return step, (prefill / step if step else 0.0)
 
 
-def summarize(samples, baselines: dict | None = None) -> dict:
+def _acceptance(samples) -> tuple[list[int], list[int]]:
+    """(drafted, accepted) per round from the engine's rounds; per turn where a server reported totals."""
+    drafted, accepted = [], []
+    for t in (t for s in samples for t in s.turns):
+        if t.rounds is not None:
+            drafted += [len(r.drafted) for r in t.rounds]
+            accepted += [r.accepted for r in t.rounds]
+        elif t.drafted is not None:
+            drafted.append(t.drafted)
+            accepted.append(t.accepted or 0)
+    return drafted, accepted
+
+
+def summarize(samples, baselines: dict | None = None) -> GroupResult:
     """Metrics of one method over a group of prompts; `baselines` maps qid -> the baseline's sample."""
     rounds = all_rounds(samples)
-    drafted = [r.drafted for r in rounds]
-    accepted = [r.accepted for r in rounds]
+    drafted, accepted = _acceptance(samples)
+    per_round = [len(r.drafted) for r in rounds]
     times = [t.token_times for s in samples for t in s.turns]
     itl = [g for ts in times for g in inter_token_latencies(ts)]
     tps = [s.tokens_per_s for s in samples]
-    out = {
-        "prompts": len(samples),
-        "tokens": sum(s.tokens for s in samples),
-        "seconds": sum(s.seconds for s in samples),
-        "tokens_per_s": mean(tps),
-        "tokens_per_pass": tokens_per_pass([t for s in samples for t in s.turns]),
-        "drafted": sum(drafted),
-        "accepted": sum(accepted),
-        "alpha": sum(accepted) / sum(drafted) if sum(drafted) else None,
-        "acceptance_by_position": conditional_acceptance(drafted, accepted),
-        "draft_lengths": {d: drafted.count(d) for d in sorted(set(drafted))},
-        "ttft_s": mean([t.ttft_s for s in samples for t in s.turns]),
-        "itl_p50_s": percentile(itl, 50),
-        "itl_p99_s": percentile(itl, 99),
-        "burst_share": burst_share(times),
-        "disturbance_max": max((d for d in map(disturbance, samples) if d is not None), default=None),
-    }
+    out = GroupResult(
+        prompts=len(samples),
+        tokens=sum(s.tokens for s in samples),
+        seconds=sum(s.seconds for s in samples),
+        tokens_per_s=mean(tps),
+        tokens_per_pass=tokens_per_pass([t for s in samples for t in s.turns]),
+        drafted=sum(drafted),
+        accepted=sum(accepted),
+        alpha=sum(accepted) / sum(drafted) if sum(drafted) else None,
+        acceptance_by_position=conditional_acceptance(per_round, [r.accepted for r in rounds]),
+        draft_lengths={d: per_round.count(d) for d in sorted(set(per_round))},
+        ttft_s=mean([t.ttft_s for s in samples for t in s.turns if t.ttft_s is not None]),
+        itl_p50_s=percentile(itl, 50),
+        itl_p99_s=percentile(itl, 99),
+        burst_share=None if any(t.chunked for s in samples for t in s.turns) else burst_share(times),
+        disturbance_max=max((d for d in map(disturbance, samples) if d is not None), default=None),
+    )
     if baselines:
         base = [baselines[s.qid] for s in samples]
-        out["baseline_tokens_per_s"] = mean([b.tokens_per_s for b in base])
-        out["speedup"] = ratio_of_means(tps, [b.tokens_per_s for b in base])
+        out.baseline_tokens_per_s = mean([b.tokens_per_s for b in base])
+        out.speedup = ratio_of_means(tps, [b.tokens_per_s for b in base])
         dec, dec_base = [s.decode_tokens_per_s for s in samples], [b.decode_tokens_per_s for b in base]
         if None not in dec + dec_base:  # the decode phase alone: prefill is the same work for both
-            out["decode_speedup"] = ratio_of_means(dec, dec_base)
+            out.decode_speedup = ratio_of_means(dec, dec_base)
         same = [s.identical for s in samples if s.identical is not None]
-        out["identical_rate"] = sum(same) / len(same) if same else None
-        out["mismatches"] = [{"qid": s.qid, **s.mismatch} for s in samples if s.mismatch]
+        out.identical_rate = sum(same) / len(same) if same else None
+        out.mismatches = [{"qid": s.qid, **s.mismatch} for s in samples if s.mismatch]
         robust = [robust_tokens_per_s(s) for s in samples]
         robust_base = [robust_tokens_per_s(b) for b in base]
         if None not in robust + robust_base:
-            out["robust_speedup"] = ratio_of_means(robust, robust_base)
-        out["timing_suspect"] = [s.qid for s in samples if max(disturbance(s) or 1.0, disturbance(
+            out.robust_speedup = ratio_of_means(robust, robust_base)
+        out.timing_suspect = [s.qid for s in samples if max(disturbance(s) or 1.0, disturbance(
             baselines[s.qid]) or 1.0) > DISTURBED]
     return out
 
@@ -174,7 +167,7 @@ def cost_from_rounds(sample, baseline) -> CostModel:
     overhead = max(step - plain_pass, 0.0)
     by_d: dict[int, list[float]] = {}
     for r in all_rounds([sample]):
-        by_d.setdefault(r.drafted, []).append(r.draft_s + r.verify_s)
+        by_d.setdefault(len(r.drafted), []).append(r.draft_s + r.verify_s)
     med = {d: statistics.median(v) for d, v in by_d.items()}
     return (lambda n: (med.get(n - 1, plain_pass) + overhead) / step), 0.0
 
@@ -183,9 +176,9 @@ def predict_sample(sample, baseline, a_pos, alpha: float | None, cost: CostModel
     """Predicted tokens/s of a speculative sample, from its rounds' draft lengths, the acceptance statistics
     (conditional per-position a_pos, and the iid a for comparison), the costs, and its baseline's timings."""
     verify, c = cost
-    drafted = [r.drafted for r in all_rounds([sample])]
+    drafted = [len(r.drafted) for r in all_rounds([sample])]
     step, prefill_steps = plain_step(baseline)
-    decode_tokens = sum(max(len(t.token_ids) - 1, 0) for t in sample.turns)
+    decode_tokens = sum(max(t.tokens - 1, 0) for t in sample.turns)
     pos = predict_from_positional(a_pos, drafted, c, verify)
     iid = predict_from_rounds(alpha or 0.0, drafted, c, verify)
     e2e = lambda s: end_to_end_speedup(s, decode_tokens + 1, prefill_steps)
@@ -234,7 +227,7 @@ def robust_decode_seconds(turn) -> float | None:
         return None
     prev, gaps = turn.ttft_s, []
     for r in turn.rounds:
-        gaps.append((r.drafted, r.t - prev))
+        gaps.append((len(r.drafted), r.t - prev))
         prev = r.t
     by_d: dict[int, list[float]] = {}
     for d, g in gaps:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specdec import measure
+
 
 @dataclass
 class RoundRecord:
@@ -52,7 +54,7 @@ class RequestStats:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.generated_tokens / self.total_s if self.total_s > 0 else 0.0
+        return measure.tokens_per_s(self.generated_tokens, self.total_s)
 
     def per_position_acceptance(self) -> list[float]:
         """For each draft position i: of the rounds that drafted a token there, the share that accepted it."""
@@ -65,14 +67,12 @@ class RequestStats:
 
     def inter_token_latencies(self) -> list[float]:
         """Gaps between consecutive generated tokens (0 for tokens that arrive in the same round)."""
-        t = self.token_times
-        return [b - a for a, b in zip(t, t[1:])]
+        return measure.inter_token_latencies(self.token_times)
 
     @property
     def decode_tokens_per_s(self) -> float:
-        """Tokens after the first per second after the first: the decode phase, prefill excluded."""
-        seconds = self.total_s - self.ttft_s
-        return (self.generated_tokens - 1) / seconds if seconds > 0 and self.generated_tokens > 1 else 0.0
+        """Tokens after the first per second after the first: the decode phase, prefill excluded (0 without one)."""
+        return measure.decode_tokens_per_s(self.generated_tokens, self.total_s, self.ttft_s) or 0.0
 
     @property
     def draft_s(self) -> float:

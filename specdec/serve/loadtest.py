@@ -30,7 +30,8 @@ from pathlib import Path
 
 import httpx
 
-from specdec.bench.stats import percentile
+from specdec import measure
+from specdec.bench import render
 from specdec.errors import SpecdecError
 
 ENDPOINTS = {"chat": "/chat/completions", "completions": "/completions"}  # paths under the /v1 base
@@ -84,6 +85,10 @@ class RequestResult:
     ttft_s: float | None = None  # None when no text arrived
     chunk_s: list[float] = field(default_factory=list)  # arrival of each streamed text chunk, s after start
     tokens: int = 0  # completion tokens
+    text: str = ""  # the completion, all chunks joined
+    finish: str | None = None  # the last finish_reason the server sent
+    prompt_tokens: int | None = None  # usage.prompt_tokens, where the server sends usage
+    timings: dict | None = None  # llama-server's per-response 'timings' (draft_n, draft_n_accepted), if sent
 
 
 @dataclass
@@ -109,17 +114,17 @@ class LevelResult:
 def summarize(concurrency: int, records: Sequence[RequestResult], wall_s: float) -> LevelResult:
     ok = [r for r in records if r.ok]
     ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
-    itl = [b - a for r in ok for a, b in zip(r.chunk_s, r.chunk_s[1:])]
-    tpot = [(r.e2e_s - r.ttft_s) / (r.tokens - 1) for r in ok if r.chunk_s and r.tokens >= 2]
+    itl = [g for r in ok for g in measure.inter_token_latencies(r.chunk_s)]
+    tpot = [measure.time_per_output_token(r.tokens, r.e2e_s, r.ttft_s) for r in ok if r.chunk_s]
+    tpot = [t for t in tpot if t is not None]
     e2e = [r.e2e_s for r in ok]
     tokens = sum(r.tokens for r in ok)
+    pct = measure.percentile
     return LevelResult(
         concurrency=concurrency, requests=len(records), failed=len(records) - len(ok), wall_s=wall_s,
-        output_tokens=tokens, throughput_tok_s=tokens / wall_s if wall_s > 0 else 0.0,
-        ttft_p50_s=percentile(ttft, 50), ttft_p99_s=percentile(ttft, 99),
-        itl_p50_s=percentile(itl, 50), itl_p99_s=percentile(itl, 99),
-        tpot_mean_s=sum(tpot) / len(tpot) if tpot else None,
-        e2e_p50_s=percentile(e2e, 50), e2e_p99_s=percentile(e2e, 99),
+        output_tokens=tokens, throughput_tok_s=measure.tokens_per_s(tokens, wall_s),
+        ttft_p50_s=pct(ttft, 50), ttft_p99_s=pct(ttft, 99), itl_p50_s=pct(itl, 50), itl_p99_s=pct(itl, 99),
+        tpot_mean_s=measure.mean(tpot), e2e_p50_s=pct(e2e, 50), e2e_p99_s=pct(e2e, 99),
         errors=[r.error for r in records if not r.ok and r.error][:MAX_ERRORS])
 
 
@@ -177,17 +182,32 @@ def _text_of(obj: dict) -> str:
     return "".join(out)
 
 
-def _usage_tokens(obj: dict) -> int | None:
+def _usage_tokens(obj: dict, key: str = "completion_tokens") -> int | None:
     usage = obj.get("usage")
-    n = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    n = usage.get(key) if isinstance(usage, dict) else None
     return n if isinstance(n, int) else None
 
 
-def request_body(cfg: LoadConfig, prompt: str) -> dict:
+def _note_extras(obj: dict, rec: RequestResult) -> None:
+    """finish_reason, usage.prompt_tokens and llama-server's 'timings' of a response or chunk, where present."""
+    for choice in obj.get("choices") or []:
+        if isinstance(choice, dict) and choice.get("finish_reason"):
+            rec.finish = str(choice["finish_reason"])
+    n = _usage_tokens(obj, "prompt_tokens")
+    rec.prompt_tokens = n if n is not None else rec.prompt_tokens
+    if isinstance(obj.get("timings"), dict):
+        rec.timings = obj["timings"]
+
+
+def request_body(cfg: LoadConfig, prompt: str | list[dict]) -> dict:
+    """The request for one prompt: a string (one user message, or the raw prompt of /v1/completions) or, for
+    chat, the whole conversation as a list of messages."""
     body: dict = {"model": cfg.model, "max_tokens": cfg.max_tokens, "temperature": cfg.temperature,
                   "stream": cfg.stream}
     if cfg.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": prompt}]
+        body["messages"] = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, list):
+        raise SpecdecError("a conversation needs the chat endpoint")
     else:
         body["prompt"] = prompt
     if cfg.stream:
@@ -204,7 +224,9 @@ async def _exchange(client: httpx.AsyncClient, url: str, body: dict, t0: float, 
         rec.status = resp.status_code
         if resp.status_code != 200:
             raise RequestFailed(_http_error(resp.status_code, resp.text))
-        rec.tokens = _usage_tokens(_load_json(resp.text)) or 0
+        obj = _load_json(resp.text)
+        rec.tokens, rec.text = _usage_tokens(obj) or 0, _text_of(obj)
+        _note_extras(obj, rec)
         return
     async with client.stream("POST", url, json=body) as resp:
         rec.status = resp.status_code
@@ -218,15 +240,18 @@ async def _exchange(client: httpx.AsyncClient, url: str, body: dict, t0: float, 
             if data == "[DONE]":
                 break
             obj = _load_json(data)
-            if _text_of(obj):
+            text = _text_of(obj)
+            if text:
                 rec.chunk_s.append(time.perf_counter() - t0)
+                rec.text += text
+            _note_extras(obj, rec)
             n = _usage_tokens(obj)
             usage = n if n is not None else usage
     rec.tokens = usage if usage is not None else len(rec.chunk_s)
     rec.ttft_s = rec.chunk_s[0] if rec.chunk_s else None
 
 
-async def send(client: httpx.AsyncClient, cfg: LoadConfig, url: str, prompt: str) -> RequestResult:
+async def send(client: httpx.AsyncClient, cfg: LoadConfig, url: str, prompt: str | list[dict]) -> RequestResult:
     """One timed request; failures (HTTP errors, transport errors, timeouts) are recorded, never raised."""
     rec = RequestResult()
     t0 = time.perf_counter()
@@ -247,7 +272,7 @@ async def send(client: httpx.AsyncClient, cfg: LoadConfig, url: str, prompt: str
 
 # ---- levels ----------------------------------------------------------------------------------------------------
 
-def _client(cfg: LoadConfig, connections: int) -> httpx.AsyncClient:
+def http_client(cfg: LoadConfig, connections: int) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
     timeout = httpx.Timeout(cfg.timeout_s, connect=min(cfg.timeout_s, CONNECT_TIMEOUT_S))
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
@@ -259,7 +284,7 @@ async def resolve_model(cfg: LoadConfig) -> str:
     if cfg.model is not None:
         return cfg.model
     url = cfg.api_base + "/models"
-    async with _client(cfg, 1) as client:
+    async with http_client(cfg, 1) as client:
         try:
             resp = await client.get(url)
         except httpx.HTTPError as e:
@@ -288,7 +313,7 @@ async def run_level(cfg: LoadConfig, prompts: list[str], concurrency: int) -> Le
         for j in range(n):
             records.append(await send(client, cfg, url, prompts[(c * n + j) % len(prompts)]))
 
-    async with _client(cfg, concurrency) as client:
+    async with http_client(cfg, concurrency) as client:
         t0 = time.perf_counter()
         await asyncio.gather(*(client_task(c) for c in range(concurrency)))
         wall_s = time.perf_counter() - t0
@@ -327,27 +352,23 @@ HEADER = ("concurrency", "requests", "failed", "tokens", "tok/s", "TTFT p50 (ms)
           "ITL p99 (ms)", "TPOT mean (ms)", "E2E p50 (s)", "E2E p99 (s)")
 
 
-def _fmt(x: float | None, scale: float, digits: int) -> str:
-    return "-" if x is None else f"{x * scale:.{digits}f}"
-
-
 def _cells(r: LevelResult) -> list[str]:
-    ms = [_fmt(x, 1e3, 1) for x in (r.ttft_p50_s, r.ttft_p99_s, r.itl_p50_s, r.itl_p99_s, r.tpot_mean_s)]
+    ms = [render.f(v, 1, 1e3) for v in (r.ttft_p50_s, r.ttft_p99_s, r.itl_p50_s, r.itl_p99_s, r.tpot_mean_s)]
     return ([str(r.concurrency), str(r.requests), str(r.failed), str(r.output_tokens), f"{r.throughput_tok_s:.1f}"]
-            + ms + [_fmt(r.e2e_p50_s, 1, 2), _fmt(r.e2e_p99_s, 1, 2)])
+            + ms + [render.f(r.e2e_p50_s), render.f(r.e2e_p99_s)])
 
 
 def _table(series: dict[str, list[LevelResult]], labelled: bool) -> str:
     head = (["run"] if labelled else []) + list(HEADER)
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    errors = []
+    rows, errors = [], []
     for label, results in series.items():
         for r in results:
-            lines.append("| " + " | ".join(([label] if labelled else []) + _cells(r)) + " |")
+            rows.append(([label] if labelled else []) + _cells(r))
             errors += [f"- {label + ', ' if labelled else ''}concurrency {r.concurrency}: {e}" for e in r.errors]
+    text = render.table(head, rows)
     if errors:
-        lines += ["", "Errors (the first few per level):", ""] + errors
-    return "\n".join(lines) + "\n"
+        text += "\n\nErrors (the first few per level):\n\n" + "\n".join(errors)
+    return text + "\n"
 
 
 def markdown_series(series: dict[str, list[LevelResult]]) -> str:
@@ -368,9 +389,9 @@ def plot_series(series: dict[str, list[LevelResult]], path: str | Path) -> None:
     run, one line style per latency."""
     from matplotlib.lines import Line2D
 
-    from specdec.theory.plots import _pyplot
+    from specdec.theory.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, (ax_t, ax_l) = plt.subplots(1, 2, figsize=(12, 4.5), dpi=110)
     levels, positive = set(), False

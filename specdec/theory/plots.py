@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display): every plot of specdec starts here."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -22,7 +23,7 @@ def _shade_slower(ax, x_max: float, y_max: float) -> None:
 
 
 def plot_plan(plan, path: str | Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     ks = [row["k"] for row in plan.curve]
     ss = [row["speedup"] for row in plan.curve]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)
@@ -41,7 +42,7 @@ def plot_plan(plan, path: str | Path) -> None:
 
 
 def plot_batch(model, path: str | Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     bs = [row["batch"] for row in model.curve]
     rs = [row["ratio"] for row in model.curve]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=110)

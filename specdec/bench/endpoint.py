@@ -1,0 +1,236 @@
+"""`specdec bench --endpoint URL [--baseline URL]`: the Spec-Bench report against any OpenAI-compatible server.
+
+Requests go through `specdec loadtest`'s client (streaming, the server's own chat template), at each level of
+concurrency C: C clients take the prompts from one queue, each asking a prompt's turns one after another (turn t
+after the server's own answers). With a baseline (the same model with speculation off) the two servers take
+turns: at C = 1 prompt by prompt, rotating which goes first, as the local bench does; at C > 1 the whole list
+one server after the other, the order alternating per level. Each method "endpoint c=C" is measured against
+"baseline c=C" on the same prompts, so the speedup per category and per level is the batch-crossover curve of
+that deployment.
+
+Acceptance is read where the server exposes it: the counters at /metrics before and after (ours
+`specdec:spec_decode_*`, vLLM's `vllm:spec_decode_*`; at C = 1 around every request, so per category too),
+SGLang's `sglang:spec_accept_rate` gauge after the run, llama-server's per-response `timings.draft_n` and
+`draft_n_accepted`. Tokens per pass are seen as tokens per streamed chunk (a server sends a pass's tokens at
+once); the output is compared as text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict, replace
+
+import httpx
+
+from specdec.bench.prompts import Prompt
+from specdec.bench.runner import Method, Sample, Turn
+from specdec.errors import SpecdecError
+from specdec.serve import loadtest
+from specdec.serve.loadtest import LoadConfig, RequestResult
+
+# (drafted, accepted, drafts) counters, by server family; labelled series are summed
+COUNTERS = {
+    "specdec": ("specdec:spec_decode_num_draft_tokens_total", "specdec:spec_decode_num_accepted_tokens_total",
+                "specdec:spec_decode_num_drafts_total"),
+    "vllm": ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+             "vllm:spec_decode_num_drafts_total"),
+}
+GAUGES = ("sglang:spec_accept_rate", "sglang:spec_accept_length")
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Sample values of the Prometheus text format, summed over label sets, by metric name."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name_labels, _, rest = line.rpartition("}") if "}" in line else line.partition(" ")
+        name = name_labels.split("{", 1)[0].strip()
+        try:
+            value = float(rest.split()[0])
+        except (IndexError, ValueError):
+            continue
+        out[name] = out.get(name, 0.0) + value
+    return out
+
+
+async def scrape(client: httpx.AsyncClient, cfg: LoadConfig) -> dict[str, float]:
+    """The server's /metrics (at the root, beside /v1); {} where it has none."""
+    url = cfg.api_base.removesuffix("/v1") + "/metrics"
+    try:
+        resp = await client.get(url)
+    except httpx.HTTPError:
+        return {}
+    return parse_prometheus(resp.text) if resp.status_code == 200 else {}
+
+
+def counted(before: dict, after: dict) -> tuple[int, int, int] | None:
+    """(drafted, accepted, drafts) between two scrapes, from the first server family whose counters exist."""
+    for names in COUNTERS.values():
+        if names[0] in after:
+            d, a, n = (int(round(after.get(k, 0.0) - before.get(k, 0.0))) for k in names)
+            return d, a, n
+    return None
+
+
+def _turn(rec: RequestResult, acceptance: tuple[int, int, int] | None) -> Turn:
+    drafted = accepted = None
+    if rec.timings and "draft_n" in rec.timings:  # llama-server, per response
+        drafted, accepted = int(rec.timings["draft_n"]), int(rec.timings.get("draft_n_accepted", 0))
+    elif acceptance is not None:
+        drafted, accepted = acceptance[0], acceptance[1]
+    return Turn([], [], rec.text, rec.finish or "stop", rec.e2e_s, rec.ttft_s, list(rec.chunk_s),
+                completion_tokens=rec.tokens, prompt_tokens=rec.prompt_tokens, drafted=drafted, accepted=accepted)
+
+
+async def _run_prompt(client, cfg: LoadConfig, prompt: Prompt, per_request_counters: bool, records: list):
+    """All turns of one prompt; None when a request failed (its error is in records)."""
+    url = cfg.api_base + loadtest.ENDPOINTS["chat"]
+    messages, turns = [], []
+    for user in prompt.turns:
+        messages.append({"role": "user", "content": user})
+        before = await scrape(client, cfg) if per_request_counters else None
+        rec = await loadtest.send(client, cfg, url, list(messages))
+        records.append(rec)
+        if not rec.ok:
+            return None
+        acceptance = counted(before, await scrape(client, cfg)) if per_request_counters else None
+        turns.append(_turn(rec, acceptance))
+        messages.append({"role": "assistant", "content": rec.text})
+    return turns
+
+
+async def run_block(cfg: LoadConfig, prompts: list[Prompt], concurrency: int, name: str) -> dict:
+    """The prompts through one server with `concurrency` clients: samples, request records, wall time and the
+    counters' difference over the block."""
+    queue = list(reversed(prompts))
+    samples, records = [], []
+
+    async def worker() -> None:
+        while queue:
+            p = queue.pop()
+            turns = await _run_prompt(client, cfg, p, concurrency == 1, records)
+            if turns is not None:
+                samples.append(Sample(p.qid, p.category, name, turns))
+
+    async with loadtest.http_client(cfg, concurrency + 1) as client:
+        before = await scrape(client, cfg)
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+        after = await scrape(client, cfg)
+    return {"samples": samples, "records": records, "wall_s": wall, "counters": counted(before, after),
+            "gauges": {g: after[g] for g in GAUGES if g in after}}
+
+
+def run_endpoints(cfg: LoadConfig, baseline: LoadConfig | None, prompts: list[Prompt], progress=None) -> dict:
+    """Every level of cfg.concurrency through the endpoint (and the baseline): samples, methods, and per level
+    and server the loadtest summary, counters and gauges."""
+    servers = {"endpoint": cfg} | ({"baseline": baseline} if baseline else {})
+    servers = {k: replace(c, model=loadtest.run_async(loadtest.resolve_model(c))) for k, c in servers.items()}
+    samples, methods, levels = [], [], []
+    for i, c in enumerate(cfg.concurrency):
+        names = {k: f"{k} c={c}" for k in servers}
+        blocks = [[p] for p in prompts] if c == 1 else [prompts]
+        acc = {k: {"samples": [], "records": [], "wall_s": 0.0, "counters": [0, 0, 0], "seen": False, "gauges": {}}
+               for k in servers}
+        for j, block in enumerate(blocks):
+            order = list(servers)
+            if (j if c == 1 else i) % 2:
+                order.reverse()
+            for k in order:
+                r = loadtest.run_async(run_block(servers[k], block, c, names[k]))
+                a = acc[k]
+                a["samples"] += r["samples"]
+                a["records"] += r["records"]
+                a["wall_s"] += r["wall_s"]
+                a["gauges"] = r["gauges"] or a["gauges"]
+                if r["counters"] is not None:
+                    a["seen"] = True
+                    a["counters"] = [x + y for x, y in zip(a["counters"], r["counters"])]
+            if progress:
+                progress(c, j + 1, len(blocks))
+        done = set.intersection(*({s.qid for s in a["samples"]} for a in acc.values()))
+        level = {"concurrency": c}
+        for k, a in acc.items():
+            samples += [s for s in a["samples"] if s.qid in done]
+            summary = loadtest.summarize(c, a["records"], a["wall_s"])
+            if summary.failed == summary.requests:
+                raise SpecdecError(f"{k} ({servers[k].url}): all {summary.requests} requests failed at concurrency "
+                                   f"{c}: {summary.errors[0] if summary.errors else 'no error message'}")
+            d, acc_n, n = a["counters"]
+            level[k] = {"load": asdict(summary), "gauges": a["gauges"],
+                        "counters": {"drafted": d, "accepted": acc_n, "drafts": n} if a["seen"] else None}
+        levels.append(level)
+        methods.append(Method(names["endpoint"], None, "endpoint", names.get("baseline"), None))
+        if baseline:
+            methods.append(Method(names["baseline"], None, "endpoint"))
+    return {"samples": samples, "methods": methods, "levels": levels,
+            "servers": {k: {"url": s.url, "model": s.model} for k, s in servers.items()}}
+
+
+def round_cost(levels: list[dict], samples: list[Sample]) -> dict | None:
+    """One point of the deployment's cost curve, measured at C = 1: the mean time between streamed chunks with
+    speculation (a round: drafting and a verify pass over n = drafted/drafts + 1 rows) over the same without
+    (a one-row pass). Readable by `specdec plan --profile` as {"verify_cost": {1: 1, n: cost}}; the draft cost is
+    inside it, so plan with --draft-cost 0."""
+    level = next((lv for lv in levels if lv["concurrency"] == 1 and "baseline" in lv), None)
+    counters = level and level["endpoint"]["counters"]
+    if not counters or not counters["drafts"]:
+        return None
+
+    def gap(name: str) -> float | None:
+        turns = [t for s in samples if s.method == name for t in s.turns if len(t.token_times) > 1]
+        chunks = sum(len(t.token_times) - 1 for t in turns)
+        return sum(t.token_times[-1] - t.token_times[0] for t in turns) / chunks if chunks else None
+
+    spec, plain = gap("endpoint c=1"), gap("baseline c=1")
+    if not spec or not plain:
+        return None
+    rows = round(counters["drafted"] / counters["drafts"]) + 1
+    return {"rows": rows, "round_s": spec, "plain_step_s": plain, "cost": spec / plain,
+            "verify_cost": {"1": 1.0, str(rows): spec / plain}}
+
+
+def markdown(report) -> str:
+    """The endpoint report: the Spec-Bench tables per level, then each level's load figures and acceptance."""
+    from specdec.bench import render
+
+    cfg, ep = report.config, report.endpoint
+    servers = ", ".join(f"{k} {v['url']} (model {v['model']})" for k, v in ep["servers"].items())
+    out = [f"# specdec bench --endpoint: {cfg['prompts']} prompts, {cfg['max_new_tokens']} new tokens, greedy, "
+           f"concurrency {', '.join(map(str, cfg['concurrency']))}", "", f"Servers: {servers}. Prompts from "
+           f"{cfg['prompt_file']}; streamed chat completions (the server's chat template). Speedup = mean tokens/s "
+           "of a request over the baseline's on the same prompts at the same concurrency (prefill included).", ""]
+    if any(m["baseline"] for m in report.methods):
+        out += ["## Speedup per category and concurrency (Spec-Bench layout)", "", render.leaderboard(report), ""]
+    out += ["## Details", "", "Tokens/chunk: completion tokens per streamed chunk after the first (a speculative "
+            "server sends a verified run at once). ITL: gaps between chunks. a: from the server's counters "
+            "(per request at concurrency 1) or its per-response timings.", "", render.details(report), "",
+            "## Load per level", "", loadtest.markdown_series(
+                {f"{k} c={lv['concurrency']}": [loadtest.LevelResult(**lv[k]["load"])]
+                 for lv in ep["levels"] for k in ep["servers"]}), "", "## Throughput and acceptance per level", ""]
+    for lv in ep["levels"]:
+        if "baseline" in lv:
+            tput = lv["endpoint"]["load"]["throughput_tok_s"], lv["baseline"]["load"]["throughput_tok_s"]
+            out.append(f"- c={lv['concurrency']}: throughput {tput[0]:.1f} against {tput[1]:.1f} tok/s: "
+                       f"{render.x(tput[0] / tput[1] if tput[1] else None)} (all requests of the level, prefill "
+                       "included)")
+        for k in ep["servers"]:
+            c, g = lv[k]["counters"], lv[k]["gauges"]
+            if c:
+                a = c["accepted"] / c["drafted"] if c["drafted"] else None
+                out.append(f"- {k} c={lv['concurrency']}: counters: {c['drafted']} drafted, {c['accepted']} accepted "
+                           f"(a = {render.f(a, 3)}), {c['drafts']} drafts")
+            if g:
+                out.append(f"- {k} c={lv['concurrency']}: gauges after the run: "
+                           + ", ".join(f"{n} = {v:.3f}" for n, v in g.items()))
+            if not c and not g:
+                out.append(f"- {k} c={lv['concurrency']}: no acceptance counters or gauges at /metrics")
+    rc = ep.get("round_cost")
+    if rc:
+        out += ["", f"Round cost at concurrency 1: a round over {rc['rows']} rows (drafting included) takes "
+                f"{rc['round_s'] * 1e3:.1f} ms against {rc['plain_step_s'] * 1e3:.1f} ms per plain step: "
+                f"{rc['cost']:.2f} passes. The JSON holds it as `verify_cost` for `specdec plan --profile`."]
+    return "\n".join(out + render.checks_section(report)) + "\n"

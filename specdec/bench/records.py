@@ -1,0 +1,84 @@
+"""The typed results of a benchmark, local or against an endpoint: what the Markdown tables, the plot and the
+JSON are rendered from. Every number is defined once, in specdec.measure and specdec.bench.stats."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+OVERALL = "overall"
+
+
+@dataclass
+class Prediction:
+    """A speedup predicted by the economics from one source of costs, and its error against the measurement."""
+
+    speedup: float | None
+    speedup_iid: float | None  # the same costs with one acceptance rate a instead of the per-position a_i
+    error: float | None  # predicted / measured - 1
+    error_iid: float | None
+
+
+@dataclass
+class GroupResult:
+    """One method over a group of prompts (a category, or all of them)."""
+
+    prompts: int
+    tokens: int
+    seconds: float
+    tokens_per_s: float | None  # mean over the prompts, end to end
+    tokens_per_pass: float | None  # per target pass; per streamed chunk for an endpoint
+    drafted: int
+    accepted: int
+    alpha: float | None
+    acceptance_by_position: list[float]
+    draft_lengths: dict[int, int]
+    ttft_s: float | None
+    itl_p50_s: float | None
+    itl_p99_s: float | None
+    burst_share: float | None
+    disturbance_max: float | None
+    # against the baseline method on the same prompts (None without one)
+    baseline_tokens_per_s: float | None = None
+    speedup: float | None = None
+    decode_speedup: float | None = None
+    robust_speedup: float | None = None
+    identical_rate: float | None = None
+    mismatches: list[dict] = field(default_factory=list)
+    timing_suspect: list[str] = field(default_factory=list)
+    predictions: dict[str, Prediction] = field(default_factory=dict)  # by source of costs: "profile", "rounds"
+
+
+@dataclass
+class MethodResult:
+    categories: dict[str, GroupResult]
+    overall: GroupResult
+
+    def group(self, name: str) -> GroupResult | None:
+        return self.overall if name == OVERALL else self.categories.get(name)
+
+
+@dataclass
+class BenchReport:
+    config: dict
+    categories: list[str]
+    methods: list[dict]  # name, family, k, baseline
+    results: dict[str, MethodResult]
+    prediction_source: str | None  # which prediction the tables show: "profile", "rounds", or None (no rounds)
+    prediction_costs: str
+    profile: dict | None = None
+    timing: dict = field(default_factory=dict)
+    drift: dict = field(default_factory=dict)
+    meters: dict = field(default_factory=dict)
+    auto_k: dict | None = None
+    hf: dict | None = None
+    endpoint: dict | None = None  # levels, server counters, the cost points measured (bench --endpoint)
+    samples: list[dict] = field(default_factory=list)
+
+    def prediction(self, group: GroupResult) -> Prediction | None:
+        return group.predictions.get(self.prediction_source) if self.prediction_source else None
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        if self.endpoint and self.endpoint.get("verify_cost"):  # readable by `specdec plan --profile`
+            out["verify_cost"] = self.endpoint["verify_cost"]
+        return out

@@ -1,0 +1,238 @@
+"""The one renderer of measurements: Markdown tables and their cell formats, the PNG plots (through one pyplot
+helper, specdec.theory.plots.pyplot), for the local bench, the endpoint bench, `loadtest` and `profile`."""
+
+from __future__ import annotations
+
+from specdec.bench import stats
+from specdec.bench.records import OVERALL, BenchReport
+from specdec.theory.plots import pyplot
+
+
+def x(v, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:.{digits}f}x"
+
+
+def f(v, digits: int = 2, scale: float = 1.0, suffix: str = "") -> str:
+    return "-" if v is None else f"{v * scale:.{digits}f}{suffix}"
+
+
+def pct(v) -> str:
+    return "-" if v is None else f"{v * 100:+.0f}%"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def leaderboard(report: BenchReport) -> str:
+    """Spec-Bench's leaderboard: a row per speculative method, speedup per category, overall, and the mean
+    accepted tokens per target pass."""
+    cats = report.categories
+    rows = []
+    for m in report.methods:
+        if not m["baseline"]:
+            continue
+        r = report.results[m["name"]]
+        rows.append([m["name"]] + [x(r.categories[c].speedup if c in r.categories else None) for c in cats]
+                    + [x(r.overall.speedup), f(r.overall.tokens_per_pass)])
+    return table(["Method"] + cats + ["Overall", "Mean accepted tokens"], rows)
+
+
+def details(report: BenchReport) -> str:
+    per = "tokens/chunk" if report.endpoint else "tokens/pass"
+    header = ["Method", "Category", "baseline tok/s", "tok/s", "speedup", "decode speedup", "robust", "predicted",
+              "error", "iid-a predicted", per, "a", "a_i (i=1..4)", "TTFT ms", "ITL p50 ms", "ITL p99 ms",
+              "burst", "identical"]
+    rows = []
+    for m in report.methods:
+        r = report.results[m["name"]]
+        for g, v in list(r.categories.items()) + [(OVERALL, r.overall)]:
+            p = report.prediction(v)
+            a_pos = ", ".join(f(a) for a in v.acceptance_by_position[:4]) or "-"
+            rows.append([m["name"], g, f(v.baseline_tokens_per_s, 1), f(v.tokens_per_s, 1), x(v.speedup),
+                         x(v.decode_speedup), x(v.robust_speedup), x(p and p.speedup), pct(p and p.error),
+                         x(p and p.speedup_iid), f(v.tokens_per_pass), f(v.alpha), a_pos,
+                         f(v.ttft_s, 0, 1000), f(v.itl_p50_s, 1, 1000), f(v.itl_p99_s, 1, 1000),
+                         f(v.burst_share, 0, 100, "%"), f(v.identical_rate, 0, 100, "%")])
+    return table(header, rows)
+
+
+def _auto_section(report: BenchReport) -> list[str]:
+    rows = [[g, x(v.get("auto")), f"k={v.get('best_fixed_k')}: {x(v.get('best_fixed'))}",
+             pct(v.get("gain_vs_best")), x(v.get("default")), pct(v.get("gain_vs_default"))]
+            for g, v in report.auto_k.items() if v]
+    header = ["Category", "auto", "best fixed k", "auto vs best", f"default k={report.config.get('default_k')}",
+              "auto vs default"]
+    return ["", "## Auto k", "", "k chosen each round from the request's running a (Beta prior) and the "
+            "profile's cost curve, against fixed k on the same prompts.", "", table(header, rows)]
+
+
+def _hf_section(report: BenchReport) -> list[str]:
+    hf = report.hf
+    cols = list(hf[OVERALL])
+    rows = [[g] + [x(hf[g][c]) for c in cols] for g in report.categories + [OVERALL]]
+    return ["", "## Against Hugging Face transformers generate (fp32, same weights)", "",
+            "Ratios of mean tokens/s on the same prompts.", "", table(["Category"] + cols, rows), "",
+            "Hugging Face plain greedy output identical to ours: "
+            f"{f(hf['hf_plain_identical_to_ours'], 0, 100, '%')} of prompts "
+            f"(ours runs {report.config['precision']} weights)."]
+
+
+def checks_section(report: BenchReport) -> list[str]:
+    out = ["", "## Checks", ""]
+    step = "time per output token" if report.endpoint else "decode step"
+    for name, tm in report.timing.items():
+        if tm:
+            slow = tm["slow_qids"]
+            out.append(f"- timing, {name}: {step} median {tm['median_step_s'] * 1e3:.1f} ms; {len(slow)} of "
+                       f"{tm['prompts']} prompts ran more than {tm['factor']}x slower" + (
+                           f" (questions {', '.join(slow)}: was the machine busy? their speedups are suspect)"
+                           if slow else ""))
+    for name, r in report.results.items():
+        if r.overall.timing_suspect:
+            out.append(f"- timing, {name}: on questions {', '.join(r.overall.timing_suspect)} it or its "
+                       f"baseline took more than {stats.DISTURBED}x its robust decode time (something else ran); "
+                       "their measured speedups are suspect, see the robust column")
+    for name, d in report.drift.items():
+        flagged = ", ".join(f"{g['category']} ({g['alpha']:.2f}, {g['delta']:+.2f})" for g in d["flagged"])
+        meter = report.meters.get(name)
+        source = (f" (the engine's meter, warm-up included: a = {f(meter['alpha'], 3)}, EMA {f(meter['ema'], 3)})"
+                  if meter else "")
+        out.append(f"- acceptance drift, {name}: overall a = {d['overall_alpha']:.3f}{source}; "
+                   f"categories beyond +/-{d['margin']:.2f}: {flagged or 'none'}")
+    for n, r in report.results.items():
+        for m in r.overall.mismatches:
+            gap = f", target logit gap top1 - top2 = {m['logit_gap']:.4f}" if "logit_gap" in m else ""
+            what = "character" if report.endpoint else "token"
+            out.append(f"- output differs, {n}: question {m['qid']}, turn {m['turn'] + 1}, {what} {m['position']}: "
+                       f"{m['token']!r} instead of {m['baseline_token']!r}{gap}")
+    return out
+
+
+def prediction_errors(report: BenchReport) -> list[str]:
+    """One line per method: the prediction's error overall and its mean absolute error over categories."""
+    out = []
+    for name, r in report.results.items():
+        p = report.prediction(r.overall)
+        if p is None or p.error is None:
+            continue
+        parts = []
+        for label, attr in (("conditional a_i", "error"), ("iid a", "error_iid")):
+            errs = [abs(getattr(q, attr)) for q in map(report.prediction, r.categories.values())
+                    if q is not None and getattr(q, attr) is not None]
+            parts.append(f"{label}: overall {pct(getattr(p, attr))}, mean |error| over categories "
+                         f"{f(stats.mean(errs), 1, 100, '%')}")
+        robust = r.overall.robust_speedup
+        vs_robust = f"; against the robust speedup: {pct(p.speedup / robust - 1)}" if robust else ""
+        out.append(f"- prediction error, {name}: " + "; ".join(parts) + vs_robust)
+    return out
+
+
+def markdown(report: BenchReport) -> str:
+    if report.endpoint:
+        from specdec.bench.endpoint import markdown as endpoint_markdown
+
+        return endpoint_markdown(report)
+    cfg = report.config
+    out = [f"# specdec bench: {cfg['model']} ({cfg['precision']}), drafter {cfg['drafter']}, "
+           f"{cfg['max_new_tokens']} new tokens, greedy, batch 1",
+           "", f"{cfg['prompts']} prompts from {cfg['prompt_file']}; plain and speculative decoding alternate "
+           "on each prompt. Speedup = mean tokens/s over mean plain tokens/s on the same prompts (prefill "
+           "included).", "", "## Speedup (Spec-Bench layout)", "", leaderboard(report), "",
+           "## Details", "", f"Predicted: from {report.prediction_costs}, the category's measured conditional "
+           "acceptance a_i = P(accept i | accepted < i) and draft-length distribution. iid-a: the same costs "
+           "with one acceptance rate a. Robust: the same speedup with every round's duration replaced by the median "
+           "of its turn's rounds of the same draft length (insensitive to bursts of load from other processes). "
+           "ITL: gaps between consecutive tokens (0 inside a burst); burst: share of tokens that arrived with others "
+           "in one round.", "", details(report), ""] + prediction_errors(report)
+    if report.auto_k:
+        out += _auto_section(report)
+    if report.hf:
+        out += _hf_section(report)
+    return "\n".join(out + checks_section(report)) + "\n"
+
+
+def plot(report: BenchReport, path, title: str | None = None) -> None:
+    """Measured speedup per category (bars, one per speculative method) with the predicted speedups (markers)."""
+    plt = pyplot()
+    groups = report.categories + [OVERALL]
+    spec = [m["name"] for m in report.methods if m["baseline"]]
+    base = {m["name"]: m["baseline"] for m in report.methods}
+    fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(groups) * max(1, len(spec)) ** 0.5), 4.5), dpi=110)
+    width = 0.8 / max(1, len(spec))
+    for j, name in enumerate(spec):
+        r = report.results[name]
+        vals = [r.group(g) for g in groups]
+        xs = [i - 0.4 + width * (j + 0.5) for i in range(len(groups))]
+        label = name if base[name] == "plain" else f"{name} (vs {base[name]})"
+        ax.bar(xs, [(v.speedup or 0) if v else 0 for v in vals], width, label=label)
+        preds = [(px, p.speedup) for px, p in zip(xs, (report.prediction(v) if v else None for v in vals))
+                 if p is not None and p.speedup is not None]
+        if preds:
+            ax.plot(*zip(*preds), "kD", ms=5, label="predicted" if j == 0 else None)
+    ax.axhline(1.0, color="tab:red", lw=0.8, ls="--", label="baseline")
+    ax.set_xticks(range(len(groups)), groups, rotation=30, ha="right")
+    ax.set_xlabel("category")
+    ax.set_ylabel("speedup over its baseline (x)")
+    ax.set_title(title or f"specdec bench: {report.config['model']}, drafter {report.config['drafter']}")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _bytes(n) -> str:
+    return "-" if n is None else f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} KB"
+
+
+def render_profile(p: dict) -> str:
+    """The profile as text for people (the JSON holds the same and more)."""
+    out = [f"profile: {p['model']} ({p['backend']}, {p['precision']}), drafter {p['drafter']}, "
+           f"{p['threads']} threads, medians of {p['reps']} runs"]
+    bw, floor = p.get("bandwidth"), p.get("floor")
+    if bw:
+        out.append(f"memory bandwidth: read {bw['read_GBps']:.1f} GB/s (best {bw['read_GBps_best']:.1f}; sum over "
+                   f"{bw['bytes'] / 2**30:.2f} GiB), copy {bw['copy_GBps']:.1f} GB/s (read + write bytes)")
+        mem = p["memory"]["target"]
+        out.append(f"physical floor: {_bytes(mem['weight_bytes_read_per_token'])} of weights per token / "
+                   f"{bw['read_GBps']:.1f} GB/s = {floor['seconds_per_token'] * 1e3:.1f} ms per token "
+                   f"({floor['tokens_per_s']:.0f} tok/s); measured 1-row pass at context {floor['context']}: "
+                   f"{floor['measured_step_s'] * 1e3:.1f} ms ({floor['measured_over_floor']:.1f}x the floor)")
+    ctxs = p["contexts"]
+    out.append("verify cost T(n)/T(1) (ms per pass in brackets):")
+    out.append("   n  " + "".join(f"{'context ' + str(e['context']):>20}" for e in ctxs))
+    for n in ctxs[0]["verify_cost"]:
+        out.append(f"{n:>4}  " + "".join(f"{e['verify_cost'][n]:>11.2f} ({e['times_s'][n] * 1e3:5.1f})"
+                                         for e in ctxs))
+    k = p["knee"]
+    out.append("knee: " + "; ".join(f"context {e['context']}: first n > {k['threshold']}x = "
+                                    f"{e['knee_threshold_rows'] or 'none'}, roofline fit {e['knee_roofline_rows']:.1f}"
+                                    for e in ctxs))
+    out.append(f"  rule - {k['rule']}")
+    d = p["draft"]
+    if d["kind"] == "ngram":
+        out.append(f"draft cost c = {p['draft_cost']:.5f} target passes per drafted token: n-gram lookup "
+                   f"{d['seconds_per_round'] * 1e6:.0f} us per round (k = {d['k']}, context {d['context']})")
+    elif d["kind"] == "draft-model":
+        out.append(f"draft cost c = {p['draft_cost']:.3f}: draft model 1-token pass {d['step_s'] * 1e3:.1f} ms "
+                   f"vs target {p['step_s'] * 1e3:.1f} ms at context {d['context']}")
+    else:
+        out.append(f"draft cost c = {p['draft_cost']:g} (drafter {d['kind']})")
+    mem = p.get("memory")
+    if mem:
+        t, dm = mem["target"], mem["draft"]
+        out.append(f"memory: target weights {_bytes(t['resident_weight_bytes'])} resident "
+                   f"({_bytes(t['weight_bytes_read_per_token'])} read per token), KV {_bytes(t['kv_bytes_per_token'])}"
+                   " per context token")
+        if dm:
+            out.append(f"        draft weights {_bytes(dm['resident_weight_bytes'])}, KV "
+                       f"{_bytes(dm['kv_bytes_per_token'])} per context token")
+        else:
+            out.append("        drafter: no weights; its n-gram index at most "
+                       f"{_bytes(mem['drafter_bytes_per_token'])} per context token")
+        out.append(f"  at a {mem['budget_bytes'] / 2**30:.1f} GiB budget, sequences of {mem['context']} tokens: "
+                   f"{mem['sequences_without_drafter']} without the drafter, {mem['sequences_with_drafter']} with it "
+                   f"({mem['sequences_lost']} lost, {f(mem['share_lost'], 1, 100, '%')})")
+    return "\n".join(out)
