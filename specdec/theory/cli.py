@@ -14,18 +14,34 @@ from specdec.theory.economics import (
     plan,
     unit_verify_cost,
 )
+from specdec.theory.emit import EMITTERS, METHODS, choose, parse_acceptance, render
 from specdec.theory.simulate import simulate
 
 
 def register(sub) -> None:
     p = sub.add_parser("plan", help="best draft depth k for an acceptance rate and draft cost")
-    p.add_argument("--alpha", type=float, required=True, help="acceptance rate a in [0, 1]")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="acceptance rate a in [0, 1] (required unless --emit is given with --acceptance)")
     p.add_argument("--draft-cost", type=float, default=None,
                    help="cost of one drafted token in target passes (default: from --profile, else 0)")
     p.add_argument("--max-k", type=int, default=32)
     _cost_args(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--plot", metavar="FILE.png", help="write the speedup curve as a PNG")
+    e = p.add_argument_group("engine configuration (--emit)")
+    e.add_argument("--emit", choices=sorted(EMITTERS), help="print the speculative configuration for this engine")
+    e.add_argument("--acceptance", metavar="A1,A2,...",
+                   help="per-position conditional acceptance a_i = P(accept i | all before accepted)")
+    e.add_argument("--method", choices=METHODS, default=None, help="the drafter to configure (default: ngram)")
+    e.add_argument("--draft-model", metavar="PATH", help="draft model or EAGLE head (method draft / eagle)")
+    e.add_argument("--ngram-min", type=int, default=None, help="smallest n-gram to match (default: 1)")
+    e.add_argument("--ngram-max", type=int, default=None, help="largest n-gram to match (default: 4)")
+    e.add_argument("--from-bench", metavar="FILE.json",
+                   help="take a and a_i from a `specdec bench` report (local or --endpoint) instead of --alpha")
+    e.add_argument("--bench-method", metavar="NAME", help="which method of that report (default: the one that "
+                                                           "drafted the most)")
+    e.add_argument("--knee-rows", type=float, default=None,
+                   help="token-rows per pass below which the target pass is memory-bound (default: the profile's)")
     p.set_defaults(func=run_plan)
 
     b = sub.add_parser("batch-model", help="throughput with speculation relative to without, against batch")
@@ -90,9 +106,73 @@ def cost_curve_from_args(args) -> tuple[CostCurve | None, float | None]:
     return CostCurve.parse(spec), None
 
 
+EMIT_ONLY = ("acceptance", "method", "draft_model", "ngram_min", "ngram_max", "knee_rows", "from_bench",
+             "bench_method")
+
+
+def measured_acceptance(path: str, method: str | None) -> tuple[str, float, tuple[float, ...]]:
+    """(method, a, a_i up to the last position reached) measured by a `specdec bench` report."""
+    try:
+        with open(path) as f:
+            results = json.load(f)["results"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise SpecdecError(f"{path}: not a `specdec bench --json` report") from None
+    drafted = {name: r["overall"]["drafted"] for name, r in results.items() if r["overall"].get("alpha") is not None}
+    if not drafted:
+        raise SpecdecError(f"{path}: no method in it measured an acceptance rate")
+    if method is not None and method not in drafted:
+        raise SpecdecError(f"{path}: no acceptance rate for method {method!r} (there: {', '.join(drafted)})")
+    name = method or max(drafted, key=drafted.get)
+    overall = results[name]["overall"]
+    a_pos = []
+    for a in overall.get("acceptance_by_position") or []:
+        if a is None:
+            break
+        a_pos.append(a)
+    return name, overall["alpha"], tuple(a_pos)
+
+
+def profile_knee(path: str) -> float | None:
+    """The roofline knee of a `specdec profile` (the pass-cost model batch_model uses), else the threshold knee."""
+    knee = load_profile(path).get("knee") or {}
+    return knee.get("roofline_rows") or knee.get("threshold_rows")
+
+
+def run_plan_emit(args, curve: CostCurve | None, c: float) -> int:
+    if args.plot:
+        raise SpecdecError("--plot does not combine with --emit")
+    knee = args.knee_rows
+    if knee is None and args.profile:
+        knee = profile_knee(args.profile)
+    acceptance, measured = parse_acceptance(args.acceptance) if args.acceptance else (), None
+    if args.from_bench:
+        if args.alpha is not None or args.acceptance:
+            raise SpecdecError("--from-bench replaces --alpha and --acceptance: give one of them")
+        name, args.alpha, acceptance = measured_acceptance(args.from_bench, args.bench_method)
+        measured = {"report": args.from_bench, "method": name}
+    choice = choose(args.method or "ngram", c, alpha=args.alpha, acceptance=acceptance,
+                    verify_cost=curve or unit_verify_cost, max_k=args.max_k, draft_model=args.draft_model,
+                    ngram_min=1 if args.ngram_min is None else args.ngram_min,
+                    ngram_max=4 if args.ngram_max is None else args.ngram_max, knee_rows=knee)
+    text, obj = render(args.emit, choice)
+    if measured:
+        obj["measured"] = measured
+        text = f"# a and a_i measured by {measured['report']}, method {measured['method']}\n" + text
+    print(json.dumps(obj, indent=2) if args.json else text)
+    return 0
+
+
 def run_plan(args) -> int:
+    if not args.emit:
+        given = [f"--{name.replace('_', '-')}" for name in EMIT_ONLY if getattr(args, name) is not None]
+        if given:
+            raise SpecdecError(f"{', '.join(given)}: only used with --emit ENGINE")
+        if args.alpha is None:
+            raise SpecdecError("specdec plan: the following arguments are required: --alpha")
     curve, profile_c = cost_curve_from_args(args)
     c = args.draft_cost if args.draft_cost is not None else (profile_c or 0.0)
+    if args.emit:
+        return run_plan_emit(args, curve, c)
     result = plan(args.alpha, c, max_k=args.max_k, verify_cost=curve or unit_verify_cost)
     if args.plot:
         from specdec.theory.plots import plot_plan
