@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast lint mutate mutate-fast browser bench serve-bench long-context clean
+.PHONY: setup demo test test-fast lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean
 
 setup: $(VENV)/.installed
 
@@ -58,6 +58,11 @@ bench: setup
 # chunked against whole-prompt prefill; writes artifacts/serve-bench.{json,md,png}.
 serve-bench: setup
 	$(BIN)/python scripts/serve_bench.py --prompts $(SPEC_BENCH) --out-dir artifacts
+
+# bench --endpoint against the local bench and loadtest, on the same prompts: servers with policy never, always and
+# auto; writes artifacts/endpoint-bench.{json,md} and each tool's JSON.
+endpoint-bench: setup
+	$(BIN)/python scripts/endpoint_bench.py --out artifacts
 
 # Long contexts: decode and verify cost at 512-8k positions, time to first token, n-gram on long copy-heavy
 # prompts, the prefix cache, and llama.cpp side by side when node-llama-cpp is installed (scripts/llamacpp_run.mjs).

@@ -1,0 +1,148 @@
+"""Does `specdec bench --endpoint` measure what the local bench and `specdec loadtest` measure? One run, so the
+ratios share one machine state: this machine's read bandwidth; the local bench (plain vs n-gram k); then
+`specdec serve` under the policies never, always and auto (same model, drafter, k, max batch), with
+`bench --endpoint` (always and auto, each against never) and `loadtest` against each server, on the same prompts.
+
+    .venv/bin/python scripts/endpoint_bench.py [--per-category 2] [--max-new-tokens 64] [--concurrency 1,4]
+
+Prompts: the first turn of the first N Spec-Bench items of each category (one JSONL, used by all three tools;
+loadtest sends first turns only). Compared:
+  - concurrency 1: the local bench's n-gram speedup, decode speedup, acceptance a and identical-output rate
+    against bench --endpoint's for policy always (same k), whose a comes from the server's counters;
+  - every level: output throughput of bench --endpoint's level against loadtest's, per policy, and the
+    throughput ratio of always and auto over never by both tools.
+Writes OUT/endpoint-bench.{md,json} plus each tool's own JSON. Nothing connects anywhere but 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from serve_bench import Server, say  # the same server handling as the serving benchmark
+
+from specdec.bench.profile import measure_bandwidth
+from specdec.bench.prompts import load_prompts, select
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+
+def cli(*args: str) -> None:
+    cmd = [sys.executable, "-m", "specdec.cli", *args]
+    say(" ".join(cmd[3:]))
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+
+
+def first_turns(out: Path, per_category: int) -> int:
+    items = select(load_prompts(str(SPEC_BENCH)), None, per_category)
+    out.write_text("".join(json.dumps({"question_id": p.qid, "category": p.category, "turns": [p.turns[0]]}) + "\n"
+                           for p in items))
+    return len(items)
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def fmt(v, digits=2, suffix="") -> str:
+    return "-" if v is None else f"{v:.{digits}f}{suffix}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--per-category", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
+    args = ap.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="endpoint-bench-"))
+    prompts = tmp / "first-turns.jsonl"
+    n = first_turns(prompts, args.per_category)
+    t0 = time.time()
+    bw = measure_bandwidth(1 << 30, 7)
+    say(f"read bandwidth {bw['read_GBps']:.1f} GB/s; {n} prompts")
+    common = ["--prompts", str(prompts), "--max-new-tokens", str(args.max_new_tokens), "--quiet"]
+    local = args.out / "endpoint-bench-local.json"
+    cli("bench", *common, "--k", str(args.k), "--json", str(local))
+
+    serve = ["--drafter", "ngram", "--k", str(args.k), "--max-batch", str(args.max_batch)]
+    servers = {p: Server(p, [*serve, "--policy", p], tmp) for p in ("never", "always", "auto")}
+    loads, endpoint = {}, {}
+    try:
+        for s in servers.values():
+            s.start(300)
+        for p in ("always", "auto"):
+            endpoint[p] = args.out / f"endpoint-bench-{p}.json"
+            cli("bench", *common, "--endpoint", servers[p].url, "--baseline", servers["never"].url,
+                "--concurrency", args.concurrency, "--json", str(endpoint[p]))
+        for p, s in servers.items():
+            for c in levels:
+                out = tmp / f"load-{p}-{c}.json"
+                cli("loadtest", "--url", s.url, "--prompts", str(prompts), "--concurrency", str(c),
+                    "--requests-per-client", str(math.ceil(n / c)), "--max-tokens", str(args.max_new_tokens),
+                    "--json", str(out))
+                loads[(p, c)] = json.loads(out.read_text())["levels"][0]
+    finally:
+        for s in servers.values():
+            s.stop()
+
+    loc = json.loads(local.read_text())
+    ep = {p: json.loads(f.read_text()) for p, f in endpoint.items()}
+    spec_name = next(m["name"] for m in loc["methods"] if m["baseline"])
+    lo = loc["results"][spec_name]["overall"]
+    e1 = ep["always"]["results"]["endpoint c=1"]["overall"]
+    c1 = ep["always"]["endpoint"]["levels"][0]["endpoint"]["counters"]
+    rows1 = [["local bench (engine, batch 1)", fmt(lo["speedup"], 2, "x"), fmt(lo["decode_speedup"], 2, "x"),
+              fmt(lo["alpha"], 3), fmt(lo["tokens_per_pass"]), fmt(lo["identical_rate"] * 100, 0, "%")],
+             ["bench --endpoint, policy always, c=1", fmt(e1["speedup"], 2, "x"), fmt(e1["decode_speedup"], 2, "x"),
+              fmt(c1["accepted"] / c1["drafted"] if c1 and c1["drafted"] else None, 3), fmt(e1["tokens_per_pass"]),
+              fmt(e1["identical_rate"] * 100, 0, "%")]]
+    rows2 = []
+    summary = {"bandwidth_GBps": bw["read_GBps"], "prompts": n, "max_new_tokens": args.max_new_tokens, "k": args.k,
+               "levels": {}}
+    for c in levels:
+        tput = {}
+        for p in servers:
+            src = ep["auto" if p == "auto" else "always"]["endpoint"]["levels"][levels.index(c)]
+            bench_t = src["endpoint" if p != "never" else "baseline"]["load"]["throughput_tok_s"]
+            load_t = loads[(p, c)]["throughput_tok_s"]
+            tput[p] = (bench_t, load_t)
+            rows2.append([str(c), p, fmt(bench_t, 1), fmt(load_t, 1), fmt(ratio(bench_t, load_t), 2)])
+        for p in ("always", "auto"):
+            rows2.append([str(c), f"{p} / never", fmt(ratio(tput[p][0], tput["never"][0]), 2, "x"),
+                          fmt(ratio(tput[p][1], tput["never"][1]), 2, "x"), ""])
+        summary["levels"][c] = {p: {"bench_endpoint_tok_s": b, "loadtest_tok_s": t} for p, (b, t) in tput.items()}
+    summary["concurrency_1"] = {"local": rows1[0][1:], "endpoint_always": rows1[1][1:]}
+
+    def table(head, rows):
+        return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+                         + ["| " + " | ".join(r) + " |" for r in rows])
+
+    md = "\n".join([
+        f"# bench --endpoint against the local bench and loadtest ({time.strftime('%Y-%m-%d')})", "",
+        f"This machine: read bandwidth {bw['read_GBps']:.1f} GB/s. {n} Spec-Bench first turns ({args.per_category} "
+        f"per category), {args.max_new_tokens} new tokens, greedy, n-gram drafter k = {args.k}, servers with max "
+        f"batch {args.max_batch}. One run, {(time.time() - t0) / 60:.0f} minutes.", "",
+        "## Concurrency 1: speculation's gain, measured in the engine and through the server", "",
+        table(["measured by", "speedup", "decode speedup", "a", "tokens/pass (chunk)", "identical"], rows1), "",
+        "## Output throughput per level (tokens/s): bench --endpoint's level against loadtest's", "",
+        table(["concurrency", "policy", "bench --endpoint", "loadtest", "bench / loadtest"], rows2), ""])
+    (args.out / "endpoint-bench.md").write_text(md)
+    (args.out / "endpoint-bench.json").write_text(json.dumps(summary, indent=1))
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
