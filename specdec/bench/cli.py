@@ -110,7 +110,6 @@ def run_bench(args) -> int:
     import torch
 
     from specdec.bench.prompts import load_prompts, parse_categories, select
-    from specdec.bench.render import markdown, plot
     from specdec.bench.report import build_report
     from specdec.bench.runner import engine_method, logit_gap_fn, mark_identity
     from specdec.bench.runner import run_bench as run_all
@@ -166,7 +165,14 @@ def run_bench(args) -> int:
               "prompt_file": args.prompts, "categories": args.categories, "per_category": args.per_category,
               "compare": args.compare, "threads": torch.get_num_threads(), "torch": torch.__version__,
               "greedy": True, "batch": 1, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    report = build_report(samples, methods, config, prof, source, args.drift_margin)
+    write_report(build_report(samples, methods, config, prof, source, args.drift_margin), args)
+    return 0
+
+
+def write_report(report, args, title: str | None = None) -> None:
+    """The report's Markdown to stdout (and --markdown), its JSON to --json, its plot to --plot."""
+    from specdec.bench.render import markdown, plot
+
     text = markdown(report)
     print(text)
     if args.markdown:
@@ -174,14 +180,12 @@ def run_bench(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
     if args.plot:
-        plot(report, args.plot)
-    return 0
+        plot(report, args.plot, title)
 
 
 def run_endpoint_bench(args) -> int:
     from specdec.bench.endpoint import round_cost, run_endpoints
     from specdec.bench.prompts import load_prompts, parse_categories, select
-    from specdec.bench.render import markdown, plot
     from specdec.bench.report import build_report
     from specdec.bench.runner import mark_identity
     from specdec.serve.loadtest import LoadConfig
@@ -215,13 +219,6 @@ def run_endpoint_bench(args) -> int:
     if info["round_cost"]:
         info["verify_cost"] = info["round_cost"]["verify_cost"]
     report = build_report(run["samples"], run["methods"], config, None, None, args.drift_margin, endpoint=info)
-    text = markdown(report)
-    print(text)
-    if args.markdown:
-        Path(args.markdown).write_text(text)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
-    if args.plot:
-        plot(report, args.plot, title=f"specdec bench --endpoint {args.endpoint}: speedup per category and level")
+    write_report(report, args, f"specdec bench --endpoint {args.endpoint}: speedup per category and level")
     return 0
 
