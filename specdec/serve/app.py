@@ -38,6 +38,10 @@ class ServeConfig:
     max_body_bytes: int = 4 << 20
     max_tokens_default: int | None = None  # None: up to the context
     aliases: tuple[str, ...] = ()  # other names a request may give the model by
+    lossy_typical_acceptance: bool = False  # LOSSY: typical acceptance for every request; header says so
+
+
+ACCEPTANCE_HEADER = "x-specdec-acceptance"  # on every completion response: "exact" or "lossy-typical"
 
 
 def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
@@ -47,6 +51,7 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
     context = worker.sched.context
     created = int(time.time())
     static = {p.name: p for p in STATIC_DIR.iterdir() if p.is_file()}
+    label = {ACCEPTANCE_HEADER: "lossy-typical" if cfg.lossy_typical_acceptance else "exact"}
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
@@ -112,8 +117,8 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
                            code="context_length_exceeded")
         max_tokens = req.max_tokens or min(room, cfg.max_tokens_default or room)
         sampling = SamplingConfig(temperature=req.temperature, top_p=req.top_p, seed=req.seed)
-        return Sequence(ids, GenerationConfig(max_tokens, sampling, req.stop), device=worker.sched.device,
-                        max_k=max(worker.sched.policy.max_k, 1))
+        gen = GenerationConfig(max_tokens, sampling, req.stop, cfg.lossy_typical_acceptance)
+        return Sequence(ids, gen, device=worker.sched.device, max_k=max(worker.sched.policy.max_k, 1))
 
     def usage_of(seq: Sequence) -> dict:
         st = seq.stats
@@ -136,8 +141,9 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
         rid = protocol.new_id(kind)
         if req.stream:
             return StreamingResponse(stream(req, rid, ticket), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        return await whole(req, rid, ticket, request)
+                                     headers={"Cache-Control": "no-cache", **label})
+        out = await whole(req, rid, ticket, request)
+        return JSONResponse(out, headers=label) if isinstance(out, dict) else out
 
     async def whole(req: GenRequest, rid: str, ticket: Ticket, request: Request):
         try:

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 
+from specdec.audit import cli as audit_cli
 from specdec.errors import SpecdecError
 from specdec.serve import loadtest
 
@@ -39,8 +40,12 @@ def register(sub) -> None:
                                                       "(default: a few seconds of calibration at start-up)")
     s.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model's)")
     s.add_argument("--max-body-bytes", type=int, default=4 << 20)
+    s.add_argument("--lossy-typical-acceptance", action="store_true",
+                   help="LOSSY: Medusa-style typical acceptance for every request; responses are no longer the "
+                        "model's own distribution (they carry 'x-specdec-acceptance: lossy-typical')")
     s.set_defaults(func=run_serve)
     loadtest.register(sub)
+    audit_cli.register(sub)
 
 
 def make_policy(name: str, k: int, model, max_batch: int, profile: str | None, free_drafts: bool):
@@ -87,6 +92,9 @@ def run_serve(args) -> int:
         raise SpecdecError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
     if args.profile and not os.path.isfile(args.profile):
         raise SpecdecError(f"--profile: no such file: {args.profile}")
+    if args.lossy_typical_acceptance:
+        print("specdec: warning: --lossy-typical-acceptance is LOSSY: responses are not the model's own "
+              "distribution", file=sys.stderr)
     sched_cfg = SchedulerConfig(args.max_batch, args.max_queue, args.context, args.prefill_chunk or None)
     spec = ModelSpec.from_args(args)
     target, drafter = build(spec)
@@ -103,12 +111,14 @@ def run_serve(args) -> int:
     name = args.served_model_name or target.name
     aliases = tuple({args.model, target.name} - {name})  # a client may also name the model as it was given
     app = create_app(worker, target.tokenizer, ServeConfig(name, args.api_key, args.max_body_bytes,
-                                                           args.max_tokens_default, aliases))
+                                                           args.max_tokens_default, aliases,
+                                                           args.lossy_typical_acceptance))
     worker.start()
     kv_gib = getattr(sched.cache, "nbytes", 0) / 2**30
     print(f"specdec: serving {name} ({target.model.precision}) on http://{args.host}:{args.port}/v1 - drafter "
           f"{drafter.name}, policy {args.policy if spec.drafter != 'none' else 'never'}, k <= {args.k}, "
-          f"max batch {args.max_batch}, context {sched.context} (KV pool {kv_gib:.1f} GiB), prefix cache {prefix}",
+          f"max batch {args.max_batch}, context {sched.context} (KV pool {kv_gib:.1f} GiB), prefix cache {prefix}"
+          f"{', acceptance LOSSY (typical)' if args.lossy_typical_acceptance else ''}",
           file=sys.stderr,
           flush=True)
     # SIGTERM: uvicorn stops accepting connections and lets requests in flight finish, then re-raises the signal
