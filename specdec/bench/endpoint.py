@@ -171,26 +171,32 @@ def run_endpoints(cfg: LoadConfig, baseline: LoadConfig | None, prompts: list[Pr
 
 
 def round_cost(levels: list[dict], samples: list[Sample]) -> dict | None:
-    """One point of the deployment's cost curve, measured at C = 1: the mean time between streamed chunks with
-    speculation (a round: drafting and a verify pass over n = drafted/drafts + 1 rows) over the same without
-    (a one-row pass). Readable by `specdec plan --profile` as {"verify_cost": {1: 1, n: cost}}; the draft cost is
-    inside it, so plan with --draft-cost 0."""
+    """One point of the deployment's cost curve, measured at C = 1, where every streamed chunk is one pass:
+    the speculative run's P chunk gaps, D of them rounds that drafted (the server's counters), took S seconds;
+    the others cost a plain step T1 (the baseline's mean chunk gap). A drafting round (drafting and a verify
+    pass over n = drafted/D + 1 rows) then costs T = (S - (P - D) T1) / D, that is T/T1 passes. Readable by
+    `specdec plan --profile` as {"verify_cost": {1: 1, n: T/T1}}; the draft cost is inside it, so plan with
+    --draft-cost 0."""
     level = next((lv for lv in levels if lv["concurrency"] == 1 and "baseline" in lv), None)
     counters = level and level["endpoint"]["counters"]
     if not counters or not counters["drafts"]:
         return None
 
-    def gap(name: str) -> float | None:
+    def gaps(name: str) -> tuple[float, int]:
         turns = [t for s in samples if s.method == name for t in s.turns if len(t.token_times) > 1]
-        chunks = sum(len(t.token_times) - 1 for t in turns)
-        return sum(t.token_times[-1] - t.token_times[0] for t in turns) / chunks if chunks else None
+        return sum(t.token_times[-1] - t.token_times[0] for t in turns), sum(len(t.token_times) - 1 for t in turns)
 
-    spec, plain = gap("endpoint c=1"), gap("baseline c=1")
-    if not spec or not plain:
+    (spec_s, passes), (plain_s, plain_passes) = gaps("endpoint c=1"), gaps("baseline c=1")
+    drafts = counters["drafts"]
+    if not plain_passes or not passes or drafts > passes:
         return None
-    rows = round(counters["drafted"] / counters["drafts"]) + 1
-    return {"rows": rows, "round_s": spec, "plain_step_s": plain, "cost": spec / plain,
-            "verify_cost": {"1": 1.0, str(rows): spec / plain}}
+    step = plain_s / plain_passes
+    round_s = (spec_s - (passes - drafts) * step) / drafts
+    if round_s <= 0:
+        return None
+    rows = round(counters["drafted"] / drafts) + 1
+    return {"rows": rows, "round_s": round_s, "plain_step_s": step, "cost": round_s / step, "passes": passes,
+            "drafting_rounds": drafts, "verify_cost": {"1": 1.0, str(rows): round_s / step}}
 
 
 def markdown(report) -> str:
@@ -230,7 +236,8 @@ def markdown(report) -> str:
                 out.append(f"- {k} c={lv['concurrency']}: no acceptance counters or gauges at /metrics")
     rc = ep.get("round_cost")
     if rc:
-        out += ["", f"Round cost at concurrency 1: a round over {rc['rows']} rows (drafting included) takes "
-                f"{rc['round_s'] * 1e3:.1f} ms against {rc['plain_step_s'] * 1e3:.1f} ms per plain step: "
-                f"{rc['cost']:.2f} passes. The JSON holds it as `verify_cost` for `specdec plan --profile`."]
+        out += ["", f"Round cost at concurrency 1: a drafting round over {rc['rows']} rows (drafting included; "
+                f"{rc['drafting_rounds']} of {rc['passes']} passes drafted) takes {rc['round_s'] * 1e3:.1f} ms "
+                f"against {rc['plain_step_s'] * 1e3:.1f} ms per plain step: {rc['cost']:.2f} passes. The JSON holds "
+                "it as `verify_cost` for `specdec plan --profile`."]
     return "\n".join(out + render.checks_section(report)) + "\n"
