@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 
 from specdec.errors import SpecdecError
+from specdec.serve.loadtest import run_async
 
 REFERENCE_SEED_OFFSET = 2**30
 CONNECT_TIMEOUT_S = 10.0
@@ -241,8 +242,8 @@ def run_audit(args) -> int:
         print(f"specdec audit: {n} completions from each server ({len(prompts)} prompts x {args.samples}), "
               f"{args.max_tokens} tokens, temperature {args.temperature:g}, top-p {args.top_p:g}", file=sys.stderr)
     t0 = time.perf_counter()
-    got = asyncio.run(collect(servers, prompts, args.samples, body, args.seed, args.concurrency,
-                              args.api_key, args.timeout))
+    got = run_async(collect(servers, prompts, args.samples, body, args.seed, args.concurrency,
+                            args.api_key, args.timeout))  # also from a thread that runs an event loop
     wall = time.perf_counter() - t0
     ids = [[[tok.encode(t) for t in texts] for texts in g.texts] for g in got]
     result = compare(ids[0], ids[1], args.max_tokens, args.alpha)
