@@ -178,6 +178,8 @@ def test_endpoint_without_a_baseline_and_bad_input(prompts, tmp_path, stubs, cap
     r = bench(prompts, tmp_path, stubs(per_chunk=2), None)
     assert [m["name"] for m in r["methods"]] == ["endpoint c=1"] and r["results"]["endpoint c=1"]["overall"][
         "speedup"] is None
+    r = bench(prompts, tmp_path, stubs(per_chunk=1, tokens=0), stubs(per_chunk=1, tokens=0))  # empty answers
+    assert r["results"]["endpoint c=1"]["overall"]["tokens"] == 0
     assert main(["bench", "--prompts", str(prompts), "--baseline", "http://127.0.0.1:9"]) == 2
     assert "--baseline needs --endpoint" in capsys.readouterr().err
     assert main(["bench", "--prompts", str(prompts), "--endpoint", "127.0.0.1:9"]) == 2

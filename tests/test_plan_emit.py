@@ -305,3 +305,5 @@ def test_acceptance_from_a_bench_report(run, tmp_path):
     (tmp_path / "bad.json").write_text("[1]")
     code, _, err = run("plan", "--emit", "vllm", "--from-bench", str(tmp_path / "bad.json"))
     assert code == 2 and "not a `specdec bench --json` report" in err
+    code, _, err = run("plan", "--emit", "vllm", "--from-bench", str(tmp_path / "missing.json"))
+    assert code == 2 and "cannot read" in err

@@ -80,7 +80,8 @@ def _turn(rec: RequestResult, acceptance: tuple[int, int, int] | None) -> Turn:
         drafted, accepted = int(rec.timings["draft_n"]), int(rec.timings.get("draft_n_accepted", 0))
     elif acceptance is not None:
         drafted, accepted = acceptance[0], acceptance[1]
-    return Turn([], [], rec.text, rec.finish or "stop", rec.e2e_s, rec.ttft_s, list(rec.chunk_s),
+    ttft = rec.ttft_s if rec.ttft_s is not None else rec.e2e_s  # an empty answer: its end is its first token
+    return Turn([], [], rec.text, rec.finish or "stop", rec.e2e_s, ttft, list(rec.chunk_s),
                 completion_tokens=rec.tokens, prompt_tokens=rec.prompt_tokens, drafted=drafted, accepted=accepted)
 
 

@@ -61,7 +61,7 @@ def tokens_per_pass(turns) -> float | None:
     return measure.tokens_per_pass(emitted, passes)
 
 
-def all_rounds(samples) -> list[tuple]:
+def all_rounds(samples) -> list:
     return [r for s in samples for t in s.turns for r in (t.rounds or [])]
 
 

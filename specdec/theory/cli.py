@@ -114,8 +114,12 @@ def measured_acceptance(path: str, method: str | None) -> tuple[str, float, tupl
     """(method, a, a_i up to the last position reached) measured by a `specdec bench` report."""
     try:
         with open(path) as f:
-            results = json.load(f)["results"]
-    except (OSError, ValueError, KeyError, TypeError):
+            text = f.read()
+    except OSError as e:
+        raise SpecdecError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        results = json.loads(text)["results"]
+    except (ValueError, KeyError, TypeError):
         raise SpecdecError(f"{path}: not a `specdec bench --json` report") from None
     drafted = {name: r["overall"]["drafted"] for name, r in results.items() if r["overall"].get("alpha") is not None}
     if not drafted:
