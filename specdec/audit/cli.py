@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 
 from specdec.errors import SpecdecError
-from specdec.serve.loadtest import run_async
+from specdec.serve.loadtest import http_error, run_async
 
 REFERENCE_SEED_OFFSET = 2**30
 CONNECT_TIMEOUT_S = 10.0
@@ -85,14 +85,6 @@ def _fail(server: Server, what: str) -> SpecdecError:
     return SpecdecError(f"the {server.name} at {server.url}: {what}")
 
 
-def _error_text(r: httpx.Response) -> str:
-    try:
-        err = r.json().get("error")
-        return str(err.get("message", err) if isinstance(err, dict) else err or r.text[:200])
-    except (ValueError, AttributeError):
-        return r.text[:200]
-
-
 async def _request(client: httpx.AsyncClient, server: Server, method: str, path: str, **kw) -> httpx.Response:
     try:
         r = await client.request(method, server.url + path, **kw)
@@ -101,7 +93,7 @@ async def _request(client: httpx.AsyncClient, server: Server, method: str, path:
     except httpx.HTTPError as e:
         raise _fail(server, f"unreachable ({type(e).__name__}: {e})") from None
     if r.status_code != 200:
-        raise _fail(server, f"{method} {path} refused: HTTP {r.status_code}: {_error_text(r)}")
+        raise _fail(server, f"{method} {path} refused: {http_error(r.status_code, r.text)}")
     return r
 
 

@@ -143,7 +143,7 @@ def _describe(e: BaseException) -> str:
     return _one_line(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
 
 
-def _http_error(status: int, body: str) -> str:
+def http_error(status: int, body: str) -> str:
     """'HTTP 500: message', the message taken from an OpenAI-style error object when there is one."""
     message = body
     try:
@@ -223,7 +223,7 @@ async def _exchange(client: httpx.AsyncClient, url: str, body: dict, t0: float, 
         resp = await client.post(url, json=body)
         rec.status = resp.status_code
         if resp.status_code != 200:
-            raise RequestFailed(_http_error(resp.status_code, resp.text))
+            raise RequestFailed(http_error(resp.status_code, resp.text))
         obj = _load_json(resp.text)
         rec.tokens, rec.text = _usage_tokens(obj) or 0, _text_of(obj)
         _note_extras(obj, rec)
@@ -231,7 +231,7 @@ async def _exchange(client: httpx.AsyncClient, url: str, body: dict, t0: float, 
     async with client.stream("POST", url, json=body) as resp:
         rec.status = resp.status_code
         if resp.status_code != 200:
-            raise RequestFailed(_http_error(resp.status_code, (await resp.aread()).decode(errors="replace")))
+            raise RequestFailed(http_error(resp.status_code, (await resp.aread()).decode(errors="replace")))
         usage = None
         async for line in resp.aiter_lines():
             if not line.startswith("data:"):  # blank separators, ': keep-alive' comments, 'event:' lines
@@ -290,7 +290,7 @@ async def resolve_model(cfg: LoadConfig) -> str:
         except httpx.HTTPError as e:
             raise SpecdecError(f"cannot reach {url}: {_describe(e)}") from None
     if resp.status_code != 200:
-        raise SpecdecError(f"GET {url}: {_http_error(resp.status_code, resp.text)}")
+        raise SpecdecError(f"GET {url}: {http_error(resp.status_code, resp.text)}")
     try:
         return str(resp.json()["data"][0]["id"])
     except (ValueError, KeyError, IndexError, TypeError):
