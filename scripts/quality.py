@@ -3,8 +3,9 @@ predictions and perplexity, teacher-forced over Spec-Bench prompts.
 
     .venv/bin/python scripts/quality.py [--prompts ../shared/data/spec_bench/question.jsonl] [--n 24]
 
-fp16 is measured on both of its paths: prefill (fbgemm) and decode (the native kernel, fed 8 tokens per
-pass, as verification feeds it).
+Each path runs as decoding runs it: the native kernels fed 8 tokens a pass (as verification feeds them), the
+torch path (int8) in one pass. fp32 is the GGUF's weights dequantized exactly, so `gguf` (the same weights, in
+fp32 arithmetic on the file's blocks) differs from it only in the order of its sums.
 """
 
 from __future__ import annotations
@@ -53,19 +54,22 @@ def main() -> None:
     ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
     ap.add_argument("--n", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--paths", default="fp16,int8,gguf,gguf-q8", help="precisions to compare with fp32")
     args = ap.parse_args()
     ref = load_model("default", "fp32")
     tok = ref.tokenizer
     texts = prompts(args.prompts, args.n)
     seqs = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}]))[: args.max_tokens] for t in texts]
     paths = {"fp32": (ref.model, None)}
-    for prec in ("fp16", "int8"):
+    for prec in args.paths.split(","):
         m = load_model("default", prec).model
-        paths[f"{prec} (prefill path)"] = (m, None)
-        if prec == "fp16" and m.kernels is not None:
-            paths["fp16 (decode path, native kernel)"] = (m, 8)
-        elif prec == "int8":
-            paths["int8 (decode path)"] = (m, 8)
+        if m.kernels is None:
+            paths[f"{prec} (torch path)"] = (m, None)
+            continue
+        # with the native kernels a prefill runs the decode kernel too; 8 tokens a pass, as verification feeds it
+        paths[f"{prec} (native kernel, 8 rows a pass)"] = (m, 8)
+        if prec == "fp16":
+            paths["fp16 (one prefill pass)"] = (m, None)
     ref_top, ref_logits = [], []
     for ids in seqs:
         lg = logits_for(ref.model, ids, None)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdec.errors import SpecdecError
+from specdec.models.config import PRECISIONS
 
 DRAFTERS = ("ngram", "draft-model", "none")
-PRECISIONS = ("fp32", "fp16", "int8", "bf16")
 
 
 @dataclass(frozen=True)
@@ -16,8 +16,8 @@ class ModelSpec:
     model: str = "default"  # 'default' (the bundled SmolLM2-135M), a Hugging Face folder or a .gguf
     drafter: str = "ngram"  # ngram | draft-model | none
     draft_model: str | None = None  # folder or .gguf of a draft model sharing the target's tokenizer
-    precision: str | None = None  # default: fp16 on CPU, bf16 on CUDA
-    draft_precision: str | None = None  # default: as the target's
+    precision: str | None = None  # default: gguf for a GGUF file on CPU, else fp16; bf16 on CUDA
+    draft_precision: str | None = None  # default: the draft model's own default
     device: str = "cpu"
     ngram_max: int = 4
     ngram_min: int = 1
@@ -40,10 +40,6 @@ class ModelSpec:
         return cls(args.model, args.drafter, args.draft_model, args.precision, args.draft_precision, args.device,
                    args.ngram_max, args.ngram_min)
 
-    @property
-    def target_precision(self) -> str:
-        return self.precision or ("bf16" if self.device == "cuda" else "fp16")
-
 
 def build(spec: ModelSpec):
     """(loaded target, drafter)."""
@@ -57,13 +53,13 @@ def build(spec: ModelSpec):
 
         if not torch.cuda.is_available():
             raise SpecdecError("--device cuda: no CUDA device is available here")
-    target = load_model(spec.model, spec.target_precision, spec.device)
+    target = load_model(spec.model, spec.precision, spec.device)
     if spec.drafter == "ngram":
         drafter = NgramDrafter(spec.ngram_max, spec.ngram_min)
     elif spec.drafter == "none":
         drafter = NoDrafter()
     else:
-        draft = load_model(spec.draft_model, spec.draft_precision or spec.target_precision, spec.device)
+        draft = load_model(spec.draft_model, spec.draft_precision, spec.device)
         DraftModelDrafter.check_compatible(target.tokenizer, draft.tokenizer)
         drafter = DraftModelDrafter(draft.model, target.model.cfg.vocab_size)
     return target, drafter

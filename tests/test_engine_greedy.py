@@ -135,15 +135,27 @@ BATCH_N = 16
 
 
 @pytest.fixture(scope="module")
-def bundled_plain(bundled):
-    """Plain greedy outputs of the bundled model (fp16), written-out loop, no engine."""
+def plain_for(bundled):
+    """plain_for(precision) -> (ids, plain greedy outputs) of the bundled model: a written-out loop, no engine."""
     from specdec.runtime import encode_prompt
 
-    loaded = bundled("fp16")
-    texts = [COPY_PROMPT, *OTHER_PROMPTS]
-    ids = {text: encode_prompt(loaded.tokenizer, text, chat=True) for text in texts}
-    outs = greedy_reference_rows(loaded.model, [ids[t] for t in texts], BUNDLED_N)
-    return ids, dict(zip(texts, outs))
+    made = {}
+
+    def plain(precision: str = "fp16"):
+        if precision not in made:
+            loaded = bundled(precision)
+            texts = [COPY_PROMPT, *OTHER_PROMPTS]
+            ids = {text: encode_prompt(loaded.tokenizer, text, chat=True) for text in texts}
+            outs = greedy_reference_rows(loaded.model, [ids[t] for t in texts], BUNDLED_N)
+            made[precision] = ids, dict(zip(texts, outs))
+        return made[precision]
+
+    return plain
+
+
+@pytest.fixture(scope="module")
+def bundled_plain(plain_for):
+    return plain_for("fp16")
 
 
 def cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
@@ -151,10 +163,11 @@ def cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp16", "gguf", "gguf-q8"])
 @pytest.mark.parametrize("name", ["none", "ngram", "draft-model"])
-def test_bundled_greedy_equals_plain(bundled, bundled_plain, name):
-    loaded = bundled("fp16")
-    ids, plain = bundled_plain
+def test_bundled_greedy_equals_plain(bundled, plain_for, name, precision):
+    loaded = bundled(precision)
+    ids, plain = plain_for(precision)
     prompt = ids[COPY_PROMPT]
     if name == "draft-model":  # the same model with int8 weights: a real, imperfect draft sharing the tokenizer
         DraftModelDrafter.check_compatible(loaded.tokenizer, bundled("int8").tokenizer)

@@ -147,8 +147,9 @@ def test_results_do_not_depend_on_the_thread_count(tiny_model):
 
 
 @pytest.mark.slow
-def test_bundled_fp16_verify_pass_equals_one_token_passes(bundled):
-    loaded = bundled("fp16")
+@pytest.mark.parametrize("precision", ["fp16", "gguf", "gguf-q8"])
+def test_bundled_verify_pass_equals_one_token_passes(bundled, precision):
+    loaded = bundled(precision)
     tok = loaded.tokenizer
     prompts = [tok.encode("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return"),
                tok.encode("The capital of France is")]

@@ -55,8 +55,9 @@ def llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return out
 
 
-def write_tiny_gguf(path: Path) -> dict[str, np.ndarray]:
-    """Write a 2-layer llama GGUF; returns the Hugging Face state dict the conversion must produce."""
+def write_tiny_gguf(path: Path, all_quantized: bool = False) -> dict[str, np.ndarray]:
+    """Write a 2-layer llama GGUF; returns the Hugging Face state dict the conversion must produce.
+    all_quantized: every matrix in Q4_0, Q4_1 or Q8_0 (what --precision gguf reads), Q and K included."""
     import gguf
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize, quantize
@@ -79,7 +80,11 @@ def write_tiny_gguf(path: Path) -> dict[str, np.ndarray]:
     expected: dict[str, np.ndarray] = {}
 
     def put(gguf_name: str, hf_name: str, value: np.ndarray, qtype=Q.F32, permute_heads: int | None = None):
-        if permute_heads:  # Q and K: stored permuted, in F32 so the round trip must be exact
+        if permute_heads and all_quantized:  # rows move whole, so permuting commutes with quantizing
+            qtype = Q.Q4_0 if "attn_q" in gguf_name else Q.Q4_1
+            w.add_tensor(gguf_name, quantize(llama_cpp_permute(value, permute_heads), qtype), raw_dtype=qtype)
+            expected[hf_name] = dequantize(quantize(value, qtype), qtype)
+        elif permute_heads:  # Q and K: stored permuted, in F32 so the round trip must be exact
             w.add_tensor(gguf_name, llama_cpp_permute(value, permute_heads))
             expected[hf_name] = value
         elif qtype == Q.F32:
@@ -100,7 +105,7 @@ def write_tiny_gguf(path: Path) -> dict[str, np.ndarray]:
         put(f"blk.{i}.attn_output.weight", pre + "self_attn.o_proj.weight", rand(D, D), Q.Q4_1)
         put(f"blk.{i}.ffn_norm.weight", pre + "post_attention_layernorm.weight", 1 + rand(D))
         put(f"blk.{i}.ffn_gate.weight", pre + "mlp.gate_proj.weight", rand(FF, D), Q.Q4_1)
-        put(f"blk.{i}.ffn_up.weight", pre + "mlp.up_proj.weight", rand(FF, D))
+        put(f"blk.{i}.ffn_up.weight", pre + "mlp.up_proj.weight", rand(FF, D), Q.Q4_0 if all_quantized else Q.F32)
         put(f"blk.{i}.ffn_down.weight", pre + "mlp.down_proj.weight", rand(D, FF), Q.Q8_0)
     put("output_norm.weight", "model.norm.weight", 1 + rand(D))
     w.write_header_to_file()

@@ -7,6 +7,7 @@ import json
 import sys
 
 from specdec.errors import SpecdecError
+from specdec.models.config import PRECISIONS
 from specdec.runtime import DRAFTERS
 
 
@@ -14,10 +15,12 @@ def add_model_args(p, drafter_default: str = "ngram") -> None:
     p.add_argument("--model", default="default", help="'default' (bundled SmolLM2-135M), a HF folder or a .gguf")
     p.add_argument("--drafter", choices=DRAFTERS, default=drafter_default)
     p.add_argument("--draft-model", metavar="PATH", help="folder or .gguf of a draft model (same tokenizer)")
-    p.add_argument("--precision", choices=("fp32", "fp16", "int8", "bf16"), default=None,
-                   help="weights: fp16 (default on CPU), bf16 (default on CUDA), fp32, int8 (changes the model)")
-    p.add_argument("--draft-precision", choices=("fp32", "fp16", "int8", "bf16"), default=None,
-                   help="the draft model's weights (default: as the target's)")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="weights: gguf (a GGUF's own blocks, exact; the default for GGUF models on CPU), gguf-q8 "
+                        "(int8 activation blocks: faster, changes the model), fp16 (default for other models on "
+                        "CPU), bf16 (default on CUDA), fp32, int8 (changes the model)")
+    p.add_argument("--draft-precision", choices=PRECISIONS, default=None,
+                   help="the draft model's weights (default: the draft model's own default)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--ngram-max", type=int, default=4, help="longest n-gram the lookup matches")
     p.add_argument("--ngram-min", type=int, default=1)

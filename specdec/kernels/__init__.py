@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-SOURCES = [Path(__file__).with_name(n) for n in ("decode_f16.cpp", "attention.cpp")]
+SOURCES = [Path(__file__).with_name(n) for n in ("decode_f16.cpp", "attention.cpp", "gguf.cpp")]
 HEADERS = [Path(__file__).with_name("common.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 

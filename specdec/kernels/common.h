@@ -4,6 +4,8 @@
 #include <immintrin.h>
 #include <torch/extension.h>
 
+#include <functional>
+
 namespace specdec {
 
 inline float hsum(__m256 v) {
@@ -44,5 +46,19 @@ void store_kv(const float* k, const float* v, at::Half* kc, at::Half* vc, int64_
               int64_t hk, int64_t cap, int64_t d);
 void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int64_t* pos, int64_t R,
                const at::Half* kc, const at::Half* vc, int64_t hq, int64_t hk, int64_t cap, int64_t d, float* out);
+
+// decode_f16.cpp: the parts of a decoder block that do not depend on how its weights are stored.
+enum Product { QKV = 0, O = 1, GATE_UP = 2, DOWN = 3 };
+// y [M, N] = x [M, K] . W^T for the block's product `which` (N and K are the weights').
+using LinearFn = std::function<void(int which, const float* x, float* y, int64_t M)>;
+void decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1, torch::Tensor norm2,
+                   int64_t inter, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor cos, torch::Tensor sin,
+                   int64_t hq, int64_t hk, double eps, const LinearFn& lin);
+void rms_norm_rows(const float* x, const float* w, float* out, int64_t R, int64_t H, float eps);
+void f32_slab(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
+              int64_t s0, int64_t s1);
+
+// gguf.cpp: products on a GGUF's quantized blocks, added to the module by decode_f16.cpp's module definition.
+void register_gguf(pybind11::module& m);
 
 }  // namespace specdec

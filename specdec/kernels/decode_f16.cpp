@@ -104,6 +104,19 @@ void slab_rows(const float* x, const float* w, const float* bias, float* y, int6
   for (; n < s1; ++n) tile_f32<MB, 1>(x, w + (n - s0) * K, bias, y, N, K, m0, n);
 }
 
+}  // namespace
+
+// Weight rows [s0, s1) held in fp32 at w ([s1 - s0, K]) against all M rows of x: the same per-(m, n) FMA chain as
+// the few-row tiles above, so a result does not depend on which path computed it.
+void specdec::f32_slab(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N,
+                       int64_t K, int64_t s0, int64_t s1) {
+  int64_t m0 = 0;
+  for (; m0 + 4 <= M; m0 += 4) slab_rows<4>(x, w, bias, y, N, K, m0, s0, s1);
+  for (; m0 < M; ++m0) slab_rows<1>(x, w, bias, y, N, K, m0, s0, s1);
+}
+
+namespace {
+
 void many_rows(const float* x, const at::Half* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
                int64_t n0, int64_t n1) {
   const int64_t slab = std::max<int64_t>(3, (int64_t(1) << 16) / K);  // 256 KB of fp32 weights
@@ -111,9 +124,7 @@ void many_rows(const float* x, const at::Half* w, const float* bias, float* y, i
   for (int64_t s0 = n0; s0 < n1; s0 += slab) {
     const int64_t s1 = std::min(n1, s0 + slab);
     for (int64_t i = 0; i < (s1 - s0) * K; i += 8) _mm256_storeu_ps(buf.data() + i, load_w(w + s0 * K + i));
-    int64_t m0 = 0;
-    for (; m0 + 4 <= M; m0 += 4) slab_rows<4>(x, buf.data(), bias, y, N, K, m0, s0, s1);
-    for (; m0 < M; ++m0) slab_rows<1>(x, buf.data(), bias, y, N, K, m0, s0, s1);
+    specdec::f32_slab(x, buf.data(), bias, y, M, N, K, s0, s1);
   }
 }
 
@@ -183,9 +194,7 @@ torch::Tensor gemv_f16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Te
 // Every step is per row (or per query) with a fixed order of operations, so a row's result does not depend
 // on the other rows: the pass over k+1 tokens gives bit for bit what k+1 one-token passes give.
 
-namespace {
-
-void rms_norm_rows(const float* x, const float* w, float* out, int64_t R, int64_t H, float eps) {
+void specdec::rms_norm_rows(const float* x, const float* w, float* out, int64_t R, int64_t H, float eps) {
   for (int64_t r = 0; r < R; ++r) {
     const float* xr = x + r * H;
     __m256 acc = _mm256_setzero_ps();
@@ -194,6 +203,8 @@ void rms_norm_rows(const float* x, const float* w, float* out, int64_t R, int64_
     for (int64_t i = 0; i < H; ++i) out[r * H + i] = w[i] * (xr[i] * inv);
   }
 }
+
+namespace {
 
 inline void rope(float* v, const float* cos, const float* sin, int64_t d) {
   const int64_t half = d / 2;
@@ -208,11 +219,11 @@ inline void rope(float* v, const float* cos, const float* sin, int64_t d) {
 
 // A ragged pass: token-row r belongs to cache slot slot[r] and sits at position pos[r].
 // x [R, H] (updated in place); slot, pos [R] int64; fp16 caches as attention.cpp lays them out; cos/sin
-// [max_pos, d]. A slot's rows are contiguous.
-void decode_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1, torch::Tensor qkv_w,
-                  c10::optional<torch::Tensor> qkv_b, torch::Tensor o_w, torch::Tensor norm2,
-                  torch::Tensor gate_up_w, torch::Tensor down_w, torch::Tensor k_cache, torch::Tensor v_cache,
-                  torch::Tensor cos, torch::Tensor sin, int64_t hq, int64_t hk, double eps) {
+// [max_pos, d]. A slot's rows are contiguous. The four matrix products go through `lin`, whatever the weights.
+void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1,
+                            torch::Tensor norm2, int64_t inter, torch::Tensor k_cache, torch::Tensor v_cache,
+                            torch::Tensor cos, torch::Tensor sin, int64_t hq, int64_t hk, double eps,
+                            const LinearFn& lin) {
   TORCH_CHECK(x.is_contiguous() && x.dtype() == torch::kFloat32, "x: contiguous float32");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(k_cache.dtype() == torch::kHalf && v_cache.dtype() == torch::kHalf, "caches must be float16");
@@ -221,7 +232,7 @@ void decode_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch:
   const int64_t R = pos.numel(), H = x.size(1), slots = k_cache.size(0);
   TORCH_CHECK(slot.numel() == R && x.size(0) == R, "x, slot and pos need one entry per token-row");
   const int64_t d = v_cache.size(3), cap = v_cache.size(2);
-  const int64_t qkv_n = (hq + 2 * hk) * d, inter = down_w.size(1);
+  const int64_t qkv_n = (hq + 2 * hk) * d;
   TORCH_CHECK(d % 8 == 0 && H % 8 == 0 && inter % 8 == 0, "sizes must be multiples of 8");
   auto opts = x.options();
   auto h = torch::empty({R, H}, opts);
@@ -238,16 +249,13 @@ void decode_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch:
   const float* sp = sin.data_ptr<float>();
   at::Half* kc = k_cache.data_ptr<at::Half>();
   at::Half* vc = v_cache.data_ptr<at::Half>();
-  torch::Tensor qb;
-  const float* qbp = nullptr;
-  if (qkv_b.has_value()) { qb = qkv_b->contiguous(); qbp = qb.data_ptr<float>(); }
   for (int64_t r = 0; r < R; ++r) {
     TORCH_CHECK(pp[r] >= 0 && pp[r] < cap, "position outside the cache");
     TORCH_CHECK(sl[r] >= 0 && sl[r] < slots, "slot outside the cache");
   }
 
   rms_norm_rows(xp, norm1.data_ptr<float>(), h.data_ptr<float>(), R, H, float(eps));
-  gemv_raw(h.data_ptr<float>(), qkv_w.data_ptr<at::Half>(), qbp, qkv.data_ptr<float>(), R, qkv_n, H);
+  lin(QKV, h.data_ptr<float>(), qkv.data_ptr<float>(), R);
   float* qp = qkv.data_ptr<float>();
   for (int64_t r = 0; r < R; ++r) {  // rotate q and k; write k and v (fp16) at their positions
     const int64_t p = pp[r];
@@ -258,11 +266,11 @@ void decode_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch:
   }
   float* ap = att.data_ptr<float>();
   specdec::attention(qp, qkv_n, sl, pp, R, kc, vc, hq, hk, cap, d, ap);
-  gemv_raw(ap, o_w.data_ptr<at::Half>(), nullptr, o.data_ptr<float>(), R, H, hq * d);
+  lin(O, ap, o.data_ptr<float>(), R);
   const float* op = o.data_ptr<float>();
   for (int64_t i = 0; i < R * H; ++i) xp[i] += op[i];
   rms_norm_rows(xp, norm2.data_ptr<float>(), h.data_ptr<float>(), R, H, float(eps));
-  gemv_raw(h.data_ptr<float>(), gate_up_w.data_ptr<at::Half>(), nullptr, gu.data_ptr<float>(), R, 2 * inter, H);
+  lin(GATE_UP, h.data_ptr<float>(), gu.data_ptr<float>(), R);
   const float* gp = gu.data_ptr<float>();
   float* actp = act.data_ptr<float>();
   const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
@@ -273,14 +281,36 @@ void decode_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch:
       const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, gate))));
       _mm256_storeu_ps(actp + r * inter + i, _mm256_mul_ps(_mm256_mul_ps(gate, sig), up));
     }
-  gemv_raw(actp, down_w.data_ptr<at::Half>(), nullptr, o.data_ptr<float>(), R, H, inter);
+  lin(DOWN, actp, o.data_ptr<float>(), R);
   for (int64_t i = 0; i < R * H; ++i) xp[i] += op[i];
+}
+
+// The block on fp16 weights (fused [q; k; v] and [gate; up] matrices).
+void decode_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1, torch::Tensor qkv_w,
+                  c10::optional<torch::Tensor> qkv_b, torch::Tensor o_w, torch::Tensor norm2,
+                  torch::Tensor gate_up_w, torch::Tensor down_w, torch::Tensor k_cache, torch::Tensor v_cache,
+                  torch::Tensor cos, torch::Tensor sin, int64_t hq, int64_t hk, double eps) {
+  torch::Tensor qb;
+  const float* qbp = nullptr;
+  if (qkv_b.has_value()) { qb = qkv_b->contiguous(); qbp = qb.data_ptr<float>(); }
+  const torch::Tensor* w[4] = {&qkv_w, &o_w, &gate_up_w, &down_w};
+  for (const torch::Tensor* t : w) TORCH_CHECK(t->is_contiguous() && t->dtype() == torch::kHalf, "fp16 weights");
+  const int64_t H = x.size(1);
+  TORCH_CHECK(qkv_w.size(1) == H && gate_up_w.size(1) == H && o_w.size(0) == H && down_w.size(0) == H,
+              "weight shapes do not match the hidden size");
+  specdec::decoder_block(x, slot, pos, norm1, norm2, down_w.size(1), k_cache, v_cache, cos, sin, hq, hk, eps,
+                         [&](int which, const float* in, float* out, int64_t M) {
+                           const torch::Tensor& t = *w[which];
+                           gemv_raw(in, t.data_ptr<at::Half>(), which == specdec::QKV ? qbp : nullptr, out, M,
+                                    t.size(0), t.size(1));
+                         });
 }
 
 torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   x = x.contiguous();
   auto out = torch::empty_like(x);
-  rms_norm_rows(x.data_ptr<float>(), w.data_ptr<float>(), out.data_ptr<float>(), x.size(0), x.size(1), float(eps));
+  specdec::rms_norm_rows(x.data_ptr<float>(), w.data_ptr<float>(), out.data_ptr<float>(), x.size(0), x.size(1),
+                         float(eps));
   return out;
 }
 
@@ -318,4 +348,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemv_f16", &gemv_f16, "fp16-weight GEMV for a few rows");
   m.def("decode_block", &decode_block, "one decoder block for a decode/verify pass, in place");
   m.def("rms_norm", &rms_norm, "RMSNorm over rows");
+  specdec::register_gguf(m);
 }

@@ -8,6 +8,10 @@ from pathlib import Path
 
 from specdec.errors import SpecdecError
 
+# Weight precisions: "gguf" and "gguf-q8" run a GGUF file's own blocks on the native kernels (kernels/gguf.cpp).
+GGUF_PRECISIONS = ("gguf", "gguf-q8")
+PRECISIONS = ("fp32", "fp16", "int8", "bf16") + GGUF_PRECISIONS
+
 # model_type values whose blocks our compact implementation covers (RMSNorm, RoPE, GQA, SwiGLU).
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
 

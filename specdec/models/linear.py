@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from specdec.errors import SpecdecError
+from specdec.models.config import GGUF_PRECISIONS, PRECISIONS
 
-PRECISIONS = ("fp32", "fp16", "int8", "bf16")
 MIN_ROWS = 3  # fbgemm fp16 takes another code path below 3 rows
 
 
@@ -31,8 +31,9 @@ class Linear:
     """y = x W^T + b for x [rows, in_features]."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, precision: str):
-        if precision not in PRECISIONS:
-            raise SpecdecError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
+        if precision not in PRECISIONS or precision in GGUF_PRECISIONS:
+            raise SpecdecError(f"Linear takes {', '.join(p for p in PRECISIONS if p not in GGUF_PRECISIONS)}, "
+                               f"not {precision!r}")
         self.precision = precision
         self.out_features, self.in_features = weight.shape
         weight = weight.float().contiguous()

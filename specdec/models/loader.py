@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.errors import SpecdecError
-from specdec.models.config import SUPPORTED_TYPES
-from specdec.models.linear import PRECISIONS
+from specdec.models.config import GGUF_PRECISIONS, PRECISIONS, SUPPORTED_TYPES
 
 
 @dataclass
@@ -43,14 +42,30 @@ def resolve_model_dir(spec: str) -> Path:
     return path
 
 
-def load_model(spec: str = "default", precision: str = "fp16", device: str = "cpu") -> LoadedModel:
+def default_precision(path: Path, spec: str | None, device: str, model_type: str | None) -> str:
+    """bf16 on CUDA; on CPU the exact GGUF path for a llama-family GGUF whose blocks it reads (the only path with
+    top-1 agreement >= 0.999 with the fp32 model: docs/results/gguf-kernels.md), else fp16."""
+    if device == "cuda":
+        return "bf16"
+    if model_type in SUPPORTED_TYPES:
+        from specdec.kernels import decode_kernels
+        from specdec.models.gguf_weights import gguf_source, runnable
+
+        source = gguf_source(path, spec)
+        if source is not None and runnable(source) and decode_kernels() is not None:
+            return "gguf"
+    return "fp16"
+
+
+def load_model(spec: str = "default", precision: str | None = None, device: str = "cpu") -> LoadedModel:
+    """`precision` None: default_precision."""
     import json
 
     from safetensors import SafetensorError
 
     from specdec.models.tokenizer import Tokenizer
 
-    if precision not in PRECISIONS:
+    if precision is not None and precision not in PRECISIONS:
         raise SpecdecError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
     path = resolve_model_dir(spec)
     try:
@@ -64,11 +79,22 @@ def load_model(spec: str = "default", precision: str = "fp16", device: str = "cp
     except Exception as e:  # a folder without a usable tokenizer.json
         raise SpecdecError(f"{path}: cannot load its tokenizer ({e})") from None
     name = "SmolLM2-135M-Instruct" if spec in ("default", "", None) else path.name
+    precision = precision or default_precision(path, spec, device, model_type)
     try:
+        if model_type == "gemma3_text":
+            from specdec.models.gemma3 import Gemma3
+
+            return LoadedModel(Gemma3.from_dir(path, precision, device), tokenizer, name, path, "specdec")
         if model_type in SUPPORTED_TYPES:
             from specdec.models.transformer import Transformer
 
-            return LoadedModel(Transformer.from_dir(path, precision, device), tokenizer, name, path, "specdec")
+            gguf = None
+            if precision in GGUF_PRECISIONS:
+                from specdec.models.gguf_weights import gguf_source
+
+                gguf = gguf_source(path, spec)
+            model = Transformer.from_dir(path, precision, device, gguf)
+            return LoadedModel(model, tokenizer, name, path, "specdec")
         from specdec.models.hf_adapter import HFAdapter
 
         return LoadedModel(HFAdapter(path, device), tokenizer, name, path, "transformers")

@@ -20,12 +20,15 @@ above ~32 rows). Prefill uses torch's fused attention.
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from specdec.models.config import ModelConfig
+from specdec.errors import SpecdecError
+from specdec.models.config import GGUF_PRECISIONS, ModelConfig
+from specdec.models.gguf_weights import QTensor, planes, read_matrices
 from specdec.models.linear import Linear
 
 CHUNK = 64  # keys per attention block; cache capacity is a multiple of it
@@ -88,22 +91,30 @@ class KVCache:
 
 
 class Block:
-    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, precision: str, native: bool):
+    def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, precision: str, native: bool,
+                 quantized: dict | None = None, kernels=None):
         p = f"model.layers.{i}."
-        att = p + "self_attn."
+        att, mlp = p + "self_attn.", p + "mlp."
+        self.norm1 = w[p + "input_layernorm.weight"].float().contiguous()
+        self.norm2 = w[p + "post_attention_layernorm.weight"].float().contiguous()
+        self.native = None
+        if quantized is not None and native:  # the GGUF's own blocks, in the kernel's planes
+            mats = [[att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"], [att + "o_proj.weight"],
+                    [mlp + "gate_proj.weight", mlp + "up_proj.weight"], [mlp + "down_proj.weight"]]
+            qkv, o, gate_up, down = (kernels.QMatrix(*planes([quantized[n] for n in names], precision == "gguf-q8"))
+                                      for names in mats)
+            self.native = (self.norm1, qkv, o, self.norm2, gate_up, down)
+            self.qmatrices = [qkv, o, gate_up, down]
+            return
         qkv_w = torch.cat([w[att + "q_proj.weight"], w[att + "k_proj.weight"], w[att + "v_proj.weight"]])
         qkv_b = None
         if cfg.attention_bias:
             qkv_b = torch.cat([w[att + "q_proj.bias"], w[att + "k_proj.bias"], w[att + "v_proj.bias"]])
         self.qkv = Linear(qkv_w, qkv_b, precision)  # one fused call: fewer, larger calls are faster here
         self.o = Linear(w[att + "o_proj.weight"], None, precision)
-        mlp = p + "mlp."
         gate_up_w = torch.cat([w[mlp + "gate_proj.weight"], w[mlp + "up_proj.weight"]])
         self.gate_up = Linear(gate_up_w, None, precision)
         self.down = Linear(w[mlp + "down_proj.weight"], None, precision)
-        self.norm1 = w[p + "input_layernorm.weight"].float().contiguous()
-        self.norm2 = w[p + "post_attention_layernorm.weight"].float().contiguous()
-        self.native = None
         if native:  # the same fp16 weights, laid out for the native decode kernel
             self.native = (self.norm1, qkv_w.half().contiguous(), None if qkv_b is None else qkv_b.float(),
                            w[att + "o_proj.weight"].half().contiguous(), self.norm2,
@@ -127,21 +138,39 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 class Transformer:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], precision: str = "fp16",
-                 device: str = "cpu"):
+                 device: str = "cpu", quantized: dict[str, QTensor] | None = None):
+        """`quantized`: the GGUF's matrices (models.gguf_weights.read_matrices), needed by the gguf precisions."""
+        if precision in GGUF_PRECISIONS and quantized is None:
+            raise SpecdecError(f"--precision {precision} runs a GGUF file's own blocks; this model is not from a "
+                               "GGUF file (use fp16)")
         self.cfg, self.precision, self.device = cfg, precision, torch.device(device)
         weights = {name: t.to(self.device) for name, t in weights.items()}
         self.kernels = None
-        if precision == "fp16" and self.device.type == "cpu" and cfg.head_dim % 8 == 0 and cfg.hidden_size % 8 == 0:
+        if (precision in ("fp16",) + GGUF_PRECISIONS and self.device.type == "cpu" and cfg.head_dim % 8 == 0
+                and cfg.hidden_size % 8 == 0):
             from specdec.kernels import decode_kernels
 
             self.kernels = decode_kernels()  # None when they cannot be built: the torch path is used
         native = self.kernels is not None
+        if precision in GGUF_PRECISIONS and not native:
+            # the torch path on the dequantized weights is the exact path's arithmetic in another order
+            print(f"specdec: --precision {precision} needs the native kernels; running fp32", file=sys.stderr)
+            self.precision = precision = "fp32"
+        quantized = quantized if precision in GGUF_PRECISIONS else None
+        self.q8 = precision == "gguf-q8"
         self.embed = weights["model.embed_tokens.weight"].float()  # [vocab, hidden]
-        self.blocks = [Block(cfg, weights, i, precision, native) for i in range(cfg.num_layers)]
+        self.blocks = [Block(cfg, weights, i, precision, native, quantized, self.kernels)
+                       for i in range(cfg.num_layers)]
         self.norm = weights["model.norm.weight"].float().contiguous()
         head = weights.get("lm_head.weight", self.embed) if not cfg.tie_word_embeddings else self.embed
-        self.lm_head = Linear(head, None, precision)
-        self.lm_head_half = head.half().contiguous() if native else None
+        self.lm_head = self.lm_head_half = self.lm_head_q = None
+        if quantized is not None:
+            name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+            head_q = quantized.get(name, quantized["model.embed_tokens.weight"])
+            self.lm_head_q = self.kernels.QMatrix(*planes([head_q], self.q8))
+        else:
+            self.lm_head = Linear(head, None, precision)
+            self.lm_head_half = head.half().contiguous() if native else None
         d = cfg.head_dim
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
         angles = torch.arange(cfg.max_position_embeddings).float()[:, None] * inv_freq[None, :]
@@ -149,14 +178,17 @@ class Transformer:
         self.cos, self.sin = angles.cos(), angles.sin()
 
     @classmethod
-    def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu") -> Transformer:
+    def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu",
+                 gguf: Path | None = None) -> Transformer:
+        """A model folder; `gguf`: the GGUF file it was converted from, whose blocks the gguf precisions run."""
         from safetensors.torch import load_file
 
         path = Path(path)
         weights = {}
         for f in sorted(path.glob("*.safetensors")):
             weights.update(load_file(f))
-        return cls(ModelConfig.from_dir(path), weights, precision, device)
+        quantized = read_matrices(gguf) if precision in GGUF_PRECISIONS and gguf is not None else None
+        return cls(ModelConfig.from_dir(path), weights, precision, device, quantized)
 
     @property
     def exact_kv_reuse(self) -> bool:
@@ -169,7 +201,10 @@ class Transformer:
     @property
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights read by one decode pass (the embedding lookup reads one row, ignored)."""
-        lin = sum(lin.nbytes for b in self.blocks for lin in b.linears) + self.lm_head.nbytes
+        if self.lm_head_q is not None:
+            lin = sum(m.nbytes for b in self.blocks for m in b.qmatrices) + self.lm_head_q.nbytes
+        else:
+            lin = sum(lin.nbytes for b in self.blocks for lin in b.linears) + self.lm_head.nbytes
         norms = sum(b.norm1.numel() + b.norm2.numel() for b in self.blocks) * 4
         return lin + norms
 
@@ -231,10 +266,13 @@ class Transformer:
         if self.kernels is not None:
             for a in range(0, x.shape[0], NATIVE_ROWS):  # in order: a later part reads what earlier parts wrote
                 part = x[a:a + NATIVE_ROWS]  # [<= NATIVE_ROWS, hidden], a contiguous view updated in place
+                block, extra = self.kernels.decode_block, ()
+                if self.lm_head_q is not None:
+                    block, extra = self.kernels.decode_block_gguf, (self.q8,)
                 for layer, blk in enumerate(self.blocks):
-                    self.kernels.decode_block(part, slots[a:a + NATIVE_ROWS], pos[a:a + NATIVE_ROWS], *blk.native,
-                                              cache.k[layer], cache.v[layer], self.cos, self.sin, cfg.num_heads,
-                                              cfg.num_kv_heads, cfg.rms_norm_eps)
+                    block(part, slots[a:a + NATIVE_ROWS], pos[a:a + NATIVE_ROWS], *blk.native, cache.k[layer],
+                          cache.v[layer], self.cos, self.sin, cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps,
+                          *extra)
         else:
             # the torch path works on rectangles: [S, m] over the slots present, each slot's rows padded with
             # copies of its last row (a copy computes, and writes, exactly what the original does)
@@ -249,6 +287,8 @@ class Transformer:
             x = x[select.to(dev)]
         if self.kernels is not None:
             h = self.kernels.rms_norm(x.contiguous(), self.norm, cfg.rms_norm_eps)
+            if self.lm_head_q is not None:
+                return self.kernels.gemm_gguf(h, self.lm_head_q, self.q8)  # [R or S, vocab]
             return self.kernels.gemv_f16(h, self.lm_head_half, None)  # [R or S, vocab]
         return self.lm_head(rms_norm(x, self.norm, cfg.rms_norm_eps))  # [R or S, vocab]
 

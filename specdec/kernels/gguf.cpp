@@ -1,0 +1,352 @@
+// Matrix products on a GGUF's own quantized blocks (Q4_0, Q4_1, Q8_0: 32 weights a block), for decode, verify
+// and prefill passes, and the decoder block built on them.
+//
+// Two arithmetic paths:
+//   exact  the weights dequantized as llama.cpp and gguf-py define them (w = d q + m, in fp32: d q is exact, one
+//          rounding for + m) against fp32 activations. A slab of weight rows is dequantized into an L1/L2 buffer
+//          and multiplied by the fp32 tiles of decode_f16.cpp, so a result is the fp32 model's FMA chain.
+//   q8     each activation row quantized in blocks of 32 (int8, one scale d_a = max|x| / 127 a block, and
+//          s_a = d_a * sum(q_a)), then integer dot products: vpmaddubsw + vpmaddwd give 32 multiply-adds in two
+//          instructions where fp32 needs four FMAs. y = sum_b d_w d_a (q_w . q_a) + sum_b m_w s_a.
+// Batch invariance: every (row, output) result is one fixed chain over the blocks in ascending order, and
+// activations are quantized per row and per block, so no result depends on the other rows or on the tiling.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include "common.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+using specdec::hsum;
+constexpr int64_t QB = 32;  // weights per block
+
+// A weight matrix [N, K] in blocks of 32 along K, with rows in groups of 8 interleaved (padded with zero rows to a
+// multiple of 8), so that one register holds 4 consecutive weights of each of 8 rows and an 8-lane accumulator
+// holds 8 outputs. For group G and block b, register g (g = 0..7) holds bytes [4 j + t] = q[row 8G + j][4 g + t]:
+//   4-bit: q uint8 [N/8, K/32, 4, 32], chunk c holding register c in its low nibbles and register c + 4 in its
+//          high nibbles; d and m fp16 [N/8, K/32, 8]; w = d q + m (Q4_0 is held as m = -8 d, which is exact);
+//   8-bit: q int8 [N/8, K/32, 8, 32], d fp16 [N/8, K/32, 8]; w = d q.
+// models/gguf_weights.py writes these planes from the file's blocks.
+struct QMatrix {
+  int64_t bits, N, K, G, B;  // G groups of 8 rows, B blocks a row
+  bool rows;  // the exact path's layout instead: row by row, q [N, K/32, 16 or 32], d and m [N, K/32]
+  torch::Tensor q, d, m;
+  QMatrix(int64_t bits, int64_t N, int64_t K, torch::Tensor q, torch::Tensor d, c10::optional<torch::Tensor> m,
+          bool rows)
+      : bits(bits), N(N), K(K), G(rows ? N : (N + 7) / 8), B(K / QB), rows(rows), q(q.contiguous()),
+        d(d.contiguous()) {
+    TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
+    TORCH_CHECK(K % QB == 0 && N > 0, "K must be a multiple of 32");
+    const int64_t per = rows ? 1 : 8;  // rows per group
+    TORCH_CHECK(this->q.numel() == G * B * per * (bits == 4 ? 16 : 32), "q: 16 or 32 bytes a row and block");
+    TORCH_CHECK(this->d.dtype() == torch::kHalf && this->d.numel() == G * B * per, "d: fp16, one a row and block");
+    TORCH_CHECK(this->q.element_size() == 1, "q: uint8 or int8");
+    if (bits == 4) {
+      TORCH_CHECK(m.has_value(), "4-bit blocks need their minimums");
+      this->m = m->contiguous();
+      TORCH_CHECK(this->m.dtype() == torch::kHalf && this->m.numel() == this->d.numel(), "m: fp16 like d");
+      mp_ = this->m.data_ptr<at::Half>();
+    }
+    qp_ = static_cast<const uint8_t*>(this->q.data_ptr());  // raw pointers taken once: data_ptr() costs checks
+    dp_ = this->d.data_ptr<at::Half>();
+  }
+  int64_t nbytes() const { return q.numel() + 2 * d.numel() + (bits == 4 ? 2 * m.numel() : 0); }
+  const uint8_t* qp_ = nullptr;
+  const at::Half* dp_ = nullptr;
+  const at::Half* mp_ = nullptr;
+  const uint8_t* qblock(int64_t g, int64_t b) const { return qp_ + (g * B + b) * (bits == 4 ? 128 : 256); }
+  const at::Half* dblock(int64_t g, int64_t b) const { return dp_ + (g * B + b) * 8; }
+  const at::Half* mblock(int64_t g, int64_t b) const { return mp_ + (g * B + b) * 8; }
+};
+
+inline __m256 load8h(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+
+// The 8 registers of group g, block b (bytes [4 j + t] = weight 4 k + t of row j), as unsigned 0..15 or int8.
+inline void load_group(const QMatrix& W, int64_t g, int64_t b, __m256i r[8]) {
+  const uint8_t* q = W.qblock(g, b);
+  if (W.bits == 4) {
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * c));
+      r[c] = _mm256_and_si256(raw, low);
+      r[c + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+    }
+  } else {
+    for (int c = 0; c < 8; ++c) r[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * c));
+  }
+}
+
+// ---- exact: dequantize, multiply in fp32 -------------------------------------------------------------------
+// Row layout. Few rows: weights dequantized 8 at a time into registers and used by every activation row at once.
+// Many rows (prefill): a slab dequantized into an L2 buffer and multiplied by decode_f16.cpp's fp32 tiles. Both are
+// the same per-(row, output) FMA chain over k in ascending order, so the results are the same.
+
+// The 32 weights of row n, block b, as 4 fp32 registers (elements 0-7, 8-15, 16-23, 24-31).
+inline void dequant_block(const QMatrix& W, int64_t n, int64_t b, __m256 w[4]) {
+  const int64_t i = n * W.B + b;
+  const __m256 vd = _mm256_set1_ps(_cvtsh_ss(W.dp_[i].x));
+  if (W.bits == 4) {
+    const __m256 vm = _mm256_set1_ps(_cvtsh_ss(W.mp_[i].x));
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(W.qp_ + i * 16));
+    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), vd, vm);  // d q exact: one rounding
+    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), vd, vm);
+    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), vd, vm);
+    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), vd, vm);
+  } else {
+    const int8_t* q = reinterpret_cast<const int8_t*>(W.qp_) + i * 32;
+    for (int k = 0; k < 4; ++k)
+      w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * k)))), vd);
+  }
+}
+
+void dequant_rows(const QMatrix& W, int64_t s0, int64_t s1, float* out) {
+  for (int64_t n = s0; n < s1; ++n)
+    for (int64_t b = 0; b < W.B; ++b) {
+      __m256 w[4];
+      dequant_block(W, n, b, w);
+      for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + (n - s0) * W.K + b * QB + 8 * k, w[k]);
+    }
+}
+
+// Weight rows [n, n + NB) against activation rows [m0, m0 + MB).
+template <int MB, int NB>
+inline void exact_tile(const float* x, const QMatrix& W, float* y, int64_t m0, int64_t n) {
+  const int64_t K = W.K;
+  __m256 acc[MB][NB];
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < W.B; ++b) {
+    __m256 w[NB][4];
+    for (int j = 0; j < NB; ++j) dequant_block(W, n + j, b, w[j]);
+    for (int k = 0; k < 4; ++k)
+      for (int i = 0; i < MB; ++i) {
+        const __m256 xv = _mm256_loadu_ps(x + (m0 + i) * K + b * QB + 8 * k);
+        for (int j = 0; j < NB; ++j) acc[i][j] = _mm256_fmadd_ps(xv, w[j][k], acc[i][j]);
+      }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) y[(m0 + i) * W.N + n + j] = hsum(acc[i][j]);
+}
+
+template <int MB>
+void exact_span(const float* x, const QMatrix& W, float* y, int64_t m0, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 2 <= n1; n += 2) exact_tile<MB, 2>(x, W, y, m0, n);
+  if (n < n1) exact_tile<MB, 1>(x, W, y, m0, n);
+}
+
+void exact_rows(const float* x, const QMatrix& W, float* y, int64_t M, int64_t n0, int64_t n1) {
+  if (M <= 16) {  // slabs of weight rows that stay in L1 while every 3 activation rows use them
+    const int64_t slab = std::max<int64_t>(2, (int64_t(16) << 10) / (W.B * (W.bits == 4 ? 20 : 34)));
+    for (int64_t s0 = n0; s0 < n1; s0 += slab) {
+      const int64_t s1 = std::min(n1, s0 + slab);
+      int64_t m0 = 0;
+      for (; m0 + 3 <= M; m0 += 3) exact_span<3>(x, W, y, m0, s0, s1);
+      if (M - m0 == 2) exact_span<2>(x, W, y, m0, s0, s1);
+      if (M - m0 == 1) exact_span<1>(x, W, y, m0, s0, s1);
+    }
+    return;
+  }
+  const int64_t slab = std::max<int64_t>(2, 65536 / W.K);  // 256 KB of fp32 weights
+  std::vector<float> buf(slab * W.K);
+  for (int64_t s0 = n0; s0 < n1; s0 += slab) {
+    const int64_t s1 = std::min(n1, s0 + slab);
+    dequant_rows(W, s0, s1, buf.data());
+    specdec::f32_slab(x, buf.data(), nullptr, y, M, W.N, W.K, s0, s1);
+  }
+}
+
+// ---- the q8 path's interleaved layout --------------------------------------------------------------------
+
+// ---- q8: int8 activation blocks, integer dot products ----------------------------------------------------
+
+struct Q8Rows {  // x [M, K] quantized per row in blocks of 32
+  int64_t M, K, B;
+  std::vector<int8_t> q;  // [M, K]
+  std::vector<float> d, s;  // [M, B]: scale, and scale * sum of the block's quants
+};
+
+void quantize_rows(const float* x, int64_t M, int64_t K, Q8Rows& a) {
+  a.M = M; a.K = K; a.B = K / QB;
+  a.q.resize(M * K); a.d.resize(M * a.B); a.s.resize(M * a.B);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t b = 0; b < a.B; ++b) {
+      const float* xb = x + r * K + b * QB;
+      __m256 v[4], mx = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) { v[i] = _mm256_loadu_ps(xb + 8 * i); mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i])); }
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+      const float amax = _mm_cvtss_f32(m4), d = amax / 127.0f;
+      const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+      __m256i qi[4];
+      for (int i = 0; i < 4; ++i)
+        qi[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      const __m256i sum32 = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
+      s4 = _mm_hadd_epi32(s4, s4);
+      s4 = _mm_hadd_epi32(s4, s4);
+      const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + r * K + b * QB), _mm256_permutevar8x32_epi32(packed, perm));
+      a.d[r * a.B + b] = d;
+      a.s[r * a.B + b] = d * float(_mm_cvtsi128_si32(s4));
+    }
+}
+
+// Weight rows [8 g, 8 g + 8) against activation rows [m0, m0 + MB): one 8-lane accumulator per activation row
+// holds the 8 outputs, fed block by block in ascending order: acc += d_w d_a (q_w . q_a) (+ m_w s_a for 4-bit).
+template <int MB>
+inline void q8_group(const Q8Rows& a, int64_t m0, const QMatrix& W, int64_t g, float* y) {
+  const int64_t K = W.K, B = W.B;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MB];
+  for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < B; ++b) {
+    __m256i r[8];
+    load_group(W, g, b, r);
+    const __m256 dw = load8h(W.dblock(g, b));
+    for (int i = 0; i < MB; ++i) {
+      const int32_t* aq = reinterpret_cast<const int32_t*>(a.q.data() + (m0 + i) * K + b * QB);
+      __m256i sum;
+      if (W.bits == 4) {  // 8 x (pairs <= 2 * 15 * 127): int16 holds the block's partial sums
+        __m256i s16 = _mm256_maddubs_epi16(r[0], _mm256_set1_epi32(aq[0]));
+        for (int k = 1; k < 8; ++k) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(r[k], _mm256_set1_epi32(aq[k])));
+        sum = _mm256_madd_epi16(s16, ones);
+      } else {  // signed x signed: |w| . (a with w's sign); pairs reach 2 * 127 * 127, so widen each step
+        sum = _mm256_setzero_si256();
+        for (int k = 0; k < 8; ++k) {
+          const __m256i av = _mm256_sign_epi8(_mm256_set1_epi32(aq[k]), r[k]);
+          sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(r[k], r[k]), av), ones));
+        }
+      }
+      const int64_t ab = (m0 + i) * B + b;
+      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[ab])), acc[i]);
+      if (W.bits == 4) acc[i] = _mm256_fmadd_ps(load8h(W.mblock(g, b)), _mm256_set1_ps(a.s[ab]), acc[i]);
+    }
+  }
+  const int64_t n = 8 * g, live = std::min<int64_t>(8, W.N - n);
+  for (int i = 0; i < MB; ++i) {
+    if (live == 8) {
+      _mm256_storeu_ps(y + (m0 + i) * W.N + n, acc[i]);
+    } else {
+      alignas(32) float t[8];
+      _mm256_store_ps(t, acc[i]);
+      std::memcpy(y + (m0 + i) * W.N + n, t, live * sizeof(float));
+    }
+  }
+}
+
+// A slab of weight groups small enough for L2 is used by every 4 activation rows in turn: a decode pass (1 row)
+// streams the weights once; a verify or prefill pass rereads them from cache.
+void q8_rows(const Q8Rows& a, const QMatrix& W, float* y, int64_t g0, int64_t g1) {
+  const int64_t slab = std::max<int64_t>(1, (int64_t(96) << 10) / (W.B * (W.bits == 4 ? 160 : 272)));
+  for (int64_t s0 = g0; s0 < g1; s0 += slab) {
+    const int64_t s1 = std::min(g1, s0 + slab);
+    int64_t m0 = 0;
+    for (; m0 + 4 <= a.M; m0 += 4)
+      for (int64_t g = s0; g < s1; ++g) q8_group<4>(a, m0, W, g, y);
+    for (int64_t g = s0; g < s1; ++g) {
+      switch (a.M - m0) {
+        case 3: q8_group<3>(a, m0, W, g, y); break;
+        case 2: q8_group<2>(a, m0, W, g, y); break;
+        case 1: q8_group<1>(a, m0, W, g, y); break;
+        default: break;
+      }
+    }
+  }
+}
+
+void matmul(const float* x, const QMatrix& W, float* y, int64_t M, bool q8) {
+  Q8Rows a;
+  if (q8) quantize_rows(x, M, W.K, a);
+  TORCH_CHECK(W.rows != q8, q8 ? "the q8 path needs the interleaved layout" : "the exact path needs the row layout");
+  at::parallel_for(0, W.G, W.rows ? 32 : 8, [&](int64_t g0, int64_t g1) {  // groups of weight rows per thread
+    if (q8) q8_rows(a, W, y, g0, g1);
+    else exact_rows(x, W, y, M, g0, g1);
+  });
+}
+
+torch::Tensor gemm_gguf(torch::Tensor x, const QMatrix& W, bool q8) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.size(1) == W.K, "x: float32 [M, K]");
+  x = x.contiguous();
+  auto y = torch::empty({x.size(0), W.N}, x.options());
+  matmul(x.data_ptr<float>(), W, y.data_ptr<float>(), x.size(0), q8);
+  return y;
+}
+
+void decode_block_gguf(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1,
+                       const QMatrix& qkv, const QMatrix& o, torch::Tensor norm2, const QMatrix& gate_up,
+                       const QMatrix& down, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor cos,
+                       torch::Tensor sin, int64_t hq, int64_t hk, double eps, bool q8) {
+  const QMatrix* w[4] = {&qkv, &o, &gate_up, &down};
+  const int64_t H = x.size(1);
+  TORCH_CHECK(qkv.K == H && gate_up.K == H && o.N == H && down.N == H && gate_up.N == 2 * down.K,
+              "weight shapes do not match the hidden size");
+  specdec::decoder_block(x, slot, pos, norm1, norm2, down.K, k_cache, v_cache, cos, sin, hq, hk, eps,
+                         [&](int which, const float* in, float* out, int64_t M) { matmul(in, *w[which], out, M, q8); });
+}
+
+// The int8 multiply-add rate of this machine as the q8 path issues them (vpmaddubsw, vpmaddwd, convert, FMA for
+// 32 multiply-adds), every thread running 8 independent chains for about `seconds`. Multiply-adds per second.
+double int8_peak(double seconds) {
+  const int64_t threads = at::get_num_threads(), steps = 1 << 18;
+  std::vector<double> rate(threads, 0.0);
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      __m256 acc[8];
+      __m256i w[8];
+      for (int i = 0; i < 8; ++i) { acc[i] = _mm256_setzero_ps(); w[i] = _mm256_set1_epi8(char(i + 1)); }
+      __m256i a = _mm256_set1_epi8(3);
+      const __m256i ones = _mm256_set1_epi16(1);
+      const __m256 sc = _mm256_set1_ps(1e-6f);
+      const auto start = std::chrono::steady_clock::now();
+      int64_t done = 0;
+      double el = 0;
+      do {
+        for (int64_t s = 0; s < steps; ++s) {
+          __asm__ volatile("" : "+x"(a));  // a is "new" every step, so the products cannot be hoisted
+          for (int i = 0; i < 8; ++i) {
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w[i], a), ones);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[i]);
+          }
+        }
+        done += steps;
+        el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      } while (el < seconds);
+      __m256 sum = acc[0];
+      for (int i = 1; i < 8; ++i) sum = _mm256_add_ps(sum, acc[i]);
+      rate[t] = done * 8.0 * 32.0 / el + 0.0 * hsum(sum);
+    }
+  });
+  double total = 0;
+  for (double r : rate) total += r;
+  return total;
+}
+
+}  // namespace
+
+void specdec::register_gguf(pybind11::module& m) {
+  pybind11::class_<QMatrix>(m, "QMatrix")
+      .def(pybind11::init<int64_t, int64_t, int64_t, torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>,
+                          bool>(),
+           "QMatrix(bits, N, K, q, d, m, rows): a [N, K] matrix of 32-weight blocks in planes (see gguf.cpp)")
+      .def_readonly("bits", &QMatrix::bits)
+      .def_readonly("N", &QMatrix::N)
+      .def_readonly("K", &QMatrix::K)
+      .def_property_readonly("nbytes", &QMatrix::nbytes);
+  m.def("gemm_gguf", &gemm_gguf, "y [M, N] = x [M, K] . W^T on GGUF blocks (exact, or q8 activation blocks)");
+  m.def("decode_block_gguf", &decode_block_gguf, "one decoder block on GGUF blocks, in place");
+  m.def("int8_peak", &int8_peak, "int8 multiply-adds per second over all threads, as the q8 path issues them");
+}

@@ -1,0 +1,171 @@
+"""A GGUF's quantized matrices as they are stored, for the native GGUF kernels (`--precision gguf` and `gguf-q8`).
+
+The kernels (specdec/kernels/gguf.cpp) read Q4_0, Q4_1 and Q8_0 blocks of 32 weights, split into planes so that a
+tile loads each kind of value with one instruction: nibbles (or int8 quants), fp16 scales d, and for 4-bit blocks
+fp16 minimums m (w = d q + m). Q4_0 (w = d (q - 8)) becomes m = -8 d, which is exact in fp16. The planes hold the
+file's bytes (Q4_0 adds 2 bytes of m a block), and the values are the file's, bit for bit.
+
+Q and K rows are put back in Hugging Face's rotate-half order (llama.cpp interleaves them), as the converted
+folder has them, so one model can mix the paths: norms and the token embedding come from the folder.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdec.errors import SpecdecError
+
+# bytes per block of 32 weights, as stored in the file
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+QK = 32
+
+
+@dataclass
+class QTensor:
+    """One matrix [rows, cols] as stored: `blocks` uint8 [rows, cols / 32 * BLOCK_BYTES[kind]]."""
+    kind: str
+    blocks: np.ndarray
+    rows: int
+    cols: int
+
+
+def gguf_source(model_dir: Path, spec: str | None) -> Path | None:
+    """The GGUF file a model came from: the bundled file, a .gguf given directly, or the one a converted folder
+    records; None when the model is not from a GGUF (or its file is gone)."""
+    from specdec.models import gguf_convert
+
+    if spec in ("default", "", None):
+        return gguf_convert.bundled_gguf_path()
+    if Path(spec).suffix.lower() == ".gguf" and Path(spec).is_file():
+        return Path(spec)
+    try:
+        source = Path(json.loads((Path(model_dir) / gguf_convert.MARKER).read_text())["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return source if source.is_file() else None
+
+
+def runnable(path: Path) -> bool:
+    """True when every matrix of the file is in a format these kernels read."""
+    from specdec.models.gguf_convert import _open
+
+    try:
+        return all(t.tensor_type.name in BLOCK_BYTES for t in _open(Path(path)).tensors if len(t.shape) == 2)
+    except SpecdecError:
+        return False
+
+
+def read_matrices(path: Path) -> dict[str, QTensor]:
+    """Every quantized matrix of a llama GGUF under its Hugging Face name. A matrix in another format (Q4_K, F16,
+    ...) is refused with the formats this path reads."""
+    from specdec.models.gguf_convert import _hf_name, _metadata, _open
+
+    reader = _open(Path(path))
+    meta = _metadata(reader, Path(path))
+    arch = meta["general.architecture"]
+    n_heads = int(meta[f"{arch}.attention.head_count"])
+    n_kv = int(meta.get(f"{arch}.attention.head_count_kv", n_heads))
+    out: dict[str, QTensor] = {}
+    for t in reader.tensors:
+        if len(t.shape) != 2:
+            continue  # norms (f32 vectors) come from the converted folder
+        kind = t.tensor_type.name
+        name = _hf_name(t.name, Path(path))
+        if kind not in BLOCK_BYTES:
+            raise SpecdecError(f"{path}: tensor {t.name} is {kind}; --precision gguf and gguf-q8 read "
+                               f"{', '.join(BLOCK_BYTES)} blocks (use --precision fp16 for this file)")
+        cols, rows = int(t.shape[0]), int(t.shape[1])  # GGUF lists the contiguous dimension first
+        blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, cols // QK * BLOCK_BYTES[kind])
+        if name.endswith("q_proj.weight"):
+            blocks = _unpermute_rows(blocks, n_heads)
+        elif name.endswith("k_proj.weight"):
+            blocks = _unpermute_rows(blocks, n_kv)
+        out[name] = QTensor(kind, blocks, rows, cols)
+    return out
+
+
+def _unpermute_rows(blocks: np.ndarray, n_heads: int) -> np.ndarray:
+    """gguf_convert._unpermute on whole rows of blocks (a row's blocks move with it)."""
+    half = blocks.shape[0] // n_heads // 2
+    return blocks.reshape(n_heads, half, 2, -1).swapaxes(1, 2).reshape(blocks.shape)
+
+
+def planes(parts: list[QTensor], interleave: bool) -> tuple:
+    """The kernel's planes (kernels/gguf.cpp, QMatrix) of the matrices `parts` stacked by rows (a fused [q; k; v]
+    or [gate; up]): (bits, N, K, q, d, m, rows).
+
+    interleave=False (the exact path): row by row, q uint8 [N, K/32, 16] (the file's nibbles) or int8 [N, K/32, 32],
+    d and m fp16 [N, K/32]. interleave=True (the q8 path): rows in groups of 8, padded with zero rows to a multiple
+    of 8; q uint8 [N/8, K/32, 4, 32] (chunk c: register c in the low nibbles, c + 4 in the high ones) or int8
+    [N/8, K/32, 8, 32]; d and m fp16 [N/8, K/32, 8]."""
+    bits = {8 if p.kind == "Q8_0" else 4 for p in parts}
+    if len(bits) != 1 or len({p.cols for p in parts}) != 1:
+        raise SpecdecError("a fused matrix mixes 4-bit and 8-bit blocks; use --precision fp16 for this file")
+    bits = bits.pop()
+    if not interleave:
+        return _row_planes(parts, bits)
+    vals, ds, ms = [], [], []  # per part: quants [N, K] in element order, d and m [N, K/32]
+    for p in parts:
+        b = p.blocks.reshape(p.rows, p.cols // QK, BLOCK_BYTES[p.kind])  # [N, blocks, bytes]
+        d = np.ascontiguousarray(b[:, :, :2]).view(np.float16)[..., 0]  # [N, blocks]
+        if p.kind == "Q8_0":
+            vals.append(np.ascontiguousarray(b[:, :, 2:]).view(np.int8).reshape(p.rows, p.cols))
+        else:
+            nib = b[:, :, 4:] if p.kind == "Q4_1" else b[:, :, 2:]  # [N, blocks, 16]: elements j and j + 16
+            vals.append(np.concatenate([nib & 0x0F, nib >> 4], axis=-1).reshape(p.rows, p.cols))
+            m = np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[..., 0] if p.kind == "Q4_1" else d * np.float16(-8)
+            ms.append(m.astype(np.float16))
+        ds.append(d)
+    v, d = np.concatenate(vals), np.concatenate(ds)
+    n, k = v.shape
+    pad = -n % 8
+    groups, blocks = (n + pad) // 8, k // QK
+
+    def interleave(a: np.ndarray) -> np.ndarray:  # [N, blocks, ...] -> [groups, blocks, 8, ...] (row j last-but-one)
+        a = np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)])
+        return np.ascontiguousarray(a.reshape(groups, 8, blocks, *a.shape[2:]).swapaxes(1, 2))
+
+    r = interleave(v.reshape(n, blocks, 8, 4))  # [G, blocks, j, k, t]
+    r = np.ascontiguousarray(r.swapaxes(2, 3)).reshape(groups, blocks, 8, 32)  # register k: bytes [4 j + t]
+    if bits == 4:
+        q = (r[:, :, :4] | (r[:, :, 4:] << 4)).astype(np.uint8)  # [G, blocks, 4, 32]
+    else:
+        q = r.astype(np.int8)
+    q_t = torch.from_numpy(np.ascontiguousarray(q))
+    d_t = torch.from_numpy(interleave(d))
+    m_t = torch.from_numpy(interleave(np.concatenate(ms))) if bits == 4 else None
+    return bits, n, k, q_t, d_t, m_t, False
+
+
+def _row_planes(parts: list[QTensor], bits: int) -> tuple:
+    qs, ds, ms = [], [], []
+    for p in parts:
+        b = p.blocks.reshape(p.rows, p.cols // QK, BLOCK_BYTES[p.kind])  # [N, blocks, bytes]
+        d = np.ascontiguousarray(b[:, :, :2]).view(np.float16)[..., 0]  # [N, blocks]
+        if p.kind == "Q8_0":
+            qs.append(np.ascontiguousarray(b[:, :, 2:]).view(np.int8))
+        elif p.kind == "Q4_1":
+            ms.append(np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[..., 0])
+            qs.append(b[:, :, 4:])
+        else:
+            ms.append((d * np.float16(-8)).astype(np.float16))
+            qs.append(b[:, :, 2:])
+        ds.append(d)
+    q = torch.from_numpy(np.ascontiguousarray(np.concatenate(qs)))
+    m = torch.from_numpy(np.ascontiguousarray(np.concatenate(ms))) if ms else None
+    n = q.shape[0]
+    return bits, n, parts[0].cols, q, torch.from_numpy(np.ascontiguousarray(np.concatenate(ds))), m, True
+
+
+def dequantize(parts: list[QTensor]) -> torch.Tensor:
+    """fp32 [N, K] of the matrices stacked by rows, as gguf-py computes them: the reference in tests."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize as gguf_dequantize
+
+    return torch.cat([torch.from_numpy(gguf_dequantize(p.blocks, GGMLQuantizationType[p.kind]).reshape(p.rows, p.cols))
+                      for p in parts])

@@ -1,0 +1,169 @@
+"""The native kernels on a GGUF's own blocks (kernels/gguf.cpp, `--precision gguf` and `gguf-q8`).
+
+Against gguf-py, the reference for what the blocks mean: the exact path multiplies by exactly the weights gguf-py
+dequantizes, and the q8 path computes what its definition says (int8 activation blocks, integer dot products),
+checked against a written-out numpy version. Every row's result is bit for bit the same whatever the other rows.
+The fast tests use random blocks and a tiny llama GGUF; the bundled model is in test_engine_model/greedy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.models.gguf_weights import QTensor, dequantize, planes
+from tests.test_gguf_convert import write_tiny_gguf
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    from specdec.kernels import decode_kernels
+
+    k = decode_kernels()
+    if k is None:
+        pytest.skip("the native kernels cannot be built here")
+    return k
+
+
+def random_qtensor(kind: str, rows: int, cols: int, seed: int) -> QTensor:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32) * 0.05
+    w[0, :32] = np.linspace(-1, 1, 32)  # a block that uses the whole range, extremes included
+    blocks = quantize(w, GGMLQuantizationType[kind])
+    return QTensor(kind, blocks.reshape(rows, -1), rows, cols)
+
+
+def q8_reference(x: np.ndarray, parts: list[QTensor]) -> np.ndarray:
+    """The q8 path by its definition, in float64: activations per row in blocks of 32 (scale max|x| / 127, round
+    half to even), weights as stored, y = sum_b d_w d_a (q_w . q_a) + m_w d_a sum(q_a)."""
+    w = dequantize(parts).double().numpy()  # d q + m, so q_w . q_a d_w + m_w sum(q_a) is w . q_a
+    xb = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    qa = np.rint((xb * inv).astype(np.float32)).astype(np.float64)  # np.rint: half to even
+    da = (amax / np.float32(127)).astype(np.float32).astype(np.float64)
+    return (qa * da).reshape(x.shape[0], -1) @ w.T
+
+
+KINDS = [["Q4_0"], ["Q4_1"], ["Q8_0"], ["Q4_0", "Q4_1"]]  # the last: a fused matrix of two kinds
+
+
+@pytest.mark.parametrize("kinds", KINDS, ids="+".join)
+def test_exact_path_uses_exactly_the_files_weights(kernels, kinds):
+    parts = [random_qtensor(k, 13, 96, seed=i) for i, k in enumerate(kinds)]  # 13 rows: not a multiple of 8
+    expected = dequantize(parts)  # [N, K], gguf-py's values
+    qm = kernels.QMatrix(*planes(parts, interleave=False))
+    eye = torch.eye(qm.K)
+    many = kernels.gemm_gguf(eye, qm, False)  # [K, N]: the prefill path
+    few = torch.cat([kernels.gemm_gguf(eye[i:i + 5], qm, False) for i in range(0, qm.K, 5)])  # the few-row path
+    assert torch.equal(many.T, expected) and torch.equal(few.T, expected)
+
+
+@pytest.mark.parametrize("kinds", KINDS, ids="+".join)
+def test_q8_path_computes_its_definition(kernels, kinds):
+    parts = [random_qtensor(k, 21, 128, seed=10 + i) for i, k in enumerate(kinds)]
+    qm = kernels.QMatrix(*planes(parts, interleave=True))
+    x = np.random.default_rng(1).standard_normal((7, 128)).astype(np.float32)
+    x[0, :32] = 0.0  # an all-zero block (scale 0)
+    x[1, 32:64] *= 1000  # a block far larger than the others
+    got = kernels.gemm_gguf(torch.from_numpy(x), qm, True).double().numpy()
+    ref = q8_reference(x, parts)
+    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_a_broken_nibble_order_fails_the_q8_check(kernels):
+    """The check above has teeth: the same blocks with each block's two nibble halves swapped are caught."""
+    part = random_qtensor("Q4_1", 16, 64, seed=3)
+    swapped = part.blocks.reshape(16, 2, 20).copy()
+    swapped[:, :, 4:] = (swapped[:, :, 4:] >> 4) | ((swapped[:, :, 4:] & 0x0F) << 4)
+    broken = QTensor("Q4_1", swapped.reshape(16, -1), 16, 64)
+    x = np.random.default_rng(2).standard_normal((3, 64)).astype(np.float32)
+    got = kernels.gemm_gguf(torch.from_numpy(x), kernels.QMatrix(*planes([broken], True)), True).double().numpy()
+    ref = q8_reference(x, [part])
+    assert np.abs(got - ref).max() > 1e-3 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("q8", [False, True], ids=["exact", "q8"])
+def test_rows_do_not_depend_on_the_other_rows(kernels, q8):
+    parts = [random_qtensor("Q4_1", 40, 96, seed=5)]
+    qm = kernels.QMatrix(*planes(parts, interleave=q8))
+    x = torch.randn(40, 96, generator=torch.Generator().manual_seed(4))
+    alone = torch.cat([kernels.gemm_gguf(x[i:i + 1], qm, q8) for i in range(40)])
+    for m in (2, 3, 5, 6, 9, 16, 17, 40):  # few-row tiles, their remainders, and the prefill path
+        assert torch.equal(kernels.gemm_gguf(x[:m], qm, q8), alone[:m]), f"{m} rows"
+    assert torch.equal(kernels.gemm_gguf(x.flip(0), qm, q8).flip(0), alone)
+
+
+def test_a_q8_layout_is_refused_by_the_exact_path(kernels):
+    qm = kernels.QMatrix(*planes([random_qtensor("Q8_0", 8, 32, seed=0)], interleave=True))
+    with pytest.raises(RuntimeError, match="layout"):
+        kernels.gemm_gguf(torch.zeros(1, 32), qm, False)
+
+
+# ---- the model on a tiny all-quantized GGUF ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_q(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ggufq") / "tinyq.gguf"
+    write_tiny_gguf(path, all_quantized=True)
+    return path
+
+
+@pytest.fixture
+def cache_here(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+
+
+def logits_of(model, ids: list[int], chunk: int) -> torch.Tensor:
+    cache = model.new_cache(1, 64)
+    out = [model.forward(torch.tensor([ids[s:s + chunk]]), torch.tensor([s]), cache)[0]
+           for s in range(0, len(ids), chunk)]
+    return torch.cat(out)  # [len(ids), vocab]
+
+
+def test_tiny_gguf_runs_on_its_own_blocks(kernels, tiny_q, cache_here):
+    from specdec.models.loader import load_model
+
+    ids = list(range(3, 40))
+    ref = load_model(str(tiny_q), "fp32").model
+    assert load_model(str(tiny_q)).model.precision == "gguf"  # the default for a GGUF whose blocks it reads
+    want = logits_of(ref, ids, len(ids))
+    for precision, tol in (("gguf", 2e-3), ("gguf-q8", 5e-2)):  # gguf: the fp16 KV cache is the only difference
+        model = load_model(str(tiny_q), precision).model
+        assert model.precision == precision and model.exact_kv_reuse
+        assert model.weight_bytes_per_token < ref.weight_bytes_per_token / 4
+        one = logits_of(model, ids, 1)
+        assert torch.equal(logits_of(model, ids, 6), one)  # a verify pass equals one-token passes
+        assert torch.equal(logits_of(model, ids, len(ids)), one)  # and a prefill
+        err = float((one - want).abs().max() / want.abs().max())
+        assert err < tol, f"{precision}: {err:.2e} from the fp32 model"
+
+
+def test_gguf_precision_needs_a_gguf_it_can_read(kernels, tiny_q, tmp_path, cache_here):
+    from specdec.models.loader import load_model
+
+    mixed = tmp_path / "mixed.gguf"
+    write_tiny_gguf(mixed)  # Q and K in F32
+    with pytest.raises(SpecdecError, match="F32"):
+        load_model(str(mixed), "gguf")
+    assert load_model(str(mixed)).model.precision == "fp16"  # the default falls back to a path that can run it
+    folder = load_model(str(tiny_q), "fp32").path
+    copy = tmp_path / "folder"
+    copy.mkdir()
+    for f in folder.iterdir():
+        if f.name != "specdec_convert.json":  # a plain Hugging Face folder: no GGUF behind it
+            (copy / f.name).symlink_to(f)
+    with pytest.raises(SpecdecError, match="not from a GGUF"):
+        load_model(str(copy), "gguf-q8")
+
+
+def test_precision_on_the_command_line(kernels, tiny_q, cache_here, capsys):
+    from specdec.cli import main
+
+    assert main(["generate", "--model", str(tiny_q), "--precision", "gguf-q8", "--max-new-tokens", "4",
+                 "--prompt", "abc", "--no-chat"]) in (0, None)
+    assert main(["generate", "--model", str(tiny_q), "--precision", "q4", "--prompt", "abc"]) != 0
+    assert "invalid choice: 'q4'" in capsys.readouterr().err
