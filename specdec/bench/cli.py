@@ -43,7 +43,11 @@ def register(sub) -> None:
     b.add_argument("--json", metavar="FILE", help="write everything, per prompt too, as JSON")
     b.add_argument("--markdown", metavar="FILE", help="write the tables as Markdown")
     b.add_argument("--plot", metavar="FILE.png", help="speedup per category, with the predictions")
-    b.add_argument("--compare", choices=("hf",), help="also run Hugging Face transformers generate")
+    b.add_argument("--compare", choices=("hf", "llama.cpp"),
+                   help="also run Hugging Face transformers generate, or llama.cpp (node-llama-cpp, from "
+                        "$NODE_LLAMA_DIR) on the same GGUF file, plain and with its prompt lookup")
+    b.add_argument("--llamacpp-k", type=int, default=None, metavar="K",
+                   help="tokens llama.cpp's prompt lookup drafts (default: the bench's k, 5 with --k auto)")
     e = b.add_argument_group("against a server (any OpenAI-compatible one: vLLM, SGLang, llama-server, ours)")
     e.add_argument("--endpoint", metavar="URL", help="bench this server instead of a local model")
     e.add_argument("--baseline", metavar="URL", help="the same model with speculation off: speedups against it")
@@ -127,6 +131,12 @@ def run_bench(args) -> int:
         raise SpecdecError(f"--drift-margin must be >= 0, got {args.drift_margin}")
     for out in (args.json, args.markdown, args.plot):
         check_output(out)
+    if args.llamacpp_k is not None and (args.compare != "llama.cpp" or args.llamacpp_k < 1):
+        raise SpecdecError(f"--llamacpp-k needs --compare llama.cpp and a value >= 1, got {args.llamacpp_k}")
+    if args.compare == "llama.cpp":  # before loading anything: the GGUF and the install are checked first
+        from specdec.bench.llamacpp_compare import gguf_path, worker_command
+
+        llamacpp_cmd = worker_command(gguf_path(args.model), torch.get_num_threads())
     prof = load_profile(args.profile) if args.profile else None
     source = f"file {args.profile}" if prof else None
     target, drafter = build(ModelSpec.from_args(args))
@@ -156,6 +166,14 @@ def run_bench(args) -> int:
 
         draft_path = resolve_model_dir(args.draft_model) if args.drafter == "draft-model" else None
         methods += hf_methods(target.path, target.tokenizer, default_k, args.ngram_max, draft_path)
+    llamacpp = None
+    if args.compare == "llama.cpp":
+        from specdec.bench.llamacpp_compare import LlamaCppWorker, llamacpp_methods
+
+        worker = LlamaCppWorker(llamacpp_cmd, timeout_s=args.timeout)  # stopped at exit
+        extra, llamacpp = llamacpp_methods(worker, target.tokenizer, args.llamacpp_k or default_k, args.ngram_min,
+                                           args.ngram_max)
+        methods += extra
 
     samples = run_all(prompts, methods, target.tokenizer, args.max_new_tokens, progress=not args.quiet)
     mark_identity(samples, methods, logit_gap_fn(target.model))
@@ -165,6 +183,8 @@ def run_bench(args) -> int:
               "prompt_file": args.prompts, "categories": args.categories, "per_category": args.per_category,
               "compare": args.compare, "threads": torch.get_num_threads(), "torch": torch.__version__,
               "greedy": True, "batch": 1, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if llamacpp:
+        config["llamacpp"] = llamacpp
     write_report(build_report(samples, methods, config, prof, source, args.drift_margin), args)
     return 0
 

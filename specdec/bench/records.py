@@ -71,6 +71,7 @@ class BenchReport:
     meters: dict = field(default_factory=dict)
     auto_k: dict | None = None
     hf: dict | None = None
+    llamacpp: dict | None = None  # llama.cpp next to ours on the same prompts (bench --compare llama.cpp)
     endpoint: dict | None = None  # levels, server counters, the cost points measured (bench --endpoint)
     samples: list[dict] = field(default_factory=list)
 

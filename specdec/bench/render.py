@@ -39,8 +39,16 @@ def leaderboard(report: BenchReport) -> str:
     return table(["Method"] + cats + ["Overall", "Mean accepted tokens"], rows)
 
 
+def foreign(report: BenchReport) -> set[str]:
+    """Methods measured against a baseline of another implementation (llama.cpp against our plain): their output
+    comes from other arithmetic, so its identity with the baseline's is information, not a check."""
+    family = {m["name"]: m["family"] for m in report.methods}
+    return {m["name"] for m in report.methods if m["baseline"] and family.get(m["baseline"]) != m["family"]}
+
+
 def details(report: BenchReport) -> str:
     per = "tokens/chunk" if report.endpoint else "tokens/pass"
+    other = foreign(report)
     header = ["Method", "Category", "baseline tok/s", "tok/s", "speedup", "decode speedup", "robust", "predicted",
               "error", "iid-a predicted", per, "a", "a_i (i=1..4)", "TTFT ms", "ITL p50 ms", "ITL p99 ms",
               "burst", "identical"]
@@ -54,7 +62,9 @@ def details(report: BenchReport) -> str:
                          x(v.decode_speedup), x(v.robust_speedup), x(p and p.speedup), pct(p and p.error),
                          x(p and p.speedup_iid), f(v.tokens_per_pass), f(v.alpha), a_pos,
                          f(v.ttft_s, 0, 1000), f(v.itl_p50_s, 1, 1000), f(v.itl_p99_s, 1, 1000),
-                         f(v.burst_share, 0, 100, "%"), f(v.identical_rate, 0, 100, "%")])
+                         f(v.burst_share, 0, 100, "%"),
+                         f"({f(v.identical_rate, 0, 100, '%')})" if m["name"] in other
+                         else f(v.identical_rate, 0, 100, "%")])
     return table(header, rows)
 
 
@@ -79,6 +89,30 @@ def _hf_section(report: BenchReport) -> list[str]:
             f"(ours runs {report.config['precision']} weights)."]
 
 
+def _llamacpp_section(report: BenchReport) -> list[str]:
+    lc, info = report.llamacpp, report.config.get("llamacpp") or {}
+    rows = [[n, f(v["tokens_per_s"], 1), f(v["decode_tokens_per_s"], 1), f(v["ttft_s"], 0, 1000), x(v["speedup"]),
+             x(v["decode_speedup"])] for n, v in lc["methods"].items()]
+    own = "; ".join(f"{name}: " + ", ".join(f"{g} {x(r)}" for g, r in by_group.items())
+                    for name, by_group in lc["lookup_over_llamacpp_plain"].items())
+    same = ", ".join(f"{name}'s equals llama.cpp plain's on {f(v, 0, 100, '%')}"
+                     for name, v in lc["lookup_identical_to_llamacpp_plain"].items())
+    return ["", f"## Against llama.cpp (node-llama-cpp {info.get('node_llama_cpp', '?')}, llama.cpp "
+            f"{info.get('llama_cpp', '?')}, CPU, the same GGUF file)", "",
+            f"{info.get('gguf', '?')} ({info.get('type', '?')}) on {info.get('threads', '?')} threads, given our "
+            "prompt token ids, greedy, in the same run as ours (alternating per prompt), each request from an "
+            f"empty KV cache. Its prompt lookup drafts up to k={info.get('k', '?')} tokens copied from the prompt "
+            f"after the longest match of {info.get('ngram_min', '?')}..{info.get('ngram_max', '?')} tokens (ours "
+            "also matches in the generated text). All prompts; speedups over our plain, ratios of means on the "
+            "same prompts:", "",
+            table(["Method", "tok/s", "decode tok/s", "TTFT ms", "speedup", "decode speedup"], rows), "",
+            f"llama.cpp's prompt lookup over llama.cpp plain: {own or '-'}.", "",
+            f"Identity is not a check here: llama.cpp computes with its own kernels on the GGUF's weights as "
+            f"stored, ours with {report.config['precision']} weights, so equal output is not expected and a "
+            "difference is no failure of either. llama.cpp plain's output equals our plain's on "
+            f"{f(lc['plain_identical_to_ours'], 0, 100, '%')} of prompts" + (f"; {same}." if same else ".")]
+
+
 def checks_section(report: BenchReport) -> list[str]:
     out = ["", "## Checks", ""]
     step = "time per output token" if report.endpoint else "decode step"
@@ -101,7 +135,10 @@ def checks_section(report: BenchReport) -> list[str]:
                   if meter else "")
         out.append(f"- acceptance drift, {name}: overall a = {d['overall_alpha']:.3f}{source}; "
                    f"categories beyond +/-{d['margin']:.2f}: {flagged or 'none'}")
+    other = foreign(report)  # another implementation's output: in its own section, not a failure of ours
     for n, r in report.results.items():
+        if n in other:
+            continue
         for m in r.overall.mismatches:
             gap = f", target logit gap top1 - top2 = {m['logit_gap']:.4f}" if "logit_gap" in m else ""
             what = "character" if report.endpoint else "token"
@@ -145,11 +182,15 @@ def markdown(report: BenchReport) -> str:
            "with one acceptance rate a. Robust: the same speedup with every round's duration replaced by the median "
            "of its turn's rounds of the same draft length (insensitive to bursts of load from other processes). "
            "ITL: gaps between consecutive tokens (0 inside a burst); burst: share of tokens that arrived with others "
-           "in one round.", "", details(report), ""] + prediction_errors(report)
+           "in one round." + (" Identical in brackets: another implementation's output against ours, informative "
+                              "only (different arithmetic)." if foreign(report) else ""),
+           "", details(report), ""] + prediction_errors(report)
     if report.auto_k:
         out += _auto_section(report)
     if report.hf:
         out += _hf_section(report)
+    if report.llamacpp:
+        out += _llamacpp_section(report)
     return "\n".join(out + checks_section(report)) + "\n"
 
 

@@ -119,6 +119,8 @@ def build_report(samples, methods, config: dict, profile: dict | None, profile_s
                                              default) for g in cats + [OVERALL]}
     if any(m.family == "hf" for m in methods):
         report.hf = hf_ratios(samples, methods, cats, config.get("default_k"))
+    if any(m.family == "llama.cpp" for m in methods):
+        report.llamacpp = llamacpp_summary(samples, methods, cats, config.get("default_k"))
     return report
 
 
@@ -127,20 +129,55 @@ def _speedup(res: MethodResult, group: str) -> float | None:
     return g.speedup if g else None
 
 
+def _ours(methods, default_k) -> list[str]:
+    """Our methods that comparisons with other implementations show: plain, the chosen speculative method (auto
+    k, else the first), and the default k's."""
+    spec = [m for m in methods if m.family == "specdec" and m.baseline]
+    main = next((m for m in spec if m.k == "auto"), spec[0] if spec else None)
+    return list(dict.fromkeys(["plain"] + [m.name for m in spec if m is main or m.k == default_k]))
+
+
+def _same_output(samples, a: str, b: str) -> float | None:
+    """Share of the prompts run by both methods on which every turn's token ids are equal."""
+    turns = {s.qid: s.turns for s in samples if s.method == b}
+    same = [all(x.token_ids == y.token_ids for x, y in zip(s.turns, turns[s.qid]))
+            for s in samples if s.method == a and s.qid in turns]
+    return sum(same) / len(same) if same else None
+
+
 def hf_ratios(samples, methods, cats, default_k=None) -> dict:
     """Tokens/s of ours (plain, the chosen speculative method, and the default k's) over Hugging Face's, per
     category (ratio of means over the same prompts)."""
-    spec = [m for m in methods if m.family == "specdec" and m.baseline]
-    main = next((m for m in spec if m.k == "auto"), spec[0] if spec else None)
-    ours = list(dict.fromkeys(["plain"] + [m.name for m in spec if m is main or m.k == default_k]))
+    ours = _ours(methods, default_k)
     hf = [m.name for m in methods if m.family == "hf"]
     out = {}
     for g in cats + [OVERALL]:
         tps = {n: [s.tokens_per_s for s in samples if s.method == n and g in (OVERALL, s.category)]
                for n in ours + hf}
         out[g] = {f"{a} / {b}": stats.ratio_of_means(tps[a], tps[b]) for a in ours for b in hf}
-    plain = {s.qid: s.turns for s in samples if s.method == "plain"}
-    hfp = {s.qid: s.turns for s in samples if s.method == "hf plain"}
-    same = [all(a.token_ids == b.token_ids for a, b in zip(plain[q], hfp[q])) for q in hfp if q in plain]
-    out["hf_plain_identical_to_ours"] = sum(same) / len(same) if same else None
+    out["hf_plain_identical_to_ours"] = _same_output(samples, "hf plain", "plain")
     return out
+
+
+def llamacpp_summary(samples, methods, cats, default_k=None) -> dict:
+    """Ours (plain, the chosen speculative method, the default k's) and llama.cpp's methods over all prompts: mean
+    tokens/s, mean decode tokens/s, mean TTFT, and speedups over our plain (ratios of means, same prompts);
+    llama.cpp's lookup over llama.cpp plain per category; how often outputs are equal (informative only:
+    llama.cpp computes with its own kernels, on the GGUF's weights as stored)."""
+    mine = lambda n, g=OVERALL: [s for s in samples if s.method == n and g in (OVERALL, s.category)]
+    tps = lambda n, g=OVERALL: [s.tokens_per_s for s in mine(n, g)]
+    dec = lambda n: [s.decode_tokens_per_s for s in mine(n)]
+    rows = {}
+    for n in _ours(methods, default_k) + [m.name for m in methods if m.family == "llama.cpp"]:
+        d, d0 = dec(n), dec("plain")
+        rows[n] = {"tokens_per_s": stats.mean(tps(n)),
+                   "decode_tokens_per_s": stats.mean([x for x in d if x is not None]),
+                   "ttft_s": stats.mean([t.ttft_s for s in mine(n) for t in s.turns if t.ttft_s is not None]),
+                   "speedup": stats.ratio_of_means(tps(n), tps("plain")),
+                   "decode_speedup": None if None in d + d0 else stats.ratio_of_means(d, d0)}
+    lc_plain = "llama.cpp plain"
+    lookups = [m.name for m in methods if m.family == "llama.cpp" and m.k is not None]
+    own = {n: {g: stats.ratio_of_means(tps(n, g), tps(lc_plain, g)) for g in cats + [OVERALL]} for n in lookups}
+    return {"methods": rows, "lookup_over_llamacpp_plain": own,
+            "plain_identical_to_ours": _same_output(samples, lc_plain, "plain"),
+            "lookup_identical_to_llamacpp_plain": {n: _same_output(samples, n, lc_plain) for n in lookups}}
