@@ -15,6 +15,9 @@ Two things differ between the layouts. Names: `blk.N.attn_q.weight` is `model.la
 and so on (`_hf_name`). Rows of Q and K: llama.cpp's converter reorders each head's rows from Hugging Face's
 rotate-half layout (first half, second half) to interleaved pairs (x0, y0, x1, y1, ...); `_unpermute` undoes it.
 
+Gemma 3 files (`general.architecture == "gemma3"`, e.g. Gemma 3 270M in Q4_K_M) convert to a Gemma3ForCausalLM
+folder instead; their names, norms, config and SentencePiece tokenizer are in gguf_gemma3.
+
 A folder is built under a temporary name and renamed into place, so an interrupted conversion leaves no folder
 that looks valid; a folder without a matching marker is rebuilt.
 """
@@ -91,13 +94,14 @@ def is_complete(out_dir: Path) -> bool:
 
 
 def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progress: bool = True) -> Path:
-    """Convert a llama-architecture GGUF into a Hugging Face folder at `out_dir`; returns `out_dir`.
+    """Convert a llama- or gemma3-architecture GGUF into a Hugging Face folder at `out_dir`; returns `out_dir`.
 
     An existing `out_dir` is replaced only if it is empty, an earlier conversion (it has the marker), or a folder
     inside cache_root(); anything else is refused rather than deleted."""
     from safetensors.numpy import save_file
     from tqdm import tqdm
 
+    from specdec.models import gguf_gemma3
     from specdec.models.gguf_tokenizer import build_tokenizer
 
     src, out_dir = Path(gguf_path), Path(out_dir)
@@ -106,24 +110,28 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progr
     started = time.perf_counter()
     reader = _open(src)
     meta = _metadata(reader, src)
-    tokenizer, tok_config = build_tokenizer(meta)
+    gemma = meta["general.architecture"] == gguf_gemma3.ARCH
+    tokenizer, tok_config = gguf_gemma3.build_tokenizer(meta) if gemma else build_tokenizer(meta)
 
     n_heads = _config_int(meta, src, "attention.head_count")
     n_kv = int(meta.get(f"{meta['general.architecture']}.attention.head_count_kv", n_heads))
     tensors: dict[str, np.ndarray] = {}
     for t in tqdm(reader.tensors, desc=f"converting {src.name}", unit="tensor", disable=not progress,
                   file=sys.stderr, leave=False):
-        name = _hf_name(t.name, src)
-        weight = _dequantize(t, src)  # numpy layout: [out_features, in_features] for matrices
-        if name.endswith("q_proj.weight"):
-            weight = _unpermute(weight, n_heads)
-        elif name.endswith("k_proj.weight"):
-            weight = _unpermute(weight, n_kv)
+        if gemma:  # names, and norms stored as w + 1; no Q/K permutation
+            name, weight = gguf_gemma3.hf_tensor(t.name, _dequantize(t, src), src)
+        else:
+            name = _hf_name(t.name, src)
+            weight = _dequantize(t, src)  # numpy layout: [out_features, in_features] for matrices
+            if name.endswith("q_proj.weight"):
+                weight = _unpermute(weight, n_heads)
+            elif name.endswith("k_proj.weight"):
+                weight = _unpermute(weight, n_kv)
         tensors[name] = np.ascontiguousarray(weight, dtype=np.float32)
     if "model.embed_tokens.weight" not in tensors:
-        raise SpecdecError(f"{src}: no token_embd tensor; not a complete llama model")
+        raise SpecdecError(f"{src}: no token_embd tensor; not a complete {meta['general.architecture']} model")
 
-    config = _config(meta, src, tensors)
+    config = gguf_gemma3.config(meta, src, tensors) if gemma else _config(meta, src, tensors)
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
     tok_config["model_max_length"] = config["max_position_embeddings"]
 
@@ -217,8 +225,13 @@ def _metadata(reader, src: Path) -> dict[str, Any]:
         except Exception as e:
             raise SpecdecError(f"{src}: cannot decode GGUF metadata field {key!r} ({e})") from None
     arch = meta.get("general.architecture")
+    if arch == "gemma3":
+        from specdec.models.gguf_gemma3 import check_metadata
+
+        check_metadata(meta, src)
+        return meta
     if arch != "llama":
-        raise SpecdecError(f"{src}: architecture {arch!r} is not supported (only 'llama')")
+        raise SpecdecError(f"{src}: architecture {arch!r} is not supported (only 'llama' and 'gemma3')")
     if meta.get("llama.rope.scaling.type", "none") not in ("none", None):
         raise SpecdecError(f"{src}: rope scaling {meta['llama.rope.scaling.type']!r} is not supported")
     return meta

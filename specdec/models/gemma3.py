@@ -1,0 +1,277 @@
+"""Gemma 3 text models (transformers' Gemma3ForCausalLM, model_type "gemma3_text") in the compact transformer's frame.
+
+Same interface as specdec.models.transformer.Transformer (forward, forward_ragged, new_cache, accounting), and the
+same machinery: Linear at fp32/fp16/int8/bf16, the position-addressed fp32 KVCache, the ragged pass padded to
+rectangles. What differs from a Llama block, each checked against transformers' modeling_gemma3 by
+tests/test_gemma3.py:
+
+  - the embeddings are scaled by sqrt(hidden) (an fp32 product, as transformers computes it at fp32); the table is
+    stored scaled, and the tied LM head is built from the unscaled one
+  - RMSNorm multiplies by (1 + w): `1 + w` is stored once, so rms_norm() is the Llama one
+  - four norms per layer: input; post_attention, on the attention output before the residual add; pre_feedforward;
+    post_feedforward, on the MLP output before the add. q and k get an RMSNorm per head, before RoPE
+  - GeGLU: gelu (tanh approximation) of the gate, times up
+  - scores are scaled by query_pre_attn_scalar^-1/2, not head_dim^-1/2 (the same number for the 270M)
+  - sliding-window layers (cfg.layer_types): a query at position p sees keys in (p - window, p]; their RoPE base
+    is rope_local_theta (10000), the full layers' is rope_theta (1e6)
+
+The torch path only (kernels = None; the native kernels know Llama blocks): decode and verify passes use the
+chunked, batch-invariant attention of transformer.attend_decode with the window added to its mask, so a verify
+pass over k+1 tokens equals k+1 one-token passes bit for bit; prefill uses torch's fused attention. The cache
+keeps every position, sliding layers included (a ring of `window` positions would save memory, not reads: the
+decode attention reads the keys from position 0, masked, to stay batch-invariant). exact_kv_reuse is False.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from specdec.errors import SpecdecError
+from specdec.models.config import ModelConfig
+from specdec.models.linear import Linear
+from specdec.models.transformer import (
+    CHUNK,
+    MAX_QUERY_ROWS,
+    MIN_QUERY_POSITIONS,
+    Transformer,
+    _slot_picker,
+    rms_norm,
+    rotate,
+    write_kv,
+)
+
+MODEL_TYPE = "gemma3_text"
+SLIDING, FULL = "sliding_attention", "full_attention"
+TORCH_PRECISIONS = ("fp32", "fp16", "int8", "bf16")  # Linear's; the GGUF-block precisions need the native kernels
+
+
+@dataclass(frozen=True)
+class Gemma3Config(ModelConfig):
+    query_pre_attn_scalar: float = 256.0  # attention scores are scaled by its -1/2 power
+    sliding_window: int | None = None  # keys a sliding layer's query sees, its own included (None: all)
+    layer_types: tuple[str, ...] = ()  # per layer: SLIDING or FULL
+    rope_local_theta: float = 10000.0  # RoPE base of the sliding layers (rope_theta is the full layers')
+    model_type: str = MODEL_TYPE
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> Gemma3Config:
+        """From a Gemma3TextConfig's config.json: transformers 5 (rope_parameters per layer type) or 4.x
+        (rope_theta, rope_local_base_freq, sliding_window_pattern) spellings."""
+        mt = cfg.get("model_type")
+        if mt != MODEL_TYPE:
+            raise SpecdecError(f"model_type {mt!r} is not {MODEL_TYPE!r}")
+        for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+            if cfg.get(key) is not None:
+                raise SpecdecError(f"Gemma 3 with {key} is not covered by specdec's compact implementation")
+        if cfg.get("use_bidirectional_attention"):
+            raise SpecdecError("Gemma 3 with bidirectional attention is not a causal language model")
+        act = cfg.get("hidden_activation", "gelu_pytorch_tanh")
+        if act != "gelu_pytorch_tanh":
+            raise SpecdecError(f"Gemma 3 with activation {act!r} is not covered (only gelu_pytorch_tanh)")
+        layers = cfg["num_hidden_layers"]
+        types = cfg.get("layer_types")
+        if types is None:
+            period = cfg.get("sliding_window_pattern", 6)
+            types = [SLIDING if (i + 1) % period else FULL for i in range(layers)]
+        if len(types) != layers or set(types) - {SLIDING, FULL}:
+            raise SpecdecError(f"layer_types {types!r}: want {layers} of {SLIDING!r} / {FULL!r}")
+        rope = cfg.get("rope_parameters") or {}
+        theta = {FULL: cfg.get("rope_theta", 1_000_000.0), SLIDING: cfg.get("rope_local_base_freq", 10_000.0)}
+        for kind in (FULL, SLIDING):
+            params = rope.get(kind) or {}
+            if params.get("rope_type", "default") != "default":
+                raise SpecdecError(f"rope scaling {params['rope_type']!r} is not covered by specdec's compact "
+                                   "implementation")
+            theta[kind] = params.get("rope_theta", theta[kind])
+        if cfg.get("rope_scaling"):
+            raise SpecdecError("rope scaling is not covered by specdec's compact implementation")
+        heads = cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=head_dim,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta[FULL]),
+            max_position_embeddings=cfg.get("max_position_embeddings", 131_072),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", head_dim)),
+            sliding_window=cfg.get("sliding_window"),
+            layer_types=tuple(types),
+            rope_local_theta=float(theta[SLIDING]),
+        )
+
+
+class Gemma3Block:
+    def __init__(self, cfg: Gemma3Config, w: dict[str, torch.Tensor], i: int, precision: str):
+        p = f"model.layers.{i}."
+        att, mlp = p + "self_attn.", p + "mlp."
+        qkv_w = torch.cat([w[att + "q_proj.weight"], w[att + "k_proj.weight"], w[att + "v_proj.weight"]])
+        qkv_b = None
+        if cfg.attention_bias:
+            qkv_b = torch.cat([w[att + "q_proj.bias"], w[att + "k_proj.bias"], w[att + "v_proj.bias"]])
+        self.qkv = Linear(qkv_w, qkv_b, precision)
+        self.o = Linear(w[att + "o_proj.weight"], w.get(att + "o_proj.bias"), precision)
+        self.gate_up = Linear(torch.cat([w[mlp + "gate_proj.weight"], w[mlp + "up_proj.weight"]]), None, precision)
+        self.down = Linear(w[mlp + "down_proj.weight"], None, precision)
+        scale = lambda name: (1.0 + w[p + name + ".weight"].float()).contiguous()  # Gemma's norms scale by 1 + w
+        self.input_norm, self.post_attention_norm = scale("input_layernorm"), scale("post_attention_layernorm")
+        self.pre_ff_norm, self.post_ff_norm = scale("pre_feedforward_layernorm"), scale("post_feedforward_layernorm")
+        self.q_norm, self.k_norm = scale("self_attn.q_norm"), scale("self_attn.k_norm")  # [head_dim]
+        self.sliding = cfg.layer_types[i] == SLIDING
+        self.window = cfg.sliding_window if self.sliding else None  # None: every earlier key
+
+    @property
+    def linears(self) -> list[Linear]:
+        return [self.qkv, self.o, self.gate_up, self.down]
+
+    @property
+    def norms(self) -> list[torch.Tensor]:
+        return [self.input_norm, self.post_attention_norm, self.pre_ff_norm, self.post_ff_norm, self.q_norm,
+                self.k_norm]
+
+
+class Gemma3(Transformer):
+    """forward / forward_ragged / new_cache are Transformer's (its torch path); _layers is Gemma's."""
+
+    def __init__(self, cfg: Gemma3Config, weights: dict[str, torch.Tensor], precision: str = "fp16",
+                 device: str = "cpu"):
+        if precision not in TORCH_PRECISIONS:
+            raise SpecdecError(f"Gemma 3 runs on the torch path: precision {precision!r} is not available there "
+                               f"(choose from {', '.join(TORCH_PRECISIONS)})")
+        self.cfg, self.precision, self.device = cfg, precision, torch.device(device)
+        weights = {name: t.to(self.device) for name, t in weights.items()}
+        self.kernels = None  # the native kernels run Llama blocks only
+        self.lm_head_half = self.lm_head_q = None
+        embed = weights["model.embed_tokens.weight"].float()  # [vocab, hidden]
+        self.lm_head = Linear(embed if cfg.tie_word_embeddings else weights["lm_head.weight"], None, precision)
+        # transformers scales the looked-up rows, embedding(ids) * sqrt(hidden) with the scale rounded to the
+        # weights' dtype; scaling the table once gives the same products
+        self.embed = embed * torch.tensor(cfg.hidden_size ** 0.5, dtype=embed.dtype)  # [vocab, hidden]
+        self.blocks = [Gemma3Block(cfg, weights, i, precision) for i in range(cfg.num_layers)]
+        self.norm = (1.0 + weights["model.norm.weight"].float()).contiguous()
+        # RoPE tables [positions, head_dim / 2] per base, computed once (a lookup is exact; growing the table later
+        # could round a few entries differently and break the verify == one-token-passes identity)
+        d = cfg.head_dim
+        positions = torch.arange(cfg.max_position_embeddings, device=self.device).float()[:, None]
+        self.rope = {}  # sliding layer? -> (cos, sin)
+        for sliding, theta in ((False, cfg.rope_theta), (True, cfg.rope_local_theta)):
+            inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+            angles = positions * inv_freq.to(self.device)[None, :]  # [positions, d/2]
+            self.rope[sliding] = (angles.cos(), angles.sin())
+        self.cos = self.sin = None  # Transformer's single table is not used
+
+    @classmethod
+    def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu") -> Gemma3:
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        weights = {}
+        for f in sorted(path.glob("*.safetensors")):
+            weights.update(load_file(f))
+        return cls(Gemma3Config.from_dir(path), weights, precision, device)
+
+    @property
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights read by one decode pass (the embedding lookup reads one row, ignored)."""
+        lin = sum(lin.nbytes for b in self.blocks for lin in b.linears) + self.lm_head.nbytes
+        norms = sum(n.numel() for b in self.blocks for n in b.norms) * 4 + self.norm.numel() * 4
+        return lin + norms
+
+    def _rope(self, sliding: bool, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, n, 1, head_dim] at positions pos [B, n], for sliding or full layers."""
+        cos, sin = self.rope[sliding]
+        c, s = cos[pos], sin[pos]  # [B, n, d/2]
+        return torch.cat([c, c], dim=-1).unsqueeze(2), torch.cat([s, s], dim=-1).unsqueeze(2)
+
+    def _layers(self, x: torch.Tensor, pos: torch.Tensor, cache, rows: torch.Tensor | None,
+                prefill: bool) -> torch.Tensor:
+        """Every Gemma block, torch path. x [B, n, hidden] at positions pos [B, n]; row b uses cache slot rows[b]
+        (slot b when rows is None). Returns [B, n, hidden]."""
+        cfg = self.cfg
+        eps = cfg.rms_norm_eps
+        b, n = pos.shape
+        x = x.reshape(b * n, cfg.hidden_size)
+        hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        scale = cfg.query_pre_attn_scalar ** -0.5
+        rope = {sliding: self._rope(sliding, pos) for sliding in self.rope}
+        pick = None if rows is None else _slot_picker(rows)
+        for layer, blk in enumerate(self.blocks):
+            h = rms_norm(x, blk.input_norm, eps)
+            qkv = blk.qkv(h).view(b, n, hq + 2 * hk, d)  # [B, n, heads, d]
+            cos, sin = rope[blk.sliding]
+            q = rotate(rms_norm(qkv[:, :, :hq], blk.q_norm, eps), cos, sin)  # [B, n, hq, d]
+            k = rotate(rms_norm(qkv[:, :, hq:hq + hk], blk.k_norm, eps), cos, sin)  # [B, n, hk, d]
+            v = qkv[:, :, hq + hk:]  # [B, n, hk, d]
+            k_cache, v_cache = cache.k[layer], cache.v[layer]
+            write_kv(k_cache, v_cache, k, v, pos, rows)
+            if pick is not None:
+                k_cache, v_cache = k_cache[pick], v_cache[pick]  # [B, hk, capacity, d]
+            if prefill:
+                att = attend_prefill(q, k_cache, v_cache, pos, scale, blk.window)
+            else:
+                att = attend_decode(q, k_cache, v_cache, pos, cfg.group_size, scale, blk.window)
+            x = x + rms_norm(blk.o(att.reshape(b * n, hq * d)), blk.post_attention_norm, eps)
+            h = rms_norm(x, blk.pre_ff_norm, eps)
+            gate, up = blk.gate_up(h).chunk(2, dim=-1)
+            x = x + rms_norm(blk.down(F.gelu(gate, approximate="tanh") * up), blk.post_ff_norm, eps)
+        return x.view(b, n, cfg.hidden_size)
+
+
+def visible(keypos: torch.Tensor, pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """Which keys a query sees: key position <= query position, and within `window` of it when given."""
+    seen = keypos <= pos
+    return seen if window is None else seen & (keypos > pos - window)
+
+
+def attend_prefill(q, k_cache, v_cache, pos, scale: float, window: int | None) -> torch.Tensor:
+    """q [B, n, hq, d] at positions pos [B, n]; returns [B, n, hq, d]. Fused attention, masked by position."""
+    end = int(pos.max()) + 1
+    keypos = torch.arange(end, device=q.device).view(1, 1, 1, end)
+    mask = visible(keypos, pos.view(pos.shape[0], 1, -1, 1), window)  # [B, 1, n, end]
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k_cache[:, :, :end], v_cache[:, :, :end],
+                                         attn_mask=mask, scale=scale, enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+def attend_decode(q, k_cache, v_cache, pos, group: int, scale: float, window: int | None) -> torch.Tensor:
+    """transformer.attend_decode with a scale and a sliding window. q [B, n, hq, d]; returns [B, n, hq, d]."""
+    per_call = max(1, MAX_QUERY_ROWS // group)  # positions per matrix product
+    outs = [_attend_group(q[:, s:s + per_call], k_cache, v_cache, pos[:, s:s + per_call], group, scale, window)
+            for s in range(0, q.shape[1], per_call)]
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+
+def _attend_group(q, k_cache, v_cache, pos, group: int, scale: float, window: int | None) -> torch.Tensor:
+    """transformer._attend_group, the same products in the same shapes; only the scale and the mask differ."""
+    b, m, hq, d = q.shape
+    real = m
+    if m < MIN_QUERY_POSITIONS:  # pad with copies of the last query so every product has the same shape
+        extra = MIN_QUERY_POSITIONS - m
+        q = torch.cat([q, q[:, -1:].expand(b, extra, hq, d)], dim=1)
+        pos = torch.cat([pos, pos[:, -1:].expand(b, extra)], dim=1)
+        m = MIN_QUERY_POSITIONS
+    hk = hq // group
+    n_chunks = int(pos.max()) // CHUNK + 1
+    length = n_chunks * CHUNK
+    kc = k_cache[:, :, :length].view(b, hk, n_chunks, CHUNK, d)  # [B, hk, C#, C, d]
+    vc = v_cache[:, :, :length].view(b, hk, n_chunks, CHUNK, d)
+    qg = q.view(b, m, hk, group, d).permute(0, 2, 3, 1, 4).reshape(b, hk, 1, group * m, d)  # [B, hk, 1, g*m, d]
+    s = torch.matmul(qg, kc.transpose(-1, -2)) * scale  # [B, hk, C#, g*m, C]
+    s = s.view(b, hk, n_chunks, group, m, CHUNK)
+    keypos = torch.arange(length, device=q.device).view(1, 1, n_chunks, 1, 1, CHUNK)
+    s = s.masked_fill(~visible(keypos, pos.view(b, 1, 1, 1, m, 1), window), float("-inf"))
+    e = torch.exp(s - s.amax(dim=(2, 5), keepdim=True))  # [B, hk, C#, g, m, C]
+    den = e.sum(dim=-1).sum(dim=2)  # [B, hk, g, m]
+    num = torch.matmul(e.view(b, hk, n_chunks, group * m, CHUNK), vc).sum(dim=2)  # [B, hk, g*m, d]
+    out = num.view(b, hk, group, m, d) / den.unsqueeze(-1)  # [B, hk, g, m, d]
+    return out.permute(0, 3, 1, 2, 4).reshape(b, m, hq, d)[:, :real]

@@ -1,0 +1,222 @@
+"""The Gemma 3 parts of GGUF -> Hugging Face conversion (gguf_convert does the rest): tensor names, norm weights,
+config.json and the SentencePiece tokenizer.
+
+What llama.cpp's converter (convert_hf_to_gguf.py, Gemma3Model) does to a Gemma3ForCausalLM, undone here:
+  - names: `blk.N.attn_norm` is input_layernorm, `post_attention_norm` post_attention_layernorm, `ffn_norm`
+    pre_feedforward_layernorm (in a llama file it is post_attention_layernorm), `post_ffw_norm`
+    post_feedforward_layernorm, `attn_q_norm` / `attn_k_norm` self_attn.q_norm / k_norm
+  - every `*norm.weight` is stored as w + 1 (Gemma3RMSNorm scales by 1 + w, llama.cpp's RMSNorm by its weight):
+    1 is subtracted back. Q and K are not permuted (Gemma's RoPE is NEOX style in llama.cpp): copied as they are
+  - what the file does not say, llama.cpp's loader assumes (llama-model.cpp, LLM_ARCH_GEMMA3): every 6th layer
+    is global and the others slide (unless `attention.sliding_window_pattern` says otherwise), sliding layers use
+    RoPE base 10000 (unless `rope.freq_base_swa`), and scores are scaled by head_dim^-1/2, except the 62-layer
+    27B's hidden / heads (query_pre_attn_scalar; `attention.scale` when present)
+
+Cost of dequantizing (Gemma 3 270M Q4_K_M: Q8_0 embeddings, Q4_K/Q5_0/Q6_K/Q8_0 blocks elsewhere, 253 MB): the
+folder holds fp32 (1.07 GB), and a decode pass at fp16 reads 536 MB of weights (335 MB of them the tied
+262144 x 640 LM head), where llama.cpp reads the GGUF's own 247 MB of tensors (178 MB of them the Q8_0 head):
+2.2x the bytes per token (4.3x at fp32, 1.1x at int8).
+
+The tokenizer: `tokenizer.ggml.model == "llama"`, a SentencePiece BPE vocabulary with scores but no merges. It is
+rebuilt as transformers' GGUF loader rebuilds it (integrations/gguf/gguf_tokenizer_mapping.py, gemma_tokenizer):
+runs of spaces respelled with U+2581, merges derived from the vocabulary in token order, BPE with byte fallback,
+spaces normalized to U+2581; control tokens special, user-defined tokens added whole, <bos> added when asked.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specdec.errors import SpecdecError
+
+ARCH = "gemma3"
+SLIDING, FULL = "sliding_attention", "full_attention"
+NORM_SHIFT = 1.0  # llama.cpp stores Gemma's norm weights w as w + NORM_SHIFT
+DEFAULT_PATTERN = 6  # without metadata, llama.cpp makes every 6th layer global
+DEFAULT_LOCAL_THETA = 10_000.0
+
+_LAYER_NAMES = {  # llama.cpp per-block tensor -> Hugging Face module under model.layers.N
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
+
+
+def check_metadata(meta: dict[str, Any], src: Path) -> None:
+    """Refuse what the compact Gemma 3 does not cover."""
+    for key in ("rope.scaling.type", "final_logit_softcapping", "attn_logit_softcapping"):
+        value = meta.get(f"{ARCH}.{key}")
+        if value not in (None, "none"):
+            raise SpecdecError(f"{src}: Gemma 3 with {ARCH}.{key} = {value!r} is not supported")
+
+
+def hf_tensor(name: str, weight: np.ndarray, src: Path) -> tuple[str, np.ndarray]:
+    """The Hugging Face name and value of a dequantized GGUF tensor."""
+    m = _BLOCK.fullmatch(name)
+    if m and m.group(2) in _LAYER_NAMES:
+        hf = f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
+    elif name.endswith(".weight") and name[:-len(".weight")] in _TOP_NAMES:
+        hf = f"{_TOP_NAMES[name[:-len('.weight')]]}.weight"
+    else:
+        raise SpecdecError(f"{src}: tensor {name!r} has no Hugging Face Gemma 3 equivalent")
+    if hf.endswith("norm.weight"):
+        weight = weight - np.float32(NORM_SHIFT)
+    return hf, weight
+
+
+def config(meta: dict[str, Any], src: Path, tensors: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Gemma3TextConfig fields (transformers 5's rope_parameters, and the 4.x rope_theta / rope_local_base_freq)."""
+    from specdec.models.gguf_convert import _decimal
+
+    def need(key: str) -> Any:
+        if f"{ARCH}.{key}" not in meta:
+            raise SpecdecError(f"{src}: GGUF metadata lacks {ARCH}.{key!r}")
+        return meta[f"{ARCH}.{key}"]
+
+    layers, hidden, heads = int(need("block_count")), int(need("embedding_length")), int(need("attention.head_count"))
+    head_dim = int(meta.get(f"{ARCH}.attention.key_length", hidden // heads))
+    if int(meta.get(f"{ARCH}.attention.value_length", head_dim)) != head_dim:
+        raise SpecdecError(f"{src}: key and value head sizes differ; not a Gemma 3 layout")
+    if int(meta.get(f"{ARCH}.rope.dimension_count", head_dim)) != head_dim:
+        raise SpecdecError(f"{src}: partial rotary embeddings are not supported")
+    pattern = meta.get(f"{ARCH}.attention.sliding_window_pattern", DEFAULT_PATTERN)
+    if isinstance(pattern, list):  # one flag per layer, true where the layer slides
+        if len(pattern) != layers:
+            raise SpecdecError(f"{src}: sliding_window_pattern has {len(pattern)} entries for {layers} layers")
+        types = [SLIDING if flag else FULL for flag in pattern]
+    else:  # a period: the last layer of each group of `pattern` is global
+        types = [SLIDING if (i + 1) % int(pattern) else FULL for i in range(layers)]
+    scale = meta.get(f"{ARCH}.attention.scale")
+    if scale:
+        query_scalar = _decimal(float(scale) ** -2)
+    else:
+        query_scalar = hidden // heads if layers == 62 else head_dim  # llama.cpp: the 27B, and the others
+    theta = _decimal(meta.get(f"{ARCH}.rope.freq_base", 1_000_000.0))
+    local_theta = _decimal(meta.get(f"{ARCH}.rope.freq_base_swa", DEFAULT_LOCAL_THETA))
+    _check_tensors(tensors, layers, src)
+    ids = {k: meta.get(f"tokenizer.ggml.{k}") for k in ("bos_token_id", "eos_token_id", "padding_token_id")}
+    return {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "hidden_size": hidden,
+        "intermediate_size": int(need("feed_forward_length")),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(meta.get(f"{ARCH}.attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": _decimal(meta.get(f"{ARCH}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "query_pre_attn_scalar": query_scalar,
+        "sliding_window": int(need("attention.sliding_window")),
+        "layer_types": types,
+        "rope_theta": theta,
+        "rope_local_base_freq": local_theta,
+        "rope_parameters": {FULL: {"rope_type": "default", "rope_theta": theta},
+                            SLIDING: {"rope_type": "default", "rope_theta": local_theta}},
+        "max_position_embeddings": int(need("context_length")),
+        "vocab_size": int(tensors["model.embed_tokens.weight"].shape[0]),
+        "tie_word_embeddings": "lm_head.weight" not in tensors,
+        "attention_bias": False,
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "bos_token_id": ids["bos_token_id"],
+        "eos_token_id": ids["eos_token_id"],
+        "pad_token_id": ids["padding_token_id"],
+        "torch_dtype": "float32",
+    }
+
+
+def _check_tensors(tensors: dict[str, np.ndarray], layers: int, src: Path) -> None:
+    """Every tensor the model reads is present, so a broken file fails here and not at load."""
+    wanted = ["model.embed_tokens.weight", "model.norm.weight"] + [
+        f"model.layers.{i}.{module}.weight" for i in range(layers) for module in _LAYER_NAMES.values()]
+    missing = [name for name in wanted if name not in tensors]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise SpecdecError(f"{src}: not a complete Gemma 3 model; missing {', '.join(missing[:3])}{more}")
+
+
+# ---- the tokenizer -----------------------------------------------------------------------------------------------
+
+def build_tokenizer(meta: dict[str, Any]):
+    """(tokenizers.Tokenizer, tokenizer_config dict) for a Gemma SentencePiece vocabulary."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "llama":
+        raise SpecdecError(f"GGUF tokenizer model {kind!r} is not Gemma's ('llama', SentencePiece)")
+    if "tokenizer.ggml.tokens" not in meta:
+        raise SpecdecError("GGUF metadata has no tokenizer.ggml.tokens; cannot build a tokenizer")
+    original: list[str] = meta["tokenizer.ggml.tokens"]
+    types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(original)
+    if meta.get("tokenizer.ggml.add_space_prefix", False):
+        raise SpecdecError("GGUF tokenizer with add_space_prefix is not Gemma's; not supported")
+    # a token of spaces only is stored with real spaces; text reaches the vocabulary with U+2581 instead
+    tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in original]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise SpecdecError("GGUF tokenizer has duplicate tokens; cannot build a BPE vocabulary")
+    unk = _token(meta, "unknown_token_id", tokens)
+    try:
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=_merges(tokens, vocab), fuse_unk=True, unk_token=unk,
+                                   byte_fallback=True))
+    except Exception as e:  # the tokenizers library raises a bare Exception
+        raise SpecdecError(f"GGUF tokenizer metadata is inconsistent ({e})") from None
+    tok.normalizer = normalizers.Replace(" ", "\u2581")
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t, ty in zip(original, types) if ty == CONTROL])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)  # "\n", "<table>", ...: matched whole
+                    for t, ty in zip(original, types) if ty == USER_DEFINED and t in vocab])
+
+    bos, eos = _token(meta, "bos_token_id", tokens), _token(meta, "eos_token_id", tokens)
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True)) and bos is not None
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
+    if add_bos or add_eos:
+        head, tail = ([bos] if add_bos else []), ([eos] if add_eos else [])
+        second = [f"{t}:1" for t in head] + ["$B:1"] + [f"{t}:1" for t in tail]
+        tok.post_processor = processors.TemplateProcessing(
+            single=head + ["$A"] + tail, pair=head + ["$A"] + tail + second,
+            special_tokens=[(t, vocab[t]) for t in dict.fromkeys(head + tail)])
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "add_bos_token": add_bos,
+        "add_eos_token": add_eos,
+        "bos_token": bos,
+        "eos_token": eos,
+        "unk_token": unk,
+        "pad_token": _token(meta, "padding_token_id", tokens),
+        "clean_up_tokenization_spaces": False,
+    }
+    if "tokenizer.chat_template" in meta:
+        config["chat_template"] = meta["tokenizer.chat_template"]
+    return tok, config
+
+
+def _token(meta: dict[str, Any], key: str, tokens: list[str]) -> str | None:
+    index = meta.get(f"tokenizer.ggml.{key}")
+    return tokens[index] if index is not None and 0 <= index < len(tokens) else None
+
+
+def _merges(tokens: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
+    """The merges a vocabulary implies: every split of a token into two tokens, best first. Gemma's scores do not
+    follow its merge order, its token order does: a merge ranks by the index of the token it makes, then longer
+    left pieces first (transformers' generate_merges with the scores -index)."""
+    found = []
+    for token in tokens:  # in token order
+        for cut in range(len(token) - 1, 0, -1):  # longer left pieces first
+            left, right = token[:cut], token[cut:]
+            if left in vocab and right in vocab:
+                found.append((left, right))
+    return found
