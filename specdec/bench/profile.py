@@ -203,10 +203,25 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
                             "rule": "weight bytes read per token / read bandwidth",
                             "measured_step_s": entries[0]["step_s"], "context": entries[0]["context"],
                             "measured_over_floor": entries[0]["step_s"] / floor}
+            out["compute_floor"] = compute_floor(model, entries[0]["step_s"])
             out["memory"] = memory_entry(target_mem, model_memory(draft_model) if draft_model else None,
                                          draft.get("index_bytes_per_token", 0.0), budget_bytes or physical_memory(),
                                          batch_context or typical)
     return out
+
+
+def compute_floor(model, step_s: float, seconds: float = 0.5) -> dict | None:
+    """Multiply-adds per token over the rate this machine issues them at, as the model's kernels do: fp32 FMA
+    chains (fp16, gguf), or int8 vpmaddubsw blocks (gguf-q8). None without the native kernels."""
+    kernels, macs = getattr(model, "kernels", None), getattr(model, "macs_per_token", None)
+    if kernels is None or macs is None:
+        return None
+    q8 = getattr(model, "precision", None) == "gguf-q8"
+    rate = kernels.int8_peak(seconds) if q8 else kernels.fma_peak(seconds)
+    floor = macs / rate
+    return {"macs_per_token": macs, "macs_per_s": rate, "arithmetic": "int8 blocks" if q8 else "fp32 FMA",
+            "seconds_per_token": floor, "measured_step_s": step_s, "measured_over_floor": step_s / floor,
+            "rule": "multiply-adds of the matrix products per token / the multiply-add rate of all threads"}
 
 
 def quick_profile(loaded, drafter, progress: bool = True) -> dict:

@@ -241,6 +241,12 @@ def render_profile(p: dict) -> str:
                    f"{bw['read_GBps']:.1f} GB/s = {floor['seconds_per_token'] * 1e3:.1f} ms per token "
                    f"({floor['tokens_per_s']:.0f} tok/s); measured 1-row pass at context {floor['context']}: "
                    f"{floor['measured_step_s'] * 1e3:.1f} ms ({floor['measured_over_floor']:.1f}x the floor)")
+    cf = p.get("compute_floor")
+    if cf:
+        out.append(f"compute floor: {cf['macs_per_token'] / 1e6:.0f} M multiply-adds per token / "
+                   f"{cf['macs_per_s'] / 1e9:.0f} G per s ({cf['arithmetic']}, all threads) = "
+                   f"{cf['seconds_per_token'] * 1e3:.1f} ms per token; the memory floor "
+                   f"{'binds' if floor['seconds_per_token'] >= cf['seconds_per_token'] else 'does not bind'}")
     ctxs = p["contexts"]
     out.append("verify cost T(n)/T(1) (ms per pass in brackets):")
     out.append("   n  " + "".join(f"{'context ' + str(e['context']):>20}" for e in ctxs))

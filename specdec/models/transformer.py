@@ -208,6 +208,14 @@ class Transformer:
         norms = sum(b.norm1.numel() + b.norm2.numel() for b in self.blocks) * 4
         return lin + norms
 
+    @property
+    def macs_per_token(self) -> int:
+        """Multiply-adds of the matrix products of one token-row's pass (attention excluded)."""
+        c = self.cfg
+        qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+        block = c.hidden_size * qkv + c.num_heads * c.head_dim * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+        return c.num_layers * block + c.vocab_size * c.hidden_size
+
     def kv_bytes_per_token(self) -> int:
         per = 2 if self.kernels is not None else 4  # the native kernels keep the cache in fp16
         return 2 * self.cfg.num_layers * self.cfg.num_kv_heads * self.cfg.head_dim * per

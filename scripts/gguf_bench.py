@@ -1,0 +1,143 @@
+"""The forward pass on the GGUF's own blocks against the fp16 path and llama.cpp, in one run (issue 10).
+
+    .venv/bin/python scripts/gguf_bench.py [--out docs/results/gguf-kernels] [--new-tokens 96]
+
+Per precision path (fp16, gguf, gguf-q8) on the bundled SmolLM2-135M Q4_1 GGUF: bytes of weights read per token,
+the memory floor at this machine's read bandwidth and the compute floor at its multiply-add rate (both measured
+here, now), plain decoding and n-gram speculation (k = 5) on a code-edit prompt of up to 432 tokens, the cost of a 6-row
+verify pass in 1-row passes, and time to first token on it and on one of up to 1,000 tokens. Then llama.cpp
+(node-llama-cpp, when installed) on the same GGUF and prompt: plain and its prompt lookup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import long_context as lc  # noqa: E402  (the prompts, decode_rate and the llama.cpp runner)
+import torch  # noqa: E402
+
+from specdec.bench.profile import measure_bandwidth, time_passes  # noqa: E402
+from specdec.drafters.ngram import NgramDrafter  # noqa: E402
+from specdec.engine.generate import Engine, GenerationConfig  # noqa: E402
+from specdec.kernels import decode_kernels  # noqa: E402
+from specdec.models.gguf_convert import bundled_gguf_path  # noqa: E402
+from specdec.models.loader import load_model  # noqa: E402
+from specdec.runtime import encode_prompt  # noqa: E402
+
+PATHS = ("fp16", "gguf", "gguf-q8")
+
+
+def ttft(model, ids: list[int], reps: int = 3) -> float:
+    times = []
+    for _ in range(reps):
+        cache = model.new_cache(1, len(ids) + 8)
+        t0 = time.perf_counter()
+        model.forward(torch.tensor([ids]), torch.tensor([0]), cache, last_only=torch.tensor([len(ids) - 1]),
+                      prefill=True)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_tokens: int, rates: dict,
+                 bandwidth: float) -> dict:
+    lc.log(f"{precision}: loading")
+    model = load_model("default", precision).model
+    edit = prompts["432"]
+    engine = Engine(model, tokenizer)
+    cfg = GenerationConfig(new_tokens)
+    engine.generate([edit[:64]], GenerationConfig(8), None, 1)  # warm up
+    plain = engine.generate([edit], cfg, None, 1)[0]
+    ngram = engine.generate([edit], cfg, NgramDrafter(4, 1), 5)[0]
+    passes = time_passes(model, 512, [1, 6], reps=15)
+    one, six = statistics.median(passes[1]), statistics.median(passes[6])
+    q8 = precision == "gguf-q8"
+    memory_floor = model.weight_bytes_per_token / bandwidth
+    compute_floor = model.macs_per_token / rates["int8" if q8 else "fp32"]
+    out = {
+        "precision": precision, "weight_bytes_per_token": model.weight_bytes_per_token,
+        "memory_floor_s": memory_floor, "compute_floor_s": compute_floor,
+        "plain_decode_tok_s": lc.decode_rate(plain), "ngram_decode_tok_s": lc.decode_rate(ngram),
+        "ngram_speedup": lc.decode_rate(ngram) / lc.decode_rate(plain), "identical": plain.token_ids == ngram.token_ids,
+        "pass_1_row_s": one, "pass_6_rows_s": six, "verify_6_cost": six / one,
+        "ttft_432_s": ttft(model, prompts["432"]), "ttft_1000_s": ttft(model, prompts["1000"]),
+    }
+    out["of_binding_floor"] = max(memory_floor, compute_floor) / (1.0 / out["plain_decode_tok_s"])
+    lc.log(f"{precision}: {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()})}")
+    return out
+
+
+def render(r: dict) -> str:
+    bw, rates = r["bandwidth_GBps"], r["rates"]
+    lines = [f"# GGUF kernels: one run, {r['date']}", "",
+             f"Machine: read bandwidth {bw:.1f} GB/s (a 1 GiB sum, median of 7); multiply-add rate over "
+             f"{r['threads']} threads: fp32 FMA {rates['fp32'] / 1e9:.0f} G/s, int8 blocks {rates['int8'] / 1e9:.0f} G/s. "
+             f"Prompts: code edits of {r['prompt_tokens']['432']} and {r['prompt_tokens']['1000']} tokens (chat "
+             f"template; the long one for TTFT only), {r['new_tokens']} new tokens, greedy.", "",
+             "| path | MB read / token | memory floor ms | compute floor ms | plain tok/s | of binding floor | "
+             "6-row pass (1-row passes) | TTFT short ms | TTFT long ms | n-gram tok/s | n-gram speedup | identical |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in r["paths"]:
+        lines.append(f"| {p['precision']} | {p['weight_bytes_per_token'] / 1e6:.1f} | {p['memory_floor_s'] * 1e3:.2f} | "
+                     f"{p['compute_floor_s'] * 1e3:.2f} | {p['plain_decode_tok_s']:.0f} | {p['of_binding_floor']:.0%} | "
+                     f"{p['verify_6_cost']:.2f} | {p['ttft_432_s'] * 1e3:.0f} | {p['ttft_1000_s'] * 1e3:.0f} | "
+                     f"{p['ngram_decode_tok_s']:.0f} | {p['ngram_speedup']:.2f}x | {p['identical']} |")
+    by = {p["precision"]: p for p in r["paths"]}
+    fp16 = by["fp16"]
+    lines += ["", "Against the fp16 path:", ""]
+    for name in ("gguf", "gguf-q8"):
+        p = by[name]
+        lines.append(f"- {name}: plain decoding {p['plain_decode_tok_s'] / fp16['plain_decode_tok_s']:.2f}x, "
+                     f"prefill {fp16['ttft_432_s'] / p['ttft_432_s']:.2f}x (short prompt) and "
+                     f"{fp16['ttft_1000_s'] / p['ttft_1000_s']:.2f}x (long)")
+    lcpp = r.get("llamacpp")
+    if lcpp:
+        pl, lk = lcpp["plain"], lcpp["lookup"]
+        lines += ["", f"llama.cpp (node-llama-cpp 3.22.1, same GGUF and prompt, {r['threads']} threads): plain "
+                  f"{pl['decode_tok_s']:.0f} tok/s, TTFT {pl['ttft_s'] * 1e3:.0f} ms; its prompt lookup "
+                  f"{lk['decode_tok_s']:.0f} tok/s.", ""]
+        for name in PATHS:
+            p = by[name]
+            lines.append(f"- {name}: plain {p['plain_decode_tok_s'] / pl['decode_tok_s']:.2f}x llama.cpp's plain; "
+                         f"n-gram {p['ngram_decode_tok_s'] / lk['decode_tok_s']:.2f}x its lookup; TTFT "
+                         f"{p['ttft_432_s'] * 1e3:.0f} ms against {pl['ttft_s'] * 1e3:.0f} ms")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path("docs/results/gguf-kernels"))
+    ap.add_argument("--new-tokens", type=int, default=96)
+    args = ap.parse_args()
+    kernels = decode_kernels()
+    if kernels is None:
+        print("the native kernels are needed", file=sys.stderr)
+        return 1
+    fp16 = load_model("default", "fp16")
+    tok = fp16.tokenizer
+    del fp16
+    texts = {n: lc.long_prompts(tok, int(n))["file edit"] for n in ("432", "1000")}
+    prompts = {n: encode_prompt(tok, t, chat=True) for n, t in texts.items()}
+    lc.log("bandwidth and multiply-add rates")
+    bw = measure_bandwidth(1 << 30, 7)["read_GBps"] * 1e9
+    rates = {"fp32": kernels.fma_peak(0.5), "int8": kernels.int8_peak(0.5)}
+    paths = [measure_path(p, prompts, tok, args.new_tokens, rates, bw) for p in PATHS]
+    lcpp = lc.measure_llamacpp(bundled_gguf_path(), texts["432"], args.new_tokens)
+    r = {"date": time.strftime("%Y-%m-%d %H:%M"), "threads": torch.get_num_threads(), "bandwidth_GBps": bw / 1e9,
+         "rates": rates, "new_tokens": args.new_tokens, "prompt_tokens": {n: len(v) for n, v in prompts.items()},
+         "paths": paths, "llamacpp": lcpp}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(r, indent=1) + "\n")
+    text = render(r)
+    args.out.with_suffix(".md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
