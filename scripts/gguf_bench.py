@@ -76,15 +76,17 @@ def render(r: dict) -> str:
     bw, rates = r["bandwidth_GBps"], r["rates"]
     lines = [f"# GGUF kernels: one run, {r['date']}", "",
              f"Machine: read bandwidth {bw:.1f} GB/s (a 1 GiB sum, median of 7); multiply-add rate over "
-             f"{r['threads']} threads: fp32 FMA {rates['fp32'] / 1e9:.0f} G/s, int8 blocks {rates['int8'] / 1e9:.0f} G/s. "
+             f"{r['threads']} threads: fp32 FMA {rates['fp32'] / 1e9:.0f} G/s, "
+             f"int8 blocks {rates['int8'] / 1e9:.0f} G/s. "
              f"Prompts: code edits of {r['prompt_tokens']['432']} and {r['prompt_tokens']['1000']} tokens (chat "
              f"template; the long one for TTFT only), {r['new_tokens']} new tokens, greedy.", "",
              "| path | MB read / token | memory floor ms | compute floor ms | plain tok/s | of binding floor | "
              "6-row pass (1-row passes) | TTFT short ms | TTFT long ms | n-gram tok/s | n-gram speedup | identical |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in r["paths"]:
-        lines.append(f"| {p['precision']} | {p['weight_bytes_per_token'] / 1e6:.1f} | {p['memory_floor_s'] * 1e3:.2f} | "
-                     f"{p['compute_floor_s'] * 1e3:.2f} | {p['plain_decode_tok_s']:.0f} | {p['of_binding_floor']:.0%} | "
+        lines.append(f"| {p['precision']} | {p['weight_bytes_per_token'] / 1e6:.1f} | "
+                     f"{p['memory_floor_s'] * 1e3:.2f} | {p['compute_floor_s'] * 1e3:.2f} | "
+                     f"{p['plain_decode_tok_s']:.0f} | {p['of_binding_floor']:.0%} | "
                      f"{p['verify_6_cost']:.2f} | {p['ttft_432_s'] * 1e3:.0f} | {p['ttft_1000_s'] * 1e3:.0f} | "
                      f"{p['ngram_decode_tok_s']:.0f} | {p['ngram_speedup']:.2f}x | {p['identical']} |")
     by = {p["precision"]: p for p in r["paths"]}
