@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdec.errors import SpecdecError
-from specdec.models.config import PRECISIONS
+from specdec.models.config import GGUF_PRECISIONS, PRECISIONS
 
 DRAFTERS = ("ngram", "draft-model", "none")
 
@@ -17,7 +17,7 @@ class ModelSpec:
     drafter: str = "ngram"  # ngram | draft-model | none
     draft_model: str | None = None  # folder or .gguf of a draft model sharing the target's tokenizer
     precision: str | None = None  # default: gguf for a GGUF file on CPU, else fp16; bf16 on CUDA
-    draft_precision: str | None = None  # default: the draft model's own default
+    draft_precision: str | None = None  # default: the target's if given (not a gguf one), else the draft's own
     device: str = "cpu"
     ngram_max: int = 4
     ngram_min: int = 1
@@ -59,7 +59,9 @@ def build(spec: ModelSpec):
     elif spec.drafter == "none":
         drafter = NoDrafter()
     else:
-        draft = load_model(spec.draft_model, spec.draft_precision, spec.device)
+        # as the target's when that was chosen (a GGUF path only fits a GGUF draft: then the draft's own default)
+        same = spec.precision if spec.precision not in GGUF_PRECISIONS else None
+        draft = load_model(spec.draft_model, spec.draft_precision or same, spec.device)
         DraftModelDrafter.check_compatible(target.tokenizer, draft.tokenizer)
         drafter = DraftModelDrafter(draft.model, target.model.cfg.vocab_size)
     return target, drafter

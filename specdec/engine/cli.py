@@ -20,7 +20,7 @@ def add_model_args(p, drafter_default: str = "ngram") -> None:
                         "(int8 activation blocks: faster, changes the model), fp16 (default for other models on "
                         "CPU), bf16 (default on CUDA), fp32, int8 (changes the model)")
     p.add_argument("--draft-precision", choices=PRECISIONS, default=None,
-                   help="the draft model's weights (default: the draft model's own default)")
+                   help="the draft model's weights (default: the target's --precision, else the draft's own)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--ngram-max", type=int, default=4, help="longest n-gram the lookup matches")
     p.add_argument("--ngram-min", type=int, default=1)
