@@ -4,7 +4,11 @@
 #include <immintrin.h>
 #include <torch/extension.h>
 
+#include <ATen/Parallel.h>
+
+#include <chrono>
 #include <functional>
+#include <vector>
 
 namespace specdec {
 
@@ -38,6 +42,33 @@ inline __m256 exp256(__m256 x) {
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
   const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
   return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2));
+}
+
+// A machine's peak rate of some arithmetic: every thread runs `thread_rate(seconds)` at once, which returns that
+// thread's operations per second; the sum over threads. The peaks of decode_f16.cpp and gguf.cpp use it.
+template <class ThreadRate>
+double over_threads(double seconds, ThreadRate thread_rate) {
+  std::vector<double> rate(at::get_num_threads(), 0.0);
+  at::parallel_for(0, int64_t(rate.size()), 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) rate[t] = thread_rate(seconds);
+  });
+  double total = 0;
+  for (double r : rate) total += r;
+  return total;
+}
+
+// Runs `batch` steps at a time until `seconds` have passed; returns steps per second.
+template <class Step>
+double steps_per_second(double seconds, int64_t batch, Step step) {
+  const auto start = std::chrono::steady_clock::now();
+  int64_t done = 0;
+  double el = 0;
+  do {
+    for (int64_t s = 0; s < batch; ++s) step();
+    done += batch;
+    el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  } while (el < seconds);
+  return done / el;
 }
 
 // attention.cpp: the fp16 KV cache and attention over it (layout and invariance described there).

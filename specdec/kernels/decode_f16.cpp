@@ -11,7 +11,6 @@
 #include "common.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -317,30 +316,17 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
 // The fp32 multiply-add peak of this machine, as these kernels issue them: every thread runs 12 independent
 // 8-lane FMA chains for about `seconds`. Returns multiply-adds per second, all threads together.
 double fma_peak(double seconds) {
-  const int64_t threads = at::get_num_threads(), steps = 1 << 20;
-  std::vector<double> rate(threads, 0.0);
-  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      __m256 a[12];
-      for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(0.001f * i);
-      const __m256 b = _mm256_set1_ps(0.9999f), c = _mm256_set1_ps(1e-4f);
-      const auto start = std::chrono::steady_clock::now();
-      int64_t done = 0;
-      double el = 0;
-      do {
-        for (int64_t s = 0; s < steps; ++s)
-          for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], b, c);
-        done += steps;
-        el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      } while (el < seconds);
-      __m256 sum = a[0];
-      for (int i = 1; i < 12; ++i) sum = _mm256_add_ps(sum, a[i]);
-      rate[t] = done * 12.0 * 8.0 / el + 0.0 * hsum(sum);  // keep the chains alive
-    }
+  return specdec::over_threads(seconds, [](double secs) {
+    __m256 a[12];
+    for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(0.001f * i);
+    const __m256 b = _mm256_set1_ps(0.9999f), c = _mm256_set1_ps(1e-4f);
+    const double steps = specdec::steps_per_second(secs, 1 << 20, [&] {
+      for (int i = 0; i < 12; ++i) a[i] = _mm256_fmadd_ps(a[i], b, c);
+    });
+    __m256 sum = a[0];
+    for (int i = 1; i < 12; ++i) sum = _mm256_add_ps(sum, a[i]);
+    return steps * 12.0 * 8.0 + 0.0 * hsum(sum);  // keep the chains alive
   });
-  double total = 0;
-  for (double r : rate) total += r;
-  return total;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

@@ -17,7 +17,6 @@
 #include "common.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -301,38 +300,24 @@ void decode_block_gguf(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, t
 // The int8 multiply-add rate of this machine as the q8 path issues them (vpmaddubsw, vpmaddwd, convert, FMA for
 // 32 multiply-adds), every thread running 8 independent chains for about `seconds`. Multiply-adds per second.
 double int8_peak(double seconds) {
-  const int64_t threads = at::get_num_threads(), steps = 1 << 18;
-  std::vector<double> rate(threads, 0.0);
-  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      __m256 acc[8];
-      __m256i w[8];
-      for (int i = 0; i < 8; ++i) { acc[i] = _mm256_setzero_ps(); w[i] = _mm256_set1_epi8(char(i + 1)); }
-      __m256i a = _mm256_set1_epi8(3);
-      const __m256i ones = _mm256_set1_epi16(1);
-      const __m256 sc = _mm256_set1_ps(1e-6f);
-      const auto start = std::chrono::steady_clock::now();
-      int64_t done = 0;
-      double el = 0;
-      do {
-        for (int64_t s = 0; s < steps; ++s) {
-          __asm__ volatile("" : "+x"(a));  // a is "new" every step, so the products cannot be hoisted
-          for (int i = 0; i < 8; ++i) {
-            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w[i], a), ones);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[i]);
-          }
-        }
-        done += steps;
-        el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      } while (el < seconds);
-      __m256 sum = acc[0];
-      for (int i = 1; i < 8; ++i) sum = _mm256_add_ps(sum, acc[i]);
-      rate[t] = done * 8.0 * 32.0 / el + 0.0 * hsum(sum);
-    }
+  return specdec::over_threads(seconds, [](double secs) {
+    __m256 acc[8];
+    __m256i w[8];
+    for (int i = 0; i < 8; ++i) { acc[i] = _mm256_setzero_ps(); w[i] = _mm256_set1_epi8(char(i + 1)); }
+    __m256i a = _mm256_set1_epi8(3);
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256 sc = _mm256_set1_ps(1e-6f);
+    const double steps = specdec::steps_per_second(secs, 1 << 18, [&] {
+      __asm__ volatile("" : "+x"(a));  // a is "new" every step, so the products cannot be hoisted
+      for (int i = 0; i < 8; ++i) {
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w[i], a), ones);
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[i]);
+      }
+    });
+    __m256 sum = acc[0];
+    for (int i = 1; i < 8; ++i) sum = _mm256_add_ps(sum, acc[i]);
+    return steps * 8.0 * 32.0 + 0.0 * hsum(sum);
   });
-  double total = 0;
-  for (double r : rate) total += r;
-  return total;
 }
 
 }  // namespace

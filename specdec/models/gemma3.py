@@ -34,11 +34,10 @@ from specdec.errors import SpecdecError
 from specdec.models.config import ModelConfig
 from specdec.models.linear import Linear
 from specdec.models.transformer import (
-    CHUNK,
-    MAX_QUERY_ROWS,
-    MIN_QUERY_POSITIONS,
     Transformer,
     _slot_picker,
+    attend_decode,
+    attend_prefill,
     rms_norm,
     rotate,
     write_kv,
@@ -225,53 +224,3 @@ class Gemma3(Transformer):
             gate, up = blk.gate_up(h).chunk(2, dim=-1)
             x = x + rms_norm(blk.down(F.gelu(gate, approximate="tanh") * up), blk.post_ff_norm, eps)
         return x.view(b, n, cfg.hidden_size)
-
-
-def visible(keypos: torch.Tensor, pos: torch.Tensor, window: int | None) -> torch.Tensor:
-    """Which keys a query sees: key position <= query position, and within `window` of it when given."""
-    seen = keypos <= pos
-    return seen if window is None else seen & (keypos > pos - window)
-
-
-def attend_prefill(q, k_cache, v_cache, pos, scale: float, window: int | None) -> torch.Tensor:
-    """q [B, n, hq, d] at positions pos [B, n]; returns [B, n, hq, d]. Fused attention, masked by position."""
-    end = int(pos.max()) + 1
-    keypos = torch.arange(end, device=q.device).view(1, 1, 1, end)
-    mask = visible(keypos, pos.view(pos.shape[0], 1, -1, 1), window)  # [B, 1, n, end]
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k_cache[:, :, :end], v_cache[:, :, :end],
-                                         attn_mask=mask, scale=scale, enable_gqa=True)
-    return out.transpose(1, 2)
-
-
-def attend_decode(q, k_cache, v_cache, pos, group: int, scale: float, window: int | None) -> torch.Tensor:
-    """transformer.attend_decode with a scale and a sliding window. q [B, n, hq, d]; returns [B, n, hq, d]."""
-    per_call = max(1, MAX_QUERY_ROWS // group)  # positions per matrix product
-    outs = [_attend_group(q[:, s:s + per_call], k_cache, v_cache, pos[:, s:s + per_call], group, scale, window)
-            for s in range(0, q.shape[1], per_call)]
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-
-
-def _attend_group(q, k_cache, v_cache, pos, group: int, scale: float, window: int | None) -> torch.Tensor:
-    """transformer._attend_group, the same products in the same shapes; only the scale and the mask differ."""
-    b, m, hq, d = q.shape
-    real = m
-    if m < MIN_QUERY_POSITIONS:  # pad with copies of the last query so every product has the same shape
-        extra = MIN_QUERY_POSITIONS - m
-        q = torch.cat([q, q[:, -1:].expand(b, extra, hq, d)], dim=1)
-        pos = torch.cat([pos, pos[:, -1:].expand(b, extra)], dim=1)
-        m = MIN_QUERY_POSITIONS
-    hk = hq // group
-    n_chunks = int(pos.max()) // CHUNK + 1
-    length = n_chunks * CHUNK
-    kc = k_cache[:, :, :length].view(b, hk, n_chunks, CHUNK, d)  # [B, hk, C#, C, d]
-    vc = v_cache[:, :, :length].view(b, hk, n_chunks, CHUNK, d)
-    qg = q.view(b, m, hk, group, d).permute(0, 2, 3, 1, 4).reshape(b, hk, 1, group * m, d)  # [B, hk, 1, g*m, d]
-    s = torch.matmul(qg, kc.transpose(-1, -2)) * scale  # [B, hk, C#, g*m, C]
-    s = s.view(b, hk, n_chunks, group, m, CHUNK)
-    keypos = torch.arange(length, device=q.device).view(1, 1, n_chunks, 1, 1, CHUNK)
-    s = s.masked_fill(~visible(keypos, pos.view(b, 1, 1, 1, m, 1), window), float("-inf"))
-    e = torch.exp(s - s.amax(dim=(2, 5), keepdim=True))  # [B, hk, C#, g, m, C]
-    den = e.sum(dim=-1).sum(dim=2)  # [B, hk, g, m]
-    num = torch.matmul(e.view(b, hk, n_chunks, group * m, CHUNK), vc).sum(dim=2)  # [B, hk, g*m, d]
-    out = num.view(b, hk, group, m, d) / den.unsqueeze(-1)  # [B, hk, g, m, d]
-    return out.permute(0, 3, 1, 2, 4).reshape(b, m, hq, d)[:, :real]

@@ -107,22 +107,15 @@ def planes(parts: list[QTensor], interleave: bool) -> tuple:
     if len(bits) != 1 or len({p.cols for p in parts}) != 1:
         raise SpecdecError("a fused matrix mixes 4-bit and 8-bit blocks; use --precision fp16 for this file")
     bits = bits.pop()
+    fields = [_fields(p) for p in parts]
+    q = np.concatenate([f[0] for f in fields])  # [N, blocks, 16 or 32], as stored
+    d = np.concatenate([f[1] for f in fields])  # [N, blocks]
+    m = np.concatenate([f[2] for f in fields]) if bits == 4 else None
+    n, k = q.shape[0], parts[0].cols
     if not interleave:
-        return _row_planes(parts, bits)
-    vals, ds, ms = [], [], []  # per part: quants [N, K] in element order, d and m [N, K/32]
-    for p in parts:
-        b = p.blocks.reshape(p.rows, p.cols // QK, BLOCK_BYTES[p.kind])  # [N, blocks, bytes]
-        d = np.ascontiguousarray(b[:, :, :2]).view(np.float16)[..., 0]  # [N, blocks]
-        if p.kind == "Q8_0":
-            vals.append(np.ascontiguousarray(b[:, :, 2:]).view(np.int8).reshape(p.rows, p.cols))
-        else:
-            nib = b[:, :, 4:] if p.kind == "Q4_1" else b[:, :, 2:]  # [N, blocks, 16]: elements j and j + 16
-            vals.append(np.concatenate([nib & 0x0F, nib >> 4], axis=-1).reshape(p.rows, p.cols))
-            m = np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[..., 0] if p.kind == "Q4_1" else d * np.float16(-8)
-            ms.append(m.astype(np.float16))
-        ds.append(d)
-    v, d = np.concatenate(vals), np.concatenate(ds)
-    n, k = v.shape
+        return bits, n, k, *(_tensor(a) for a in (q, d, m)), True
+    if bits == 4:  # the stored byte j holds elements j (low nibble) and j + 16 (high)
+        q = np.concatenate([q & 0x0F, q >> 4], axis=-1)  # [N, blocks, 32] in element order
     pad = -n % 8
     groups, blocks = (n + pad) // 8, k // QK
 
@@ -130,36 +123,27 @@ def planes(parts: list[QTensor], interleave: bool) -> tuple:
         a = np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)])
         return np.ascontiguousarray(a.reshape(groups, 8, blocks, *a.shape[2:]).swapaxes(1, 2))
 
-    r = interleave(v.reshape(n, blocks, 8, 4))  # [G, blocks, j, k, t]
+    r = interleave(q.reshape(n, blocks, 8, 4))  # [G, blocks, j, k, t]
     r = np.ascontiguousarray(r.swapaxes(2, 3)).reshape(groups, blocks, 8, 32)  # register k: bytes [4 j + t]
     if bits == 4:
-        q = (r[:, :, :4] | (r[:, :, 4:] << 4)).astype(np.uint8)  # [G, blocks, 4, 32]
-    else:
-        q = r.astype(np.int8)
-    q_t = torch.from_numpy(np.ascontiguousarray(q))
-    d_t = torch.from_numpy(interleave(d))
-    m_t = torch.from_numpy(interleave(np.concatenate(ms))) if bits == 4 else None
-    return bits, n, k, q_t, d_t, m_t, False
+        r = (r[:, :, :4] | (r[:, :, 4:] << 4)).astype(np.uint8)  # [G, blocks, 4, 32]
+    return bits, n, k, _tensor(r), _tensor(interleave(d)), None if m is None else _tensor(interleave(m)), False
 
 
-def _row_planes(parts: list[QTensor], bits: int) -> tuple:
-    qs, ds, ms = [], [], []
-    for p in parts:
-        b = p.blocks.reshape(p.rows, p.cols // QK, BLOCK_BYTES[p.kind])  # [N, blocks, bytes]
-        d = np.ascontiguousarray(b[:, :, :2]).view(np.float16)[..., 0]  # [N, blocks]
-        if p.kind == "Q8_0":
-            qs.append(np.ascontiguousarray(b[:, :, 2:]).view(np.int8))
-        elif p.kind == "Q4_1":
-            ms.append(np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[..., 0])
-            qs.append(b[:, :, 4:])
-        else:
-            ms.append((d * np.float16(-8)).astype(np.float16))
-            qs.append(b[:, :, 2:])
-        ds.append(d)
-    q = torch.from_numpy(np.ascontiguousarray(np.concatenate(qs)))
-    m = torch.from_numpy(np.ascontiguousarray(np.concatenate(ms))) if ms else None
-    n = q.shape[0]
-    return bits, n, parts[0].cols, q, torch.from_numpy(np.ascontiguousarray(np.concatenate(ds))), m, True
+def _fields(p: QTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A matrix's blocks split: quants as stored (uint8 [N, blocks, 16] nibbles or int8 [N, blocks, 32]), d and
+    m fp16 [N, blocks] (m None for Q8_0; -8 d for Q4_0, exact)."""
+    b = p.blocks.reshape(p.rows, p.cols // QK, BLOCK_BYTES[p.kind])  # [N, blocks, bytes]
+    d = np.ascontiguousarray(b[:, :, :2]).view(np.float16)[..., 0]
+    if p.kind == "Q8_0":
+        return np.ascontiguousarray(b[:, :, 2:]).view(np.int8), d, None
+    if p.kind == "Q4_1":
+        return b[:, :, 4:], d, np.ascontiguousarray(b[:, :, 2:4]).view(np.float16)[..., 0]
+    return b[:, :, 2:], d, (d * np.float16(-8)).astype(np.float16)
+
+
+def _tensor(a: np.ndarray | None) -> torch.Tensor | None:
+    return None if a is None else torch.from_numpy(np.ascontiguousarray(a))
 
 
 def dequantize(parts: list[QTensor]) -> torch.Tensor:

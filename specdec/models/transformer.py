@@ -351,26 +351,37 @@ def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: t
     v_cache.transpose(1, 2)[index, pos] = v
 
 
-def attend_prefill(q, k_cache, v_cache, pos) -> torch.Tensor:
-    """q [B, n, hq, d] at positions pos [B, n]; returns [B, n, hq, d]. Fused attention, masked by position."""
+def visible(keypos: torch.Tensor, pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
+    """Which keys a query sees: key position <= query position, and within `window` of it when given (the
+    sliding-window layers of Gemma 3)."""
+    seen = keypos <= pos
+    return seen if window is None else seen & (keypos > pos - window)
+
+
+def attend_prefill(q, k_cache, v_cache, pos, scale: float | None = None, window: int | None = None) -> torch.Tensor:
+    """q [B, n, hq, d] at positions pos [B, n]; returns [B, n, hq, d]. Fused attention, masked by position.
+    scale: of the scores (default head_dim^-1/2); window: see visible()."""
     end = int(pos.max()) + 1
-    mask = torch.arange(end, device=q.device).view(1, 1, 1, end) <= pos.view(pos.shape[0], 1, -1, 1)  # [B,1,n,end]
+    keypos = torch.arange(end, device=q.device).view(1, 1, 1, end)
+    mask = visible(keypos, pos.view(pos.shape[0], 1, -1, 1), window)  # [B, 1, n, end]
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k_cache[:, :, :end], v_cache[:, :, :end],
-                                         attn_mask=mask, enable_gqa=True)
+                                         attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(1, 2)
 
 
-def attend_decode(q, k_cache, v_cache, pos, group: int) -> torch.Tensor:
+def attend_decode(q, k_cache, v_cache, pos, group: int, scale: float | None = None,
+                  window: int | None = None) -> torch.Tensor:
     """Batch-invariant attention for a few query positions. q [B, n, hq, d]; returns [B, n, hq, d]."""
     b, n, hq, d = q.shape
     per_call = max(1, MAX_QUERY_ROWS // group)  # positions per matrix product
     outs = []
     for s in range(0, n, per_call):
-        outs.append(_attend_group(q[:, s:s + per_call], k_cache, v_cache, pos[:, s:s + per_call], group))
+        outs.append(_attend_group(q[:, s:s + per_call], k_cache, v_cache, pos[:, s:s + per_call], group, scale,
+                                  window))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
-def _attend_group(q, k_cache, v_cache, pos, group: int) -> torch.Tensor:
+def _attend_group(q, k_cache, v_cache, pos, group: int, scale: float | None, window: int | None) -> torch.Tensor:
     b, m, hq, d = q.shape
     real = m
     if m < MIN_QUERY_POSITIONS:  # pad with copies of the last query so every product has the same shape
@@ -384,10 +395,10 @@ def _attend_group(q, k_cache, v_cache, pos, group: int) -> torch.Tensor:
     kc = k_cache[:, :, :length].view(b, hk, n_chunks, CHUNK, d)  # [B, hk, C#, C, d]
     vc = v_cache[:, :, :length].view(b, hk, n_chunks, CHUNK, d)
     qg = q.view(b, m, hk, group, d).permute(0, 2, 3, 1, 4).reshape(b, hk, 1, group * m, d)  # [B, hk, 1, g*m, d]
-    s = torch.matmul(qg, kc.transpose(-1, -2)) * (d ** -0.5)  # [B, hk, C#, g*m, C]
+    s = torch.matmul(qg, kc.transpose(-1, -2)) * (d ** -0.5 if scale is None else scale)  # [B, hk, C#, g*m, C]
     s = s.view(b, hk, n_chunks, group, m, CHUNK)
     keypos = torch.arange(length, device=q.device).view(1, 1, n_chunks, 1, 1, CHUNK)
-    s = s.masked_fill(keypos > pos.view(b, 1, 1, 1, m, 1), float("-inf"))
+    s = s.masked_fill(~visible(keypos, pos.view(b, 1, 1, 1, m, 1), window), float("-inf"))
     e = torch.exp(s - s.amax(dim=(2, 5), keepdim=True))  # [B, hk, C#, g, m, C]
     den = e.sum(dim=-1).sum(dim=2)  # [B, hk, g, m]
     num = torch.matmul(e.view(b, hk, n_chunks, group * m, CHUNK), vc).sum(dim=2)  # [B, hk, g*m, d]
