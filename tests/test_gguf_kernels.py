@@ -57,8 +57,8 @@ def test_exact_path_uses_exactly_the_files_weights(kernels, kinds):
     expected = dequantize(parts)  # [N, K], gguf-py's values
     qm = kernels.QMatrix(*planes(parts, interleave=False))
     eye = torch.eye(qm.K)
-    many = kernels.gemm_gguf(eye, qm, False)  # [K, N]: the prefill path
-    few = torch.cat([kernels.gemm_gguf(eye[i:i + 5], qm, False) for i in range(0, qm.K, 5)])  # the few-row path
+    many = kernels.gemm_gguf(eye, qm)  # [K, N]: the prefill path
+    few = torch.cat([kernels.gemm_gguf(eye[i:i + 5], qm) for i in range(0, qm.K, 5)])  # the few-row path
     assert torch.equal(many.T, expected) and torch.equal(few.T, expected)
 
 
@@ -69,7 +69,7 @@ def test_q8_path_computes_its_definition(kernels, kinds):
     x = np.random.default_rng(1).standard_normal((7, 128)).astype(np.float32)
     x[0, :32] = 0.0  # an all-zero block (scale 0)
     x[1, 32:64] *= 1000  # a block far larger than the others
-    got = kernels.gemm_gguf(torch.from_numpy(x), qm, True).double().numpy()
+    got = kernels.gemm_gguf(torch.from_numpy(x), qm).double().numpy()
     ref = q8_reference(x, parts)
     assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
 
@@ -81,7 +81,7 @@ def test_a_broken_nibble_order_fails_the_q8_check(kernels):
     swapped[:, :, 4:] = (swapped[:, :, 4:] >> 4) | ((swapped[:, :, 4:] & 0x0F) << 4)
     broken = QTensor("Q4_1", swapped.reshape(16, -1), 16, 64)
     x = np.random.default_rng(2).standard_normal((3, 64)).astype(np.float32)
-    got = kernels.gemm_gguf(torch.from_numpy(x), kernels.QMatrix(*planes([broken], True)), True).double().numpy()
+    got = kernels.gemm_gguf(torch.from_numpy(x), kernels.QMatrix(*planes([broken], True))).double().numpy()
     ref = q8_reference(x, [part])
     assert np.abs(got - ref).max() > 1e-3 * np.abs(ref).max()
 
@@ -91,16 +91,10 @@ def test_rows_do_not_depend_on_the_other_rows(kernels, q8):
     parts = [random_qtensor("Q4_1", 40, 96, seed=5)]
     qm = kernels.QMatrix(*planes(parts, interleave=q8))
     x = torch.randn(40, 96, generator=torch.Generator().manual_seed(4))
-    alone = torch.cat([kernels.gemm_gguf(x[i:i + 1], qm, q8) for i in range(40)])
+    alone = torch.cat([kernels.gemm_gguf(x[i:i + 1], qm) for i in range(40)])
     for m in (2, 3, 5, 6, 9, 16, 17, 40):  # few-row tiles, their remainders, and the prefill path
-        assert torch.equal(kernels.gemm_gguf(x[:m], qm, q8), alone[:m]), f"{m} rows"
-    assert torch.equal(kernels.gemm_gguf(x.flip(0), qm, q8).flip(0), alone)
-
-
-def test_a_q8_layout_is_refused_by_the_exact_path(kernels):
-    qm = kernels.QMatrix(*planes([random_qtensor("Q8_0", 8, 32, seed=0)], interleave=True))
-    with pytest.raises(RuntimeError, match="layout"):
-        kernels.gemm_gguf(torch.zeros(1, 32), qm, False)
+        assert torch.equal(kernels.gemm_gguf(x[:m], qm), alone[:m]), f"{m} rows"
+    assert torch.equal(kernels.gemm_gguf(x.flip(0), qm).flip(0), alone)
 
 
 # ---- the model on a tiny all-quantized GGUF ------------------------------------------------------------------------

@@ -2,9 +2,8 @@
 // and prefill passes, and the decoder block built on them.
 //
 // Two arithmetic paths:
-//   exact  the weights dequantized as llama.cpp and gguf-py define them (w = d q + m, in fp32: d q is exact, one
-//          rounding for + m) against fp32 activations. A slab of weight rows is dequantized into an L1/L2 buffer
-//          and multiplied by the fp32 tiles of decode_f16.cpp, so a result is the fp32 model's FMA chain.
+//   exact  the weights dequantized as llama.cpp and gguf-py define them (w = d q + m in fp32: d q is exact, one
+//          rounding for + m) against fp32 activations: the fp32 model's FMA chain on the file's weights.
 //   q8     each activation row quantized in blocks of 32 (int8, one scale d_a = max|x| / 127 a block, and
 //          s_a = d_a * sum(q_a)), then integer dot products: vpmaddubsw + vpmaddwd give 32 multiply-adds in two
 //          instructions where fp32 needs four FMAs. y = sum_b d_w d_a (q_w . q_a) + sum_b m_w s_a.
@@ -65,7 +64,9 @@ struct QMatrix {
   const at::Half* mblock(int64_t g, int64_t b) const { return mp_ + (g * B + b) * 8; }
 };
 
-inline __m256 load8h(const at::Half* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline __m256 load8h(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 
 // The 8 registers of group g, block b (bytes [4 j + t] = weight 4 k + t of row j), as unsigned 0..15 or int8.
 inline void load_group(const QMatrix& W, int64_t g, int64_t b, __m256i r[8]) {
@@ -82,77 +83,79 @@ inline void load_group(const QMatrix& W, int64_t g, int64_t b, __m256i r[8]) {
   }
 }
 
-// ---- exact: dequantize, multiply in fp32 -------------------------------------------------------------------
-// Row layout. Few rows: weights dequantized 8 at a time into registers and used by every activation row at once.
-// Many rows (prefill): a slab dequantized into an L2 buffer and multiplied by decode_f16.cpp's fp32 tiles. Both are
-// the same per-(row, output) FMA chain over k in ascending order, so the results are the same.
+// ---- exact: the file's weights, fp32 arithmetic ----------------------------------------------------------
+// Each weight is dequantized as gguf-py and llama.cpp define it, w = d q + m in fp32 (d q is exact, so one
+// rounding), and multiplied by the fp32 activations: per (row, output) one 8-lane FMA chain over k in ascending
+// order, then hsum -- the fp32 model's chain on the same weights. A few rows: weights dequantized 8 at a time in
+// registers and used by every activation row. Many rows (prefill): a slab dequantized into an L2 buffer and
+// multiplied by decode_f16.cpp's fp32 tiles, which run the same chain.
 
 // The 32 weights of row n, block b, as 4 fp32 registers (elements 0-7, 8-15, 16-23, 24-31).
 inline void dequant_block(const QMatrix& W, int64_t n, int64_t b, __m256 w[4]) {
   const int64_t i = n * W.B + b;
-  const __m256 vd = _mm256_set1_ps(_cvtsh_ss(W.dp_[i].x));
-  if (W.bits == 4) {
-    const __m256 vm = _mm256_set1_ps(_cvtsh_ss(W.mp_[i].x));
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(W.qp_ + i * 16));
-    const __m128i low = _mm_set1_epi8(0x0F);
-    const __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
-    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), vd, vm);  // d q exact: one rounding
-    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), vd, vm);
-    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), vd, vm);
-    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), vd, vm);
+  const __m256 d = _mm256_set1_ps(_cvtsh_ss(W.dp_[i].x));
+  if (W.bits == 4) {  // byte j holds element j (low nibble) and j + 16 (high)
+    const __m256 m = _mm256_set1_ps(_cvtsh_ss(W.mp_[i].x));
+    const uint8_t* p = W.qp_ + i * 16;
+    const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+    const __m256i low = _mm256_set1_epi32(0x0F);
+    const __m256i q[4] = {_mm256_and_si256(lo, low), _mm256_and_si256(hi, low), _mm256_srli_epi32(lo, 4),
+                          _mm256_srli_epi32(hi, 4)};
+    for (int k = 0; k < 4; ++k) w[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[k]), d, m);
   } else {
-    const int8_t* q = reinterpret_cast<const int8_t*>(W.qp_) + i * 32;
+    const int8_t* p = reinterpret_cast<const int8_t*>(W.qp_) + i * 32;
     for (int k = 0; k < 4; ++k)
       w[k] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * k)))), vd);
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * k)))), d);
   }
 }
 
-void dequant_rows(const QMatrix& W, int64_t s0, int64_t s1, float* out) {
-  for (int64_t n = s0; n < s1; ++n)
-    for (int64_t b = 0; b < W.B; ++b) {
-      __m256 w[4];
-      dequant_block(W, n, b, w);
-      for (int k = 0; k < 4; ++k) _mm256_storeu_ps(out + (n - s0) * W.K + b * QB + 8 * k, w[k]);
-    }
-}
-
-// Weight rows [n, n + NB) against activation rows [m0, m0 + MB).
+// Weight rows [n, n + NB) against activation rows [m0, m0 + MB): NB independent chains per row keep the FMA
+// latency hidden when there are few rows.
 template <int MB, int NB>
 inline void exact_tile(const float* x, const QMatrix& W, float* y, int64_t m0, int64_t n) {
   const int64_t K = W.K;
   __m256 acc[MB][NB];
   for (int i = 0; i < MB; ++i)
     for (int j = 0; j < NB; ++j) acc[i][j] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < W.B; ++b) {
-    __m256 w[NB][4];
-    for (int j = 0; j < NB; ++j) dequant_block(W, n + j, b, w[j]);
-    for (int k = 0; k < 4; ++k)
-      for (int i = 0; i < MB; ++i) {
-        const __m256 xv = _mm256_loadu_ps(x + (m0 + i) * K + b * QB + 8 * k);
-        for (int j = 0; j < NB; ++j) acc[i][j] = _mm256_fmadd_ps(xv, w[j][k], acc[i][j]);
-      }
-  }
+  for (int64_t b = 0; b < W.B; ++b)
+    for (int j = 0; j < NB; ++j) {
+      __m256 w[4];
+      dequant_block(W, n + j, b, w);
+      for (int k = 0; k < 4; ++k)
+        for (int i = 0; i < MB; ++i)
+          acc[i][j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + (m0 + i) * K + b * QB + 8 * k), w[k], acc[i][j]);
+    }
   for (int i = 0; i < MB; ++i)
     for (int j = 0; j < NB; ++j) y[(m0 + i) * W.N + n + j] = hsum(acc[i][j]);
 }
 
 template <int MB>
 void exact_span(const float* x, const QMatrix& W, float* y, int64_t m0, int64_t n0, int64_t n1) {
+  constexpr int NB = MB <= 2 ? 4 : 1;
   int64_t n = n0;
-  for (; n + 2 <= n1; n += 2) exact_tile<MB, 2>(x, W, y, m0, n);
-  if (n < n1) exact_tile<MB, 1>(x, W, y, m0, n);
+  for (; n + NB <= n1; n += NB) exact_tile<MB, NB>(x, W, y, m0, n);
+  for (; n < n1; ++n) exact_tile<MB, 1>(x, W, y, m0, n);
 }
 
 void exact_rows(const float* x, const QMatrix& W, float* y, int64_t M, int64_t n0, int64_t n1) {
-  if (M <= 16) {  // slabs of weight rows that stay in L1 while every 3 activation rows use them
-    const int64_t slab = std::max<int64_t>(2, (int64_t(16) << 10) / (W.B * (W.bits == 4 ? 20 : 34)));
+  if (M <= 16) {  // slabs of weight rows that stay in L1 while every 6 activation rows use them
+    constexpr int MB = 6;
+    const int64_t row_bytes = W.B * (W.bits == 4 ? 20 : 34);
+    const int64_t slab = M <= MB ? n1 - n0 : std::max<int64_t>(1, (int64_t(16) << 10) / row_bytes);
     for (int64_t s0 = n0; s0 < n1; s0 += slab) {
       const int64_t s1 = std::min(n1, s0 + slab);
       int64_t m0 = 0;
-      for (; m0 + 3 <= M; m0 += 3) exact_span<3>(x, W, y, m0, s0, s1);
-      if (M - m0 == 2) exact_span<2>(x, W, y, m0, s0, s1);
-      if (M - m0 == 1) exact_span<1>(x, W, y, m0, s0, s1);
+      for (; m0 + MB <= M; m0 += MB) exact_span<MB>(x, W, y, m0, s0, s1);
+      switch (M - m0) {
+        case 5: exact_span<5>(x, W, y, m0, s0, s1); break;
+        case 4: exact_span<4>(x, W, y, m0, s0, s1); break;
+        case 3: exact_span<3>(x, W, y, m0, s0, s1); break;
+        case 2: exact_span<2>(x, W, y, m0, s0, s1); break;
+        case 1: exact_span<1>(x, W, y, m0, s0, s1); break;
+        default: break;
+      }
     }
     return;
   }
@@ -160,7 +163,12 @@ void exact_rows(const float* x, const QMatrix& W, float* y, int64_t M, int64_t n
   std::vector<float> buf(slab * W.K);
   for (int64_t s0 = n0; s0 < n1; s0 += slab) {
     const int64_t s1 = std::min(n1, s0 + slab);
-    dequant_rows(W, s0, s1, buf.data());
+    for (int64_t n = s0; n < s1; ++n)
+      for (int64_t b = 0; b < W.B; ++b) {
+        __m256 w[4];
+        dequant_block(W, n, b, w);
+        for (int k = 0; k < 4; ++k) _mm256_storeu_ps(buf.data() + (n - s0) * W.K + b * QB + 8 * k, w[k]);
+      }
     specdec::f32_slab(x, buf.data(), nullptr, y, M, W.N, W.K, s0, s1);
   }
 }
@@ -184,7 +192,10 @@ void quantize_rows(const float* x, int64_t M, int64_t K, Q8Rows& a) {
     for (int64_t b = 0; b < a.B; ++b) {
       const float* xb = x + r * K + b * QB;
       __m256 v[4], mx = _mm256_setzero_ps();
-      for (int i = 0; i < 4; ++i) { v[i] = _mm256_loadu_ps(xb + 8 * i); mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i])); }
+      for (int i = 0; i < 4; ++i) {
+        v[i] = _mm256_loadu_ps(xb + 8 * i);
+        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, v[i]));
+      }
       __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
       m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
       m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
@@ -192,13 +203,15 @@ void quantize_rows(const float* x, int64_t M, int64_t K, Q8Rows& a) {
       const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
       __m256i qi[4];
       for (int i = 0; i < 4; ++i)
-        qi[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        qi[i] = _mm256_cvtps_epi32(
+            _mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
       const __m256i sum32 = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
       __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
       s4 = _mm_hadd_epi32(s4, s4);
       s4 = _mm_hadd_epi32(s4, s4);
       const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + r * K + b * QB), _mm256_permutevar8x32_epi32(packed, perm));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + r * K + b * QB),
+                          _mm256_permutevar8x32_epi32(packed, perm));
       a.d[r * a.B + b] = d;
       a.s[r * a.B + b] = d * float(_mm_cvtsi128_si32(s4));
     }
@@ -267,34 +280,35 @@ void q8_rows(const Q8Rows& a, const QMatrix& W, float* y, int64_t g0, int64_t g1
   }
 }
 
-void matmul(const float* x, const QMatrix& W, float* y, int64_t M, bool q8) {
+// The layout decides the arithmetic: row layout -> exact, interleaved -> q8.
+void matmul(const float* x, const QMatrix& W, float* y, int64_t M) {
+  const bool q8 = !W.rows;
   Q8Rows a;
   if (q8) quantize_rows(x, M, W.K, a);
-  TORCH_CHECK(W.rows != q8, q8 ? "the q8 path needs the interleaved layout" : "the exact path needs the row layout");
   at::parallel_for(0, W.G, W.rows ? 32 : 8, [&](int64_t g0, int64_t g1) {  // groups of weight rows per thread
     if (q8) q8_rows(a, W, y, g0, g1);
     else exact_rows(x, W, y, M, g0, g1);
   });
 }
 
-torch::Tensor gemm_gguf(torch::Tensor x, const QMatrix& W, bool q8) {
+torch::Tensor gemm_gguf(torch::Tensor x, const QMatrix& W) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.size(1) == W.K, "x: float32 [M, K]");
   x = x.contiguous();
   auto y = torch::empty({x.size(0), W.N}, x.options());
-  matmul(x.data_ptr<float>(), W, y.data_ptr<float>(), x.size(0), q8);
+  matmul(x.data_ptr<float>(), W, y.data_ptr<float>(), x.size(0));
   return y;
 }
 
 void decode_block_gguf(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1,
                        const QMatrix& qkv, const QMatrix& o, torch::Tensor norm2, const QMatrix& gate_up,
                        const QMatrix& down, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor cos,
-                       torch::Tensor sin, int64_t hq, int64_t hk, double eps, bool q8) {
+                       torch::Tensor sin, int64_t hq, int64_t hk, double eps) {
   const QMatrix* w[4] = {&qkv, &o, &gate_up, &down};
   const int64_t H = x.size(1);
   TORCH_CHECK(qkv.K == H && gate_up.K == H && o.N == H && down.N == H && gate_up.N == 2 * down.K,
               "weight shapes do not match the hidden size");
   specdec::decoder_block(x, slot, pos, norm1, norm2, down.K, k_cache, v_cache, cos, sin, hq, hk, eps,
-                         [&](int which, const float* in, float* out, int64_t M) { matmul(in, *w[which], out, M, q8); });
+                         [&](int which, const float* in, float* out, int64_t M) { matmul(in, *w[which], out, M); });
 }
 
 // The int8 multiply-add rate of this machine as the q8 path issues them (vpmaddubsw, vpmaddwd, convert, FMA for
@@ -331,7 +345,7 @@ void specdec::register_gguf(pybind11::module& m) {
       .def_readonly("N", &QMatrix::N)
       .def_readonly("K", &QMatrix::K)
       .def_property_readonly("nbytes", &QMatrix::nbytes);
-  m.def("gemm_gguf", &gemm_gguf, "y [M, N] = x [M, K] . W^T on GGUF blocks (exact, or q8 activation blocks)");
+  m.def("gemm_gguf", &gemm_gguf, "y [M, N] = x [M, K] . W^T on GGUF blocks (row layout: exact; interleaved: q8)");
   m.def("decode_block_gguf", &decode_block_gguf, "one decoder block on GGUF blocks, in place");
   m.def("int8_peak", &int8_peak, "int8 multiply-adds per second over all threads, as the q8 path issues them");
 }

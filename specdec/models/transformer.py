@@ -276,7 +276,7 @@ class Transformer:
                 part = x[a:a + NATIVE_ROWS]  # [<= NATIVE_ROWS, hidden], a contiguous view updated in place
                 block, extra = self.kernels.decode_block, ()
                 if self.lm_head_q is not None:
-                    block, extra = self.kernels.decode_block_gguf, (self.q8,)
+                    block, extra = self.kernels.decode_block_gguf, ()
                 for layer, blk in enumerate(self.blocks):
                     block(part, slots[a:a + NATIVE_ROWS], pos[a:a + NATIVE_ROWS], *blk.native, cache.k[layer],
                           cache.v[layer], self.cos, self.sin, cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps,
@@ -296,7 +296,7 @@ class Transformer:
         if self.kernels is not None:
             h = self.kernels.rms_norm(x.contiguous(), self.norm, cfg.rms_norm_eps)
             if self.lm_head_q is not None:
-                return self.kernels.gemm_gguf(h, self.lm_head_q, self.q8)  # [R or S, vocab]
+                return self.kernels.gemm_gguf(h, self.lm_head_q)  # [R or S, vocab]
             return self.kernels.gemv_f16(h, self.lm_head_half, None)  # [R or S, vocab]
         return self.lm_head(rms_norm(x, self.norm, cfg.rms_norm_eps))  # [R or S, vocab]
 
