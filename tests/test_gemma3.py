@@ -382,6 +382,18 @@ def test_gguf_tokenizer(converted):
     assert (tok.bos_token_id, tok.eos_token_ids, tok.vocab_size) == (2, {1}, 265 + 20)
 
 
+def test_a_raw_prompt_starts_with_bos_when_the_tokenizer_asks(converted, bundled):
+    """Gemma degenerates without <bos>: a prompt given as raw text (generate --no-chat, /v1/completions, bench
+    without a template) gets it, once; SmolLM's tokenizer asks for none and gets none."""
+    from specdec.runtime import encode_prompt, encode_text
+
+    tok = Tokenizer.from_dir(converted)
+    assert encode_prompt(tok, "hello world", chat=False) == [2, *tok.encode("hello world")]
+    assert encode_text(tok, "<bos>hello") == tok.encode("<bos>hello")  # already there: not doubled
+    smol = bundled("fp16").tokenizer
+    assert encode_prompt(smol, "hello world", chat=False) == smol.encode("hello world")
+
+
 def test_gguf_tokenizer_matches_transformers(gemma_gguf, converted):
     """The same tokenizer.json as transformers' own GGUF loader builds (its gemma_tokenizer), byte for byte."""
     from transformers import AutoTokenizer

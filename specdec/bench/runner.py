@@ -16,6 +16,7 @@ import torch
 from specdec import measure
 from specdec.bench.prompts import Prompt
 from specdec.engine.stats import RoundRecord
+from specdec.runtime import encode_text
 
 
 @dataclass
@@ -103,7 +104,7 @@ def encode_turns(tokenizer, turns: Sequence[str], answers: Sequence[str]) -> lis
                 messages.append({"role": "assistant", "content": answers[i]})
         return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
     parts = [x for pair in zip(turns, list(answers) + [""]) for x in pair if x]
-    return tokenizer.encode("\n\n".join(parts))
+    return encode_text(tokenizer, "\n\n".join(parts))
 
 
 def run_prompt(prompt: Prompt, method: Method, tokenizer, max_new_tokens: int) -> Sample:

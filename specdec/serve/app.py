@@ -21,7 +21,7 @@ from specdec.engine.scheduler import QueueFull
 from specdec.engine.sequence import GenerationConfig, Sequence, cut_at_stop
 from specdec.errors import SpecdecError
 from specdec.models.tokenizer import IncrementalDecoder
-from specdec.runtime import encode_messages
+from specdec.runtime import encode_messages, encode_text
 from specdec.sampling.warp import SamplingConfig
 from specdec.serve import protocol
 from specdec.serve.protocol import APIError, GenRequest
@@ -101,7 +101,7 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
             if req.kind == "chat":
                 ids = encode_messages(tokenizer, [dict(m) for m in req.messages])
             else:
-                ids = tokenizer.encode(req.prompt)
+                ids = encode_text(tokenizer, req.prompt)
         except SpecdecError as e:
             raise APIError(400, str(e), param="messages" if req.kind == "chat" else "prompt") from None
         where = "messages" if req.kind == "chat" else "prompt"
