@@ -229,6 +229,7 @@ inline void q8_group(const Q8Rows& a, int64_t m0, const QMatrix& W, int64_t g, f
     __m256i r[8];
     load_group(W, g, b, r);
     const __m256 dw = load8h(W.dblock(g, b));
+    const __m256 mw = W.bits == 4 ? load8h(W.mblock(g, b)) : _mm256_setzero_ps();
     for (int i = 0; i < MB; ++i) {
       const int32_t* aq = reinterpret_cast<const int32_t*>(a.q.data() + (m0 + i) * K + b * QB);
       __m256i sum;
@@ -245,7 +246,7 @@ inline void q8_group(const Q8Rows& a, int64_t m0, const QMatrix& W, int64_t g, f
       }
       const int64_t ab = (m0 + i) * B + b;
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[ab])), acc[i]);
-      if (W.bits == 4) acc[i] = _mm256_fmadd_ps(load8h(W.mblock(g, b)), _mm256_set1_ps(a.s[ab]), acc[i]);
+      if (W.bits == 4) acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[ab]), acc[i]);
     }
   }
   const int64_t n = 8 * g, live = std::min<int64_t>(8, W.N - n);
