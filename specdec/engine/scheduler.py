@@ -121,6 +121,12 @@ class Scheduler:
         self.eos = set(tokenizer.eos_token_ids) if tokenizer is not None else set()
         self.device = getattr(model, "device", "cpu")
         self.on_round = None  # optional callback(seqs, drafted, accepted, emitted): metrics
+        # a drafter that reads the target's hidden states (a trained head) names the layers to tap
+        taps = tuple(getattr(self.drafter, "taps", ()))
+        if taps and not getattr(model, "supports_taps", False):
+            raise SpecdecError(f"the {self.drafter.name} drafter reads the target's hidden states, which this "
+                               "model's forward pass does not expose")
+        self._taps = {"taps": taps} if taps else {}
 
     # --- membership --------------------------------------------------------------------------------------
 
@@ -204,9 +210,13 @@ class Scheduler:
                 b = min(seq.prompt_len, (a // size + span) * size)  # fixed boundaries: multiples of the chunk size
                 if spent and spent + b - a > budget:
                     return events
-                logits = self.model.forward(torch.tensor([seq.tokens[a:b]]), torch.tensor([a]),
-                                            self.cache.row(seq.slot), last_only=torch.tensor([b - a - 1]),
-                                            prefill=True)[0]  # [vocab]
+                out = self.model.forward(torch.tensor([seq.tokens[a:b]]), torch.tensor([a]),
+                                         self.cache.row(seq.slot), last_only=torch.tensor([b - a - 1]),
+                                         prefill=True, **self._taps)
+                if self._taps:
+                    out, feats = out
+                    self.drafter.features(seq.slot, a, feats[0])  # [b - a, taps * hidden]
+                logits = out[0]  # [vocab]
                 seq.prefilled = seq.length = b
                 spent += b - a
             first = sample_plain(logits, seq.cfg.sampling, seq.generator)
@@ -257,7 +267,9 @@ class Scheduler:
             toks += [s.tokens[-1]] + dr
             sl += [s.slot] * (len(dr) + 1)
             pos += range(s.length, s.length + len(dr) + 1)
-        logits = self.model.forward_ragged(torch.tensor(toks), torch.tensor(sl), torch.tensor(pos), self.cache)
+        logits = self.model.forward_ragged(torch.tensor(toks), torch.tensor(sl), torch.tensor(pos), self.cache,
+                                           **self._taps)
+        logits, feats = logits if self._taps else (logits, None)  # [R, vocab], [R, taps * hidden]
         events, off, accepted = list(done), 0, []
         for i, (s, dr) in enumerate(zip(rows, drafts)):
             n = len(dr)
@@ -268,6 +280,8 @@ class Scheduler:
             off += n + 1
             a = int(out.num_accepted[0])
             accepted.append(a)
+            if feats is not None:  # the target's features where it ran the kept tokens
+                self.drafter.features(s.slot, s.length, feats[off - n - 1:off - n + a])
             emitted = out.tokens[0, : a + 1].tolist()
             kind = "bonus" if a == n else "recovered"
             kept = s.emit(emitted, ["accepted"] * a + [kind], self.eos, self.tok)

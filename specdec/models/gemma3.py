@@ -36,6 +36,7 @@ from specdec.models.linear import Linear
 from specdec.models.transformer import (
     Transformer,
     _slot_picker,
+    _tap,
     attend_decode,
     attend_prefill,
     rms_norm,
@@ -193,18 +194,20 @@ class Gemma3(Transformer):
         return torch.cat([c, c], dim=-1).unsqueeze(2), torch.cat([s, s], dim=-1).unsqueeze(2)
 
     def _layers(self, x: torch.Tensor, pos: torch.Tensor, cache, rows: torch.Tensor | None,
-                prefill: bool) -> torch.Tensor:
+                prefill: bool, taps: tuple[int, ...] = ()):
         """Every Gemma block, torch path. x [B, n, hidden] at positions pos [B, n]; row b uses cache slot rows[b]
-        (slot b when rows is None). Returns [B, n, hidden]."""
+        (slot b when rows is None). Returns [B, n, hidden] (and features, as Transformer._layers)."""
         cfg = self.cfg
         eps = cfg.rms_norm_eps
         b, n = pos.shape
         x = x.reshape(b * n, cfg.hidden_size)
+        feats = x.new_empty(b * n, len(taps) * cfg.hidden_size) if taps else None  # [B*n, taps * hidden]
         hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         scale = cfg.query_pre_attn_scalar ** -0.5
         rope = {sliding: self._rope(sliding, pos) for sliding in self.rope}
         pick = None if rows is None else _slot_picker(rows)
         for layer, blk in enumerate(self.blocks):
+            _tap(feats, 0, x, taps, layer)
             h = rms_norm(x, blk.input_norm, eps)
             qkv = blk.qkv(h).view(b, n, hq + 2 * hk, d)  # [B, n, heads, d]
             cos, sin = rope[blk.sliding]
@@ -223,4 +226,6 @@ class Gemma3(Transformer):
             h = rms_norm(x, blk.pre_ff_norm, eps)
             gate, up = blk.gate_up(h).chunk(2, dim=-1)
             x = x + rms_norm(blk.down(F.gelu(gate, approximate="tanh") * up), blk.post_ff_norm, eps)
-        return x.view(b, n, cfg.hidden_size)
+        _tap(feats, 0, x, taps, cfg.num_layers)
+        x = x.view(b, n, cfg.hidden_size)
+        return (x, feats.view(b, n, -1)) if taps else x

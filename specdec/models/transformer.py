@@ -190,6 +190,8 @@ class Transformer:
         quantized = read_matrices(gguf) if precision in GGUF_PRECISIONS and gguf is not None else None
         return cls(ModelConfig.from_dir(path), weights, precision, device, quantized)
 
+    supports_taps = True  # forward and forward_ragged return hidden states of chosen layers (`taps`)
+
     @property
     def exact_kv_reuse(self) -> bool:
         """Keys and values at a position are the same however it was computed (prefill chunk, decode, verify):
@@ -231,16 +233,19 @@ class Transformer:
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start: torch.Tensor, cache: KVCache,
-                last_only: torch.Tensor | None = None, prefill: bool = False) -> torch.Tensor:
+                last_only: torch.Tensor | None = None, prefill: bool = False, taps: tuple[int, ...] = ()):
         """Run tokens [B, n] at positions start[b] + i, writing their keys/values into `cache` (row b is cache
         slot b).
 
-        Returns logits [B, n, vocab], or [B, vocab] at index last_only[b] of each row when given.
-        """
+        Returns logits [B, n, vocab], or [B, vocab] at index last_only[b] of each row when given. With `taps`
+        (layer indices; see forward_ragged) it returns (logits, features [B, n, len(taps) * hidden]), every
+        position's features whatever last_only selects."""
         dev = self.device
         tokens, start = tokens.to(dev), start.to(dev)
         b, n = tokens.shape
         if prefill and b > 1 and last_only is not None:
+            if taps:
+                raise SpecdecError("features are taken from one prompt's prefill at a time")
             # row by row, each at its own length, so that a prompt's prefill does not depend on its batch-mates
             return torch.cat([self.forward(tokens[r:r + 1, : int(last_only[r]) + 1], start[r:r + 1], cache.row(r),
                                            last_only=last_only[r:r + 1], prefill=True) for r in range(b)])
@@ -250,27 +255,37 @@ class Transformer:
             # every prefill too (their rows are batch-invariant, so a prompt's cache is what decoding it writes)
             slots = torch.arange(b, device=dev).repeat_interleave(n)  # [B*n]
             select = None if last_only is None else torch.arange(b, device=dev) * n + last_only.to(dev)
-            logits = self.forward_ragged(tokens.reshape(-1), slots, pos.reshape(-1), cache, select)
-            return logits if last_only is not None else logits.view(b, n, -1)
-        x = self._layers(F.embedding(tokens, self.embed), pos, cache, None, prefill=True)  # [B, n, hidden]
+            out = self.forward_ragged(tokens.reshape(-1), slots, pos.reshape(-1), cache, select, taps)
+            logits, feats = out if taps else (out, None)
+            logits = logits if last_only is not None else logits.view(b, n, -1)
+            return (logits, feats.view(b, n, -1)) if taps else logits
+        x = self._layers(F.embedding(tokens, self.embed), pos, cache, None, prefill=True, taps=taps)
+        x, feats = x if taps else (x, None)  # [B, n, hidden], [B, n, taps * hidden]
         if last_only is not None:
             x = x[torch.arange(b, device=dev), last_only.to(dev)]  # [B, hidden]
-            return self.lm_head(rms_norm(x, self.norm, self.cfg.rms_norm_eps))  # [B, vocab]
-        logits = self.lm_head(rms_norm(x.view(b * n, -1), self.norm, self.cfg.rms_norm_eps))
-        return logits.view(b, n, -1)  # [B, n, vocab]
+            logits = self.lm_head(rms_norm(x, self.norm, self.cfg.rms_norm_eps))  # [B, vocab]
+        else:
+            logits = self.lm_head(rms_norm(x.view(b * n, -1), self.norm, self.cfg.rms_norm_eps)).view(b, n, -1)
+        return (logits, feats) if taps else logits
 
     @torch.inference_mode()
     def forward_ragged(self, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, cache: KVCache,
-                       select: torch.Tensor | None = None) -> torch.Tensor:
+                       select: torch.Tensor | None = None, taps: tuple[int, ...] = ()):
         """One decode/verify pass over a ragged batch: token-row r (tokens, slots, pos [R]) is at position pos[r]
         of cache slot slots[r]. A slot's rows are contiguous and at consecutive positions; slots may have any
         number of rows. Returns logits [R, vocab], or only for the rows `select` [S] -> [S, vocab].
 
         Each row's result is bit-identical whatever the other rows: a verify pass over k+1 drafts of one slot
-        gives the logits of k+1 one-token passes, however many rows other slots add."""
+        gives the logits of k+1 one-token passes, however many rows other slots add.
+
+        `taps`: layer indices whose input (the residual stream entering that block; num_layers: the last block's
+        output, before the final norm) is returned too, as (logits, features [R, len(taps) * hidden]) over all
+        rows: what a draft head reads (EAGLE-3 fuses a low, a middle and a high layer)."""
         cfg, dev = self.cfg, self.device
         tokens, slots, pos = tokens.to(dev), slots.to(dev), pos.to(dev)
+        check_taps(taps, cfg.num_layers)
         x = F.embedding(tokens, self.embed)  # [R, hidden]
+        feats = x.new_empty(x.shape[0], len(taps) * cfg.hidden_size) if taps else None  # [R, taps * hidden]
         if self.kernels is not None:
             for a in range(0, x.shape[0], NATIVE_ROWS):  # in order: a later part reads what earlier parts wrote
                 part = x[a:a + NATIVE_ROWS]  # [<= NATIVE_ROWS, hidden], a contiguous view updated in place
@@ -278,9 +293,11 @@ class Transformer:
                 if self.lm_head_q is not None:
                     block, extra = self.kernels.decode_block_gguf, ()
                 for layer, blk in enumerate(self.blocks):
+                    _tap(feats, a, part, taps, layer)
                     block(part, slots[a:a + NATIVE_ROWS], pos[a:a + NATIVE_ROWS], *blk.native, cache.k[layer],
                           cache.v[layer], self.cos, self.sin, cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps,
                           *extra)
+                _tap(feats, a, part, taps, cfg.num_layers)
         else:
             # the torch path works on rectangles: [S, m] over the slots present, each slot's rows padded with
             # copies of its last row (a copy computes, and writes, exactly what the original does)
@@ -290,27 +307,37 @@ class Transformer:
             offs = torch.arange(m, device=dev).view(1, m)
             index = first.view(-1, 1) + torch.minimum(offs, (counts - 1).view(-1, 1))  # [S, m] -> rows
             real = offs < counts.view(-1, 1)  # [S, m]
-            x = self._layers(x[index], pos[index], cache, uniq, prefill=False)[real]  # [R, hidden]
+            x = self._layers(x[index], pos[index], cache, uniq, prefill=False, taps=taps)
+            if taps:
+                x, f = x
+                feats = f[real]  # [R, taps * hidden]
+            x = x[real]  # [R, hidden]
         if select is not None:
             x = x[select.to(dev)]
         if self.kernels is not None:
             h = self.kernels.rms_norm(x.contiguous(), self.norm, cfg.rms_norm_eps)
             if self.lm_head_q is not None:
-                return self.kernels.gemm_gguf(h, self.lm_head_q)  # [R or S, vocab]
-            return self.kernels.gemv_f16(h, self.lm_head_half, None)  # [R or S, vocab]
-        return self.lm_head(rms_norm(x, self.norm, cfg.rms_norm_eps))  # [R or S, vocab]
+                logits = self.kernels.gemm_gguf(h, self.lm_head_q)  # [R or S, vocab]
+            else:
+                logits = self.kernels.gemv_f16(h, self.lm_head_half, None)  # [R or S, vocab]
+        else:
+            logits = self.lm_head(rms_norm(x, self.norm, cfg.rms_norm_eps))  # [R or S, vocab]
+        return (logits, feats) if taps else logits
 
     def _layers(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, rows: torch.Tensor | None,
-                prefill: bool) -> torch.Tensor:
+                prefill: bool, taps: tuple[int, ...] = ()):
         """The torch path through every block. x [B, n, hidden] at positions pos [B, n]; row b uses cache slot
-        rows[b] (slot b when rows is None). Returns [B, n, hidden]."""
+        rows[b] (slot b when rows is None). Returns [B, n, hidden], and with `taps` the features
+        [B, n, len(taps) * hidden] too (see forward_ragged)."""
         cfg = self.cfg
         b, n = pos.shape
         x = x.reshape(b * n, cfg.hidden_size)
+        feats = x.new_empty(b * n, len(taps) * cfg.hidden_size) if taps else None  # [B*n, taps * hidden]
         cos, sin = self.cos[pos].unsqueeze(2), self.sin[pos].unsqueeze(2)  # [B, n, 1, d]
         hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         pick = None if rows is None else _slot_picker(rows)  # the cache rows attention reads, decided once
         for layer, blk in enumerate(self.blocks):
+            _tap(feats, 0, x, taps, layer)
             h = rms_norm(x, blk.norm1, cfg.rms_norm_eps)
             qkv = blk.qkv(h).view(b, n, hq + 2 * hk, d)  # [B, n, heads, d]
             q = rotate(qkv[:, :, :hq], cos, sin)  # [B, n, hq, d]
@@ -328,7 +355,24 @@ class Transformer:
             h = rms_norm(x, blk.norm2, cfg.rms_norm_eps)
             gate, up = blk.gate_up(h).chunk(2, dim=-1)
             x = x + blk.down(F.silu(gate) * up)
-        return x.view(b, n, cfg.hidden_size)
+        _tap(feats, 0, x, taps, cfg.num_layers)
+        x = x.view(b, n, cfg.hidden_size)
+        return (x, feats.view(b, n, -1)) if taps else x
+
+
+def check_taps(taps: tuple[int, ...], num_layers: int) -> None:
+    if any(not 0 <= t <= num_layers for t in taps):
+        raise SpecdecError(f"feature taps must be layer indices in 0..{num_layers}, got {list(taps)}")
+
+
+def _tap(feats: torch.Tensor | None, row0: int, x: torch.Tensor, taps: tuple[int, ...], layer: int) -> None:
+    """Copy the residual stream x [rows, hidden] entering `layer` into its slots of feats [R, taps * hidden]."""
+    if feats is None:
+        return
+    h = x.shape[-1]
+    for j, t in enumerate(taps):
+        if t == layer:
+            feats[row0:row0 + x.shape[0], j * h:(j + 1) * h] = x
 
 
 def _slot_picker(rows: torch.Tensor) -> slice | torch.Tensor:
