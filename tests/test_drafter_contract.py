@@ -21,7 +21,10 @@ import torch
 from scipy import stats
 
 from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.eagle import EagleDrafter
 from specdec.engine.generate import verify_round
+from specdec.heads.eagle import HeadConfig, default_taps
+from specdec.heads.train import init_head
 from specdec.sampling.verify import PAD
 from specdec.sampling.warp import SamplingConfig, warp_probs
 from tests.sampler_harness import chi_square_pvalue, conditional_pvalues, pooled_chi_square
@@ -54,8 +57,36 @@ def _draft_model_logits(tiny_model, contexts):
     return model.forward(tokens, torch.zeros(len(contexts), dtype=torch.long), cache)[:, -1]  # [n, vocab]
 
 
+_HEADS: dict = {}
+
+
+def _eagle_head(tiny_model):
+    """An (untrained) EAGLE-3 head for the target over 8 of its 10 tokens, made once."""
+    if "head" not in _HEADS:
+        model = tiny_model("fp16", **TARGET)
+        torch.manual_seed(5)
+        cfg = HeadConfig.for_target(model.cfg, 8, default_taps(model.cfg.num_layers))
+        _HEADS["head"] = init_head(cfg, model, torch.tensor([0, 1, 2, 3, 5, 6, 7, 9])).eval()
+    return _HEADS["head"]
+
+
+def _eagle_logits(tiny_model, contexts):
+    """The head's logits after each context, through its training path (`unrolled`): the context's first token
+    is a head position fed with zero features (none arrive outside the engine), each later token one drafting
+    step. Tokens outside its vocabulary get -inf. [n, vocab]"""
+    head, embed = _eagle_head(tiny_model), tiny_model("fp16", **TARGET).embed
+    out = torch.full((len(contexts), VOCAB), float("-inf"))
+    with torch.no_grad():
+        for r, ctx in enumerate(contexts):
+            emb = embed[torch.tensor(ctx)].unsqueeze(0)  # [1, steps, hidden]
+            feats = torch.zeros(1, len(head.cfg.taps) * head.cfg.hidden)
+            out[r, head.target_ids()] = head.unrolled(emb, feats, len(ctx))[-1][0]
+    return out
+
+
 PROB_DRAFTERS = {
     "draft-model": ProbDrafter(lambda tm: DraftModelDrafter(tm("fp16", **DRAFT), VOCAB), _draft_model_logits),
+    "eagle": ProbDrafter(lambda tm: EagleDrafter(_eagle_head(tm), tm("fp16", **TARGET).embed), _eagle_logits),
 }
 
 

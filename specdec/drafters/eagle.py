@@ -1,0 +1,135 @@
+"""A trained EAGLE-3 head as a drafter: it reads the target's hidden states at the positions it has verified.
+
+The scheduler passes the target's features (`taps`) for every position the target has run, through
+`features(slot, start, feats)`; the head keeps their fc projection per slot. To draft after a context of n tokens
+it first feeds the head positions it has not fed yet (p < n, each with token p and the target's features at
+p - 1), then drafts k tokens, each step feeding the token it just drafted with its own previous output. Its
+keys and values are addressed by position, as the target's are: after verification the context positions are
+valid and the drafted ones are overwritten by the next catch-up, so rollback is free. Positions whose features
+never arrived (a prompt prefix copied from the prefix cache) read zeros: the drafts get worse, never wrong.
+
+Drafting gives the head's warped distribution over its vocabulary, scattered into the target's, so sampling at
+temperature > 0 stays exact through the rejection sampler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from specdec.drafters.base import Draft
+from specdec.errors import SpecdecError
+from specdec.heads.eagle import EagleHead
+from specdec.sampling.verify import PAD, draw_random
+from specdec.sampling.warp import SamplingConfig, warp_probs
+
+
+class EagleDrafter:
+    name = "eagle"
+    free = False
+
+    def __init__(self, head: EagleHead, embed: torch.Tensor, min_confidence: float = 0.0, seed_offset: int = 104729):
+        """embed [target_vocab, hidden]: the target's token embedding (the head shares it). min_confidence: at
+        temperature 0, drafting stops before the product of the drafted tokens' head probabilities (the head's
+        own estimate that the whole draft is accepted) falls below it, so a row drafts fewer tokens where the
+        head is unsure."""
+        if not 0.0 <= min_confidence < 1.0:
+            raise SpecdecError(f"min_confidence must be in [0, 1), got {min_confidence}")
+        self.min_confidence = min_confidence
+        c = head.cfg
+        if embed.shape != (c.target_vocab, c.hidden):
+            raise SpecdecError(f"this draft head was trained for a target with {c.target_vocab} tokens of width "
+                               f"{c.hidden}; the target has {embed.shape[0]} of width {embed.shape[1]}")
+        self.head, self.embed, self.seed_offset = head.eval(), embed.float(), seed_offset
+        self.taps = c.taps  # the target layers whose features the scheduler passes to `features`
+        self.ids = head.target_ids()  # [draft_vocab] target id of each draft id
+        self.k = self.v = self.g = None
+        self.valid: dict[int, int] = {}  # per slot: head positions fed with the target's features
+        self.sampling: dict[int, SamplingConfig] = {}
+        self.gen: dict[int, torch.Generator] = {}
+
+    def reserve(self, slots: int, capacity: int) -> int:
+        c = self.head.cfg
+        capacity = min(capacity, c.max_positions)
+        self.k = torch.zeros(slots, capacity, c.kv_heads, c.head_dim)  # [slots, positions, kv_heads, d]
+        self.v = torch.zeros_like(self.k)
+        self.g = torch.zeros(slots, capacity, c.hidden)  # [slots, positions, hidden]: fc(target features at p)
+        return capacity
+
+    def open(self, slot: int, prompt: Sequence[int], sampling: SamplingConfig) -> None:
+        self.valid[slot], self.sampling[slot] = 0, sampling
+        self.g[slot].zero_()
+        g = torch.Generator()
+        g.manual_seed((sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, ()).item()))
+                      + self.seed_offset)
+        self.gen[slot] = g
+
+    def close(self, slot: int) -> None:
+        for d in (self.valid, self.sampling, self.gen):
+            d.pop(slot, None)
+
+    @torch.inference_mode()
+    def features(self, slot: int, start: int, feats: torch.Tensor) -> None:
+        """The target's features [m, taps * hidden] at positions start .. start + m - 1 of the slot's sequence."""
+        end = min(start + feats.shape[0], self.g.shape[1])
+        self.g[slot, start:end] = self.head.fc(feats[: end - start].float())
+        self.valid[slot] = min(self.valid.get(slot, 0), start + 1)  # positions after start read new features
+
+    @torch.inference_mode()
+    def _feed(self, slot: int, tokens: Sequence[int], g: torch.Tensor, start: int) -> tuple[torch.Tensor, ...]:
+        """Run the head over tokens at positions start.. with hidden inputs g [m, hidden], writing keys and values
+        and attending to positions <= each one's own. Returns (out [m, hidden], logits [m, draft_vocab])."""
+        h = self.head
+        m = len(tokens)
+        pos = torch.arange(start, start + m)
+        q, k, v, res = h.qkv(self.embed[torch.tensor(tokens)], g, pos)
+        self.k[slot, start:start + m], self.v[slot, start:start + m] = k, v
+        mask = torch.arange(start + m)[None, :] <= pos[:, None]  # [m, start + m]
+        att = h.attend(q, self.k[slot, :start + m], self.v[slot, :start + m], mask)
+        return h.finish(att, res)
+
+    def _pick(self, logits: torch.Tensor, slot: int) -> tuple[int, torch.Tensor | None]:
+        """A draft token (target id) from draft logits [draft_vocab], and q over the target vocabulary when
+        sampling."""
+        s = self.sampling[slot]
+        if s.greedy:
+            return int(self.ids[int(logits.argmax())]), None
+        q = warp_probs(logits.view(1, -1), s)  # [1, draft_vocab]
+        _, noise = draw_random(1, 0, q.shape[-1], self.gen[slot], q.device)
+        full = torch.zeros(self.head.cfg.target_vocab)
+        full[self.ids] = q[0]
+        return int(self.ids[int((q / noise).argmax(-1))]), full
+
+    @torch.inference_mode()
+    def propose(self, slots, contexts, ks) -> Draft:
+        width = max(ks, default=0)
+        tokens = torch.full((len(slots), width), PAD, dtype=torch.long)  # [n, k]
+        sampled = any(k > 0 and not self.sampling[s].greedy for s, k in zip(slots, ks))
+        probs = torch.zeros(len(slots), width, self.head.cfg.target_vocab) if sampled else None  # [n, k, vocab]
+        for i, (s, ctx, k) in enumerate(zip(slots, contexts, ks)):
+            n = len(ctx)
+            if k <= 0 or n + k > self.g.shape[1]:
+                continue
+            a = min(self.valid[s], n - 1)
+            g = torch.cat([torch.zeros(1, self.head.cfg.hidden), self.g[s, : n - 1]])[a:n]  # features at p - 1
+            out, logits = self._feed(s, list(ctx[a:n]), g, a)
+            self.valid[s] = n
+            x, q = self._pick(logits[-1], s)
+            sure = 1.0  # at temperature 0: the head's probability that the draft so far is right
+            for j in range(k):
+                if self.min_confidence and self.sampling[s].greedy:
+                    sure *= float(logits[-1].softmax(-1).max())
+                    if j > 0 and sure < self.min_confidence:
+                        break
+                tokens[i, j] = x
+                if probs is not None and q is not None:
+                    probs[i, j] = q
+                if j + 1 == k:
+                    break
+                out, logits = self._feed(s, [x], out[-1:], n + j)
+                x, q = self._pick(logits[-1], s)
+        return Draft(tokens, probs)
+
+    def accepted(self, slots, num_accepted) -> None:
+        pass  # the accepted drafts' features arrive through `features`; their head positions are fed then

@@ -1,0 +1,102 @@
+"""Self-distillation data for a draft head: the target's own greedy answers to training prompts, and the target's
+hidden states over each whole conversation (what the head reads at inference time).
+
+The prompts are Spec-Bench items the benchmark does not report: `specdec bench` takes the first items of each
+category in file order, so the first `holdout` of every category are held out here, whatever else is given.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from specdec.errors import SpecdecError
+
+HOLDOUT = 8  # per category: held out of training, more than the 5 a default benchmark run reports
+
+
+@dataclass
+class Example:
+    tokens: list[int]  # the chat-formatted prompt followed by a greedy answer
+    prompt_len: int
+
+
+def training_texts(paths: Sequence[str | Path], holdout: int = HOLDOUT) -> list[str]:
+    """Prompt texts from Spec-Bench files (first turns; the first `holdout` items of each category left out) or
+    plain JSONL files ({"prompt": ...}, every line used)."""
+    from specdec.bench.prompts import load_prompts
+
+    texts: list[str] = []
+    for path in paths:
+        seen: dict[str, int] = {}
+        for p in load_prompts(path):
+            seen[p.category] = seen.get(p.category, 0) + 1
+            if p.category != "custom" and seen[p.category] <= holdout:
+                continue
+            texts.append(p.turns[0])
+    if not texts:
+        raise SpecdecError("no training prompts left after holding out the benchmark's items")
+    return texts
+
+
+def answers(loaded, texts: Sequence[str], max_new_tokens: int, batch: int = 8) -> list[Example]:
+    """Greedy answers, `batch` prompts at a time. The model writing them may be a faster copy of the target
+    (gguf-q8): the labels the head learns are the target's own next-token choices along these texts, taken by
+    `hidden_states`, so only the texts come from here."""
+    from specdec.engine.generate import Engine, GenerationConfig
+    from specdec.runtime import encode_prompt
+
+    engine = Engine(loaded.model, loaded.tokenizer)
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens)
+    out: list[Example] = []
+    limit = loaded.model.cfg.max_position_embeddings - max_new_tokens - 8
+    prompts = [p for p in (encode_prompt(loaded.tokenizer, t, chat=True) for t in texts) if len(p) <= limit]
+    bar = tqdm(total=len(prompts), desc="answers", unit="prompt", file=sys.stderr)
+    for a in range(0, len(prompts), batch):
+        part = prompts[a:a + batch]
+        for p, r in zip(part, engine.generate(part, cfg)):
+            out.append(Example(list(p) + r.token_ids, len(p)))
+        bar.update(len(part))
+    bar.close()
+    return out
+
+
+@dataclass
+class Features:
+    feats: list[torch.Tensor]  # per example [len, len(taps) * hidden] fp16: the target's features at each position
+    labels: list[torch.Tensor]  # per example [len] long: the target's greedy next token after each position
+
+
+def hidden_states(model, examples: Sequence[Example], taps: tuple[int, ...]) -> Features:
+    """The target's features and greedy choices along every example, from one prefill each (the native kernels
+    compute a prefill row exactly as a decode row, so these are what decoding would see)."""
+    feats, labels = [], []
+    cache = model.new_cache(1, max(len(e.tokens) for e in examples))
+    for e in tqdm(examples, desc="features", unit="example", file=sys.stderr):
+        logits, f = model.forward(torch.tensor([e.tokens]), torch.tensor([0]), cache.row(0), prefill=True, taps=taps)
+        feats.append(f[0].half())  # [n, taps * hidden]
+        labels.append(logits[0].argmax(-1))  # [n]
+    return Features(feats, labels)
+
+
+def save(path: Path, examples: Sequence[Example], feats: Features, meta: dict) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save({"tokens": [e.tokens for e in examples], "prompt_len": [e.prompt_len for e in examples],
+                "feats": feats.feats, "labels": feats.labels}, path / "data.pt")
+    (path / "data.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+
+def load(path: Path) -> tuple[list[Example], Features, dict]:
+    try:
+        blob = torch.load(path / "data.pt")
+        meta = json.loads((path / "data.json").read_text())
+    except (OSError, RuntimeError, KeyError, json.JSONDecodeError) as e:
+        raise SpecdecError(f"{path}: unreadable training data ({e})") from None
+    examples = [Example(t, n) for t, n in zip(blob["tokens"], blob["prompt_len"])]
+    return examples, Features(blob["feats"], blob["labels"]), meta

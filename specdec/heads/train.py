@@ -1,0 +1,203 @@
+"""Training an EAGLE-3 head by self-distillation: the target's greedy choices along answers to training prompts.
+
+Each step takes one conversation and unrolls the head over `steps` drafting steps at every answer position
+(training-time test: later steps read the head's own outputs, as drafting does). The loss at step j is the
+cross-entropy of the target's choice there, weighted 0.8^j. Checkpoints go to OUT/checkpoint.pt every
+`save_every` steps and when the time budget ends; a second run with the same OUT resumes from it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from specdec.errors import SpecdecError
+from specdec.heads.data import Example, Features
+from specdec.heads.eagle import EagleHead, HeadConfig
+
+STEP_WEIGHT = 0.8  # EAGLE-3's per-step loss decay
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 3  # drafting steps unrolled per position (training-time test)
+    epochs: float = 4.0
+    lr: float = 1e-3
+    warmup: int = 50  # optimizer steps of linear warmup, then cosine decay to 10%
+    accumulate: int = 2  # conversations per optimizer step
+    hours: float | None = None  # stop (and checkpoint) after this much training time
+    save_every: int = 200  # optimizer steps between checkpoints
+    validation: float = 0.05  # share of conversations held out to measure per-step accuracy (0: none)
+    seed: int = 0
+
+
+def draft_vocabulary(examples: list[Example], feats: Features, size: int, vocab: int) -> torch.Tensor:
+    """The `size` target ids the target chooses most often over the answers, ascending ([size] long)."""
+    if not 1 <= size <= vocab:
+        raise SpecdecError(f"--draft-vocab must be in 1..{vocab}, got {size}")
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for e, y in zip(examples, feats.labels):
+        counts += torch.bincount(y[e.prompt_len - 1:], minlength=vocab)
+    return counts.topk(size).indices.sort().values
+
+
+def coverage(examples: list[Example], feats: Features, t2d: torch.Tensor) -> float:
+    """Share of answer positions whose target choice the draft vocabulary holds: the ceiling on acceptance."""
+    hit = tot = 0
+    for e, y in zip(examples, feats.labels):
+        a = y[e.prompt_len - 1:]
+        hit, tot = hit + int(t2d[a].sum()), tot + len(a)
+    return hit / max(tot, 1)
+
+
+def init_head(cfg: HeadConfig, target, draft_ids: torch.Tensor) -> EagleHead:
+    """The draft head starts as the target's own head over the draft vocabulary: the tied embedding rows and the
+    final norm (SmolLM2 ties its embedding to its head)."""
+    head = EagleHead(cfg)
+    head.set_vocab(draft_ids)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(target.embed[draft_ids])
+        head.norm.copy_(target.norm)
+    return head
+
+
+def batch_of(e: Example, f: torch.Tensor, y: torch.Tensor, embed: torch.Tensor, head: EagleHead, steps: int):
+    """One conversation as tensors: emb [n, steps, hidden], feats [n, taps*hidden], targets [steps, n] (draft ids,
+    -100 where masked)."""
+    toks = torch.tensor(e.tokens)  # [n]
+    n = len(toks)
+    idx = torch.arange(n)[:, None] + torch.arange(steps)[None, :]  # [n, steps]: token fed at step j is x_{p+j}
+    emb = embed[toks[idx.clamp(max=n - 1)]]  # [n, steps, hidden]
+    feats = torch.cat([torch.zeros(1, f.shape[1]), f[:-1].float()])  # [n, taps*hidden]: features at p - 1
+    ok = torch.zeros(n, steps, dtype=torch.bool)
+    ok[e.prompt_len - 1:, 0] = True  # answer positions only
+    follows = torch.ones(n, dtype=torch.bool)  # the text so far followed the target's choices
+    d2t_inv = torch.full((head.cfg.target_vocab,), -100, dtype=torch.long)
+    d2t_inv[head.target_ids()] = torch.arange(head.cfg.draft_vocab)
+    for j in range(1, steps):
+        nxt = torch.zeros(n, dtype=torch.bool)
+        valid = torch.arange(n) + j < n
+        p = torch.arange(n)[valid]
+        nxt[valid] = toks[p + j] == y[p + j - 1]
+        follows = follows & nxt
+        ok[:, j] = ok[:, 0] & follows
+    tgt = d2t_inv[y[idx.clamp(max=n - 1)]]  # [n, steps]
+    tgt[~ok] = -100
+    return emb, feats, tgt.T.contiguous()
+
+
+def loss_of(head: EagleHead, emb, feats, tgt, steps: int) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    rows = (tgt[0] >= 0).nonzero().flatten()  # positions with a target at step 0 (later steps: a subset)
+    logits = head.unrolled(emb, feats, steps, rows)
+    tgt = tgt[:, rows]
+    loss, stats = 0.0, []
+    for j, lg in enumerate(logits):
+        m = tgt[j] >= 0
+        if m.any():
+            loss = loss + STEP_WEIGHT ** j * F.cross_entropy(lg[m], tgt[j][m])
+        stats.append((int((lg.argmax(-1)[m] == tgt[j][m]).sum()), int(m.sum())))
+    return loss, stats
+
+
+def accuracy(head: EagleHead, items, embed, steps: int) -> list[float]:
+    """Per drafting step, the share of positions where the head's top choice is the target's (given that the
+    earlier steps were right): a_1, a_2|1, ..."""
+    hit, tot = [0] * steps, [0] * steps
+    with torch.no_grad():
+        for e, f, y in items:
+            _, stats = loss_of(head, *batch_of(e, f, y, embed, head, steps), steps)
+            for j, (h, t) in enumerate(stats):
+                hit[j], tot[j] = hit[j] + h, tot[j] + t
+    return [h / max(t, 1) for h, t in zip(hit, tot)]
+
+
+def tokens_per_pass(acc: list[float]) -> float:
+    """Expected tokens per target pass drafting len(acc) tokens with these conditional accuracies."""
+    e, run = 1.0, 1.0
+    for a in acc:
+        run *= a
+        e += run
+    return e
+
+
+def train(head: EagleHead, target, examples: list[Example], feats: Features, cfg: TrainConfig, out: Path,
+          log=print) -> dict:
+    """Train in place, checkpointing to out/checkpoint.pt; returns a summary (and a curve of validation
+    accuracy against training tokens)."""
+    rng = random.Random(cfg.seed)
+    items = list(zip(examples, feats.feats, feats.labels))
+    rng.shuffle(items)
+    nval = int(len(items) * cfg.validation) if cfg.validation > 0 else 0
+    val, items = items[:nval], items[nval:]
+    val = val or items[:16]  # no held-out share: the curve is measured on training conversations
+    embed = target.embed
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
+    total = math.ceil(len(items) * cfg.epochs / cfg.accumulate)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))))
+    state = {"step": 0, "seen": 0, "tokens": 0, "seconds": 0.0, "curve": []}
+    ckpt = out / "checkpoint.pt"
+    if ckpt.exists():
+        saved = torch.load(ckpt, weights_only=False)
+        head.load_state_dict(saved["head"])
+        opt.load_state_dict(saved["opt"])
+        sched.load_state_dict(saved["sched"])
+        state = saved["state"]
+        log(f"resumed at step {state['step']} of {total}")
+
+    def checkpoint():
+        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                    "state": state}, ckpt)
+
+    def evaluate():
+        head.eval()
+        acc = accuracy(head, val, embed, cfg.steps)
+        head.train()
+        state["curve"].append({"tokens": state["tokens"], "accuracy": acc, "tokens_per_pass": tokens_per_pass(acc)})
+        return acc
+
+    head.train()
+    t0 = time.perf_counter() - state["seconds"]
+    bar = tqdm(total=total, initial=state["step"], desc="train-draft", unit="step", file=sys.stderr)
+    stopped = False
+    while state["step"] < total and not stopped:
+        opt.zero_grad()
+        hits = tots = 0
+        for _ in range(cfg.accumulate):
+            e, f, y = items[state["seen"] % len(items)]
+            if state["seen"] % len(items) == 0:
+                rng.shuffle(items)
+            state["seen"] += 1
+            loss, stats = loss_of(head, *batch_of(e, f, y, embed, head, cfg.steps), cfg.steps)
+            if torch.is_tensor(loss):
+                (loss / cfg.accumulate).backward()
+                loss = loss.detach()
+            hits, tots = hits + stats[0][0], tots + stats[0][1]
+            state["tokens"] += stats[0][1]
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        state["step"] += 1
+        state["seconds"] = time.perf_counter() - t0
+        bar.update(1)
+        bar.set_postfix(loss=f"{float(loss):.3f}", acc1=f"{hits / max(tots, 1):.2f}")
+        if state["step"] % cfg.save_every == 0:
+            acc = evaluate()
+            log(f"step {state['step']}: validation accuracy per step {[round(a, 3) for a in acc]}, "
+                f"{tokens_per_pass(acc):.2f} tokens/pass")
+            checkpoint()
+        stopped = cfg.hours is not None and state["seconds"] > cfg.hours * 3600
+    bar.close()
+    acc = evaluate()
+    checkpoint()
+    return {"steps": state["step"], "train_tokens": state["tokens"], "train_seconds": round(state["seconds"], 1),
+            "validation_accuracy": acc, "validation_tokens_per_pass": tokens_per_pass(acc), "curve": state["curve"],
+            "stopped_by_time": stopped}

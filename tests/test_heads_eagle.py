@@ -1,0 +1,117 @@
+"""The EAGLE-3 head end to end on a tiny target: training makes it draft the target's choices (loss falls,
+drafts are accepted), greedy output with it equals plain greedy output, sampling with it is exact (chi-square
+against the enumerated distribution), and the head round-trips through its files."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdec.drafters.cascade import CascadeDrafter
+from specdec.drafters.eagle import EagleDrafter
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine.generate import Engine, GenerationConfig
+from specdec.errors import SpecdecError
+from specdec.heads import data
+from specdec.heads.eagle import EagleHead, HeadConfig, default_taps
+from specdec.heads.train import TrainConfig, accuracy, draft_vocabulary, init_head, train
+from specdec.sampling.warp import SamplingConfig
+from tests.test_engine_sampling import PASS_LEVEL, PROMPT, SAMPLES, TARGET, VOCAB, exact_distribution, goodness_of_fit
+
+TINY = dict(vocab=64, std=0.3)  # peaky: greedy answers are varied, not one repeated token
+
+
+class _Loaded:
+    def __init__(self, model):
+        self.model, self.tokenizer = model, None
+
+
+def distilled(model, prompts):
+    """The tiny target's greedy answers to prompts, with its features and choices along them."""
+    results = Engine(model, None).generate(prompts, GenerationConfig(max_new_tokens=24))
+    examples = [data.Example(p + r.token_ids, len(p)) for p, r in zip(prompts, results)]
+    return examples, data.hidden_states(model, examples, default_taps(model.cfg.num_layers))
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model, tmp_path_factory):
+    """A head trained for a few seconds on the tiny target's answers to 48 prompts, with its accuracy on them before
+    and after. (A random target is a random function: 48 answers teach a head to draft those answers, not to
+    generalize; the mechanics are what is tested here.)"""
+    torch.manual_seed(0)
+    model = tiny_model("fp16", **TINY)
+    rng = random.Random(0)
+    prompts = [[rng.randrange(model.cfg.vocab_size) for _ in range(rng.randrange(4, 12))] for _ in range(48)]
+    examples, feats = distilled(model, prompts)
+    cfg = HeadConfig.for_target(model.cfg, 48, default_taps(model.cfg.num_layers))
+    head = init_head(cfg, model, draft_vocabulary(examples, feats, 48, model.cfg.vocab_size))
+    seen = list(zip(examples, feats.feats, feats.labels))
+    before = accuracy(head, seen, model.embed, 3)
+    out = tmp_path_factory.mktemp("head")
+    summary = train(head, model, examples, feats, TrainConfig(epochs=30, lr=3e-3, warmup=5, save_every=200,
+                                                               validation=0.0), out, log=lambda m: None)
+    return model, head.eval(), before, accuracy(head, seen, model.embed, 3), summary, prompts
+
+
+def test_training_makes_the_head_draft_the_targets_choices(trained):
+    _, _, before, after, summary, _ = trained
+    print(f"accuracy per drafting step before {before}, after {after}")
+    assert all(a > b + 0.25 for a, b in zip(after, before))  # every unrolled step learned, the later ones too
+    assert summary["curve"] and summary["train_tokens"] > 0 and summary["validation_tokens_per_pass"] >= 1.0
+
+
+def test_greedy_output_with_the_head_equals_plain_output(trained):
+    """On prompts it was trained on, so its drafts are often right: a head fed misaligned features (one position
+    off) would draft nothing the target accepts."""
+    model, head, *_, prompts = trained
+    prompts = prompts[:3] + [[7, 8, 9]]
+    cfg = GenerationConfig(max_new_tokens=30)
+    plain = Engine(model, None).generate(prompts, cfg)
+    spec = Engine(model, None).generate(prompts, cfg, EagleDrafter(head, model.embed), k=3)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
+    drafted, accepted = sum(r.stats.drafted for r in spec), sum(r.stats.accepted for r in spec)
+    print(f"eagle on the tiny target: {accepted} of {drafted} drafts accepted")
+    assert accepted > 0.3 * drafted
+
+
+@pytest.mark.parametrize("cascade", [False, True], ids=["eagle", "ngram,eagle"])
+def test_sampling_with_the_head_is_exact(tiny_model, cascade):
+    """An untrained head over a truncated vocabulary (8 of 10 tokens): q far from p, so a wrong residual shows.
+    In the cascade, rows prompt lookup drafts (q one-hot) and rows the head drafts share rounds."""
+    torch.manual_seed(3)
+    model = tiny_model("fp16", **TARGET)
+    cfg = HeadConfig.for_target(model.cfg, 8, default_taps(model.cfg.num_layers))
+    head = init_head(cfg, model, torch.tensor([0, 1, 2, 3, 5, 6, 7, 9])).eval()
+    drafter = EagleDrafter(head, model.embed)
+    if cascade:
+        drafter = CascadeDrafter([NgramDrafter(2, 1), drafter], min_tokens=1)
+    sampling = SamplingConfig(temperature=1.0, seed=21)
+    results = Engine(model, None).generate([PROMPT] * SAMPLES, GenerationConfig(6, sampling), drafter, 3)
+    tokens = torch.tensor([r.token_ids[:3] for r in results]).numpy()
+    alpha = sum(r.stats.accepted for r in results) / sum(r.stats.drafted for r in results)
+    pv = goodness_of_fit(tokens, exact_distribution(model, sampling, 3))
+    print(f"{drafter.name} sampling, k = 3: alpha {alpha:.2f}, chi-square p = {pv:.3g}")
+    if cascade:
+        assert 0 < drafter.counts["ngram"] and 0 < drafter.counts["eagle"], drafter.counts
+    assert 0.05 < alpha < 0.9, alpha
+    assert pv > PASS_LEVEL, f"samples with the head fail the chi-square test: p = {pv:.2e}"
+    assert VOCAB == 10
+
+
+def test_the_head_round_trips_through_its_files(trained, tmp_path):
+    model, head, *_ = trained
+    head.save(tmp_path / "h", dtype=torch.float32)
+    back = EagleHead.load(tmp_path / "h")
+    for k, v in head.tensors().items():
+        assert torch.equal(back.tensors()[k], v), k
+    (tmp_path / "h" / "head.json").write_text("{}")
+    with pytest.raises(SpecdecError, match="not a draft head"):
+        EagleHead.load(tmp_path / "h")
+
+
+def test_a_head_for_another_target_is_refused(trained):
+    model, head, *_ = trained
+    with pytest.raises(SpecdecError, match="trained for a target"):
+        EagleDrafter(head, torch.zeros(model.cfg.vocab_size + 1, model.cfg.hidden_size))
