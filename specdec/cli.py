@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "specdec.explain",
     "specdec.bench.cli",
     "specdec.serve.cli",
+    "specdec.heads.cli",
 )
 
 

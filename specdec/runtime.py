@@ -8,44 +8,48 @@ from dataclasses import dataclass
 from specdec.errors import SpecdecError
 from specdec.models.config import GGUF_PRECISIONS, PRECISIONS
 
-DRAFTERS = ("ngram", "draft-model", "none")
+DRAFTERS = ("ngram", "suffix", "draft-model", "eagle", "none")
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     model: str = "default"  # 'default' (the bundled SmolLM2-135M), a Hugging Face folder or a .gguf
-    drafter: str = "ngram"  # ngram | draft-model | none
+    drafter: str = "ngram"  # ngram | suffix | draft-model | eagle | none, or a cascade: "ngram,eagle"
     draft_model: str | None = None  # folder or .gguf of a draft model sharing the target's tokenizer
     precision: str | None = None  # default: gguf for a GGUF file on CPU, else fp16; bf16 on CUDA
     draft_precision: str | None = None  # default: the target's if given (not a gguf one), else the draft's own
     device: str = "cpu"
     ngram_max: int = 4
     ngram_min: int = 1
+    draft_head: str | None = None  # folder of a head from `specdec train-draft` (default: the bundled model's)
 
     def __post_init__(self) -> None:
-        if self.drafter not in DRAFTERS:
-            raise SpecdecError(f"unknown drafter {self.drafter!r} (choose from {', '.join(DRAFTERS)})")
+        names = self.drafter.split(",")
+        for name in names:
+            if name not in DRAFTERS:
+                raise SpecdecError(f"unknown drafter {name!r} (choose from {', '.join(DRAFTERS)}, or a cascade of "
+                                   "them such as ngram,eagle)")
+        if len(names) > 1 and ("none" in names or len(set(names)) < len(names)):
+            raise SpecdecError(f"a cascade lists distinct drafters, without none: got {self.drafter!r}")
         for name in ("precision", "draft_precision"):
             p = getattr(self, name)
             if p is not None and p not in PRECISIONS:
                 raise SpecdecError(f"unknown {name.replace('_', ' ')} {p!r} (choose from {', '.join(PRECISIONS)})")
         if self.device not in ("cpu", "cuda"):
             raise SpecdecError(f"unknown device {self.device!r} (cpu or cuda)")
-        if self.drafter == "draft-model" and not self.draft_model:
+        if "draft-model" in names and not self.draft_model:
             raise SpecdecError("--drafter draft-model needs --draft-model PATH")
 
     @classmethod
     def from_args(cls, args) -> ModelSpec:
         """From the shared command-line arguments (specdec.engine.cli.add_model_args)."""
         return cls(args.model, args.drafter, args.draft_model, args.precision, args.draft_precision, args.device,
-                   args.ngram_max, args.ngram_min)
+                   args.ngram_max, args.ngram_min, getattr(args, "draft_head", None))
 
 
 def build(spec: ModelSpec):
     """(loaded target, drafter)."""
-    from specdec.drafters.base import NoDrafter
-    from specdec.drafters.draft_model import DraftModelDrafter
-    from specdec.drafters.ngram import NgramDrafter
+    from specdec.drafters.cascade import CascadeDrafter
     from specdec.models.loader import load_model
 
     if spec.device == "cuda":
@@ -54,17 +58,34 @@ def build(spec: ModelSpec):
         if not torch.cuda.is_available():
             raise SpecdecError("--device cuda: no CUDA device is available here")
     target = load_model(spec.model, spec.precision, spec.device)
-    if spec.drafter == "ngram":
-        drafter = NgramDrafter(spec.ngram_max, spec.ngram_min)
-    elif spec.drafter == "none":
-        drafter = NoDrafter()
-    else:
-        # as the target's when that was chosen (a GGUF path only fits a GGUF draft: then the draft's own default)
-        same = spec.precision if spec.precision not in GGUF_PRECISIONS else None
-        draft = load_model(spec.draft_model, spec.draft_precision or same, spec.device)
-        DraftModelDrafter.check_compatible(target.tokenizer, draft.tokenizer)
-        drafter = DraftModelDrafter(draft.model, target.model.cfg.vocab_size)
-    return target, drafter
+    names = spec.drafter.split(",")
+    members = [_drafter(name, spec, target) for name in names]
+    return target, members[0] if len(members) == 1 else CascadeDrafter(members)
+
+
+def _drafter(name: str, spec: ModelSpec, target):
+    from specdec.drafters.base import NoDrafter
+    from specdec.drafters.draft_model import DraftModelDrafter
+    from specdec.drafters.ngram import NgramDrafter
+    from specdec.models.loader import load_model
+
+    if name == "ngram":
+        return NgramDrafter(spec.ngram_max, spec.ngram_min)
+    if name == "none":
+        return NoDrafter()
+    if name == "suffix":
+        from specdec.drafters.suffix import SuffixDrafter
+
+        return SuffixDrafter()
+    if name == "eagle":
+        from specdec.heads.bundled import load_head
+
+        return load_head(spec.draft_head, spec.model, target)
+    # as the target's when that was chosen (a GGUF path only fits a GGUF draft: then the draft's own default)
+    same = spec.precision if spec.precision not in GGUF_PRECISIONS else None
+    draft = load_model(spec.draft_model, spec.draft_precision or same, spec.device)
+    DraftModelDrafter.check_compatible(target.tokenizer, draft.tokenizer)
+    return DraftModelDrafter(draft.model, target.model.cfg.vocab_size)
 
 
 def encode_text(tokenizer, text: str) -> list[int]:

@@ -58,7 +58,13 @@ def test_tiny_model_folder_works(capsys, tiny_cli_model):
     (["--max-new-tokens", "0"], ["max new tokens"]),
     (["--drafter", "draft-model"], ["needs --draft-model"]),
     (["--k", "many"], ["invalid int value"]),
-], ids=["k=0", "k<0", "temperature<0", "top-p=0", "top-p=1.5", "no-tokens", "no-draft-path", "k-not-int"])
+    (["--drafter", "bogus"], ["unknown drafter 'bogus'"]),
+    (["--drafter", "ngram,none"], ["distinct drafters, without none"]),
+    (["--drafter", "ngram,ngram"], ["distinct drafters, without none"]),
+    (["--drafter", "eagle"], ["needs --draft-head DIR"]),
+    (["--drafter", "ngram,eagle", "--draft-head", "/nonexistent"], ["not a draft head"]),
+], ids=["k=0", "k<0", "temperature<0", "top-p=0", "top-p=1.5", "no-tokens", "no-draft-path", "k-not-int",
+        "unknown-drafter", "cascade-with-none", "cascade-repeats", "eagle-no-head", "eagle-bad-head"])
 def test_bad_settings(capsys, tiny_cli_model, args, fragments):
     code, _, err = run_cli(capsys, "--model", str(tiny_cli_model), "--prompt", "w1", *args)
     assert_clear_error(code, err, *fragments)
@@ -210,3 +216,27 @@ def test_json_and_trace(capsys, tmp_path, reuse_bundled):
     drafted = sum(len(r["drafted"]) for r in trace["rounds"])
     accepted = sum(r["accepted"] for r in trace["rounds"])
     assert report["alpha"] == pytest.approx(accepted / drafted)
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "ngram,eagle", "suffix"])
+def test_generate_with_a_head_or_a_cascade_equals_plain(capsys, tmp_path, tiny_cli_model, drafter):
+    """Through the command line: a head from its folder (here an untrained one), alone and in a cascade."""
+    import torch
+
+    from specdec.heads.eagle import HeadConfig, default_taps
+    from specdec.heads.train import init_head
+    from specdec.models.tokenizer import Tokenizer
+    from specdec.models.transformer import Transformer
+
+    model = Transformer.from_dir(tiny_cli_model)
+    torch.manual_seed(0)
+    head = init_head(HeadConfig.for_target(model.cfg, 16, default_taps(model.cfg.num_layers)), model,
+                     torch.arange(16))
+    head.save(tmp_path / "head", meta={"tokenizer_fingerprint": Tokenizer.from_dir(tiny_cli_model).fingerprint()})
+    common = ["--model", str(tiny_cli_model), "--prompt", "w1 w2 w3 w1 w2", "--no-chat", "--max-new-tokens", "12",
+              "--json"]
+    code, out, err = run_cli(capsys, *common, "--drafter", "none")
+    assert code == 0, err
+    code, spec, err = run_cli(capsys, *common, "--drafter", drafter, "--draft-head", str(tmp_path / "head"))
+    assert code == 0, err
+    assert json.loads(spec)["token_ids"] == json.loads(out)["token_ids"]

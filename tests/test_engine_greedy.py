@@ -4,10 +4,13 @@ and on the bundled SmolLM2-135M, one prompt and a batch of prompts of different 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from specdec.drafters.base import NoDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.suffix import SuffixDrafter
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.engine.policy import Auto, PassCost
 from tests.conftest import (
@@ -33,6 +36,20 @@ def drafter_for(name: str, tiny_model, precision: str = "fp16"):
         return NoDrafter()
     if name == "ngram":
         return NgramDrafter(4, 1)
+    if name == "suffix":
+        return SuffixDrafter()
+    if name == "ngram,eagle":
+        from specdec.drafters.cascade import CascadeDrafter
+
+        return CascadeDrafter([NgramDrafter(4, 1), drafter_for("eagle", tiny_model, precision)])
+    if name == "eagle":  # an untrained head (trained ones: test_heads_eagle)
+        from specdec.heads.eagle import HeadConfig, default_taps
+        from specdec.heads.train import init_head
+
+        model = tiny_model(precision, **TARGET)
+        torch.manual_seed(0)
+        cfg = HeadConfig.for_target(model.cfg, 48, default_taps(model.cfg.num_layers))
+        return EagleDrafter(init_head(cfg, model, torch.arange(48)), model.embed)
     if name == "draft-model":
         return DraftModelDrafter(tiny_model(precision, **RELATIVE), VOCAB)
     if name == "draft-stranger":
@@ -49,7 +66,8 @@ def plain(tiny_model):
 
 
 @pytest.mark.parametrize("k", [1, 4, 8])
-@pytest.mark.parametrize("name", ["none", "ngram", "draft-model", "draft-stranger", "draft-self"])
+@pytest.mark.parametrize("name", ["none", "ngram", "suffix", "draft-model", "draft-stranger", "draft-self", "eagle",
+                                  "ngram,eagle"])
 def test_tiny_greedy_equals_plain(tiny_model, plain, name, k):
     model = tiny_model("fp16", **TARGET)
     engine = Engine(model, None)
@@ -68,6 +86,8 @@ def test_tiny_greedy_equals_plain(tiny_model, plain, name, k):
         assert accepted == drafted > 0  # bit-identical passes: the draft is the target
     elif name == "draft-stranger":  # the recovery path carries the output: nearly every round is rejected
         assert recovered >= 0.9 * rounds and accepted < 0.05 * drafted, (recovered, rounds, accepted, drafted)
+    elif name == "eagle":
+        assert accepted < drafted, (accepted, drafted)  # untrained: rarely right, and the output is still the same
     else:
         assert 0 < accepted < drafted, (accepted, drafted)  # accepted and rejected drafts both occur
 
@@ -80,7 +100,7 @@ def test_tiny_greedy_with_auto_k(tiny_model, plain):
     assert len({len(r.drafted) for r in res.stats.rounds}) > 1  # k did change along the way
 
 
-@pytest.mark.parametrize("name", ["ngram", "draft-model"])
+@pytest.mark.parametrize("name", ["ngram", "suffix", "draft-model", "eagle", "ngram,eagle"])
 def test_tiny_batch_rows_equal_their_own_plain_output(tiny_model, plain, name):
     """Three prompts of different lengths in one static batch: each row is its prompt's plain greedy output."""
     model = tiny_model("fp16", **TARGET)
@@ -164,16 +184,23 @@ def cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp16", "gguf", "gguf-q8"])
-@pytest.mark.parametrize("name", ["none", "ngram", "draft-model"])
+@pytest.mark.parametrize("name", ["none", "ngram", "suffix", "draft-model", "eagle", "ngram,eagle"])
 def test_bundled_greedy_equals_plain(bundled, plain_for, name, precision):
+    from specdec.drafters.cascade import CascadeDrafter
+    from specdec.heads.bundled import load_head
+
     loaded = bundled(precision)
     ids, plain = plain_for(precision)
     prompt = ids[COPY_PROMPT]
     if name == "draft-model":  # the same model with int8 weights: a real, imperfect draft sharing the tokenizer
         DraftModelDrafter.check_compatible(loaded.tokenizer, bundled("int8").tokenizer)
         drafter = DraftModelDrafter(bundled("int8").model, loaded.model.cfg.vocab_size)
+    elif name == "eagle":  # the head shipped for the bundled model
+        drafter = load_head(None, "default", loaded)
+    elif name == "ngram,eagle":
+        drafter = CascadeDrafter([NgramDrafter(), load_head(None, "default", loaded)])
     else:
-        drafter = NoDrafter() if name == "none" else NgramDrafter()
+        drafter = {"none": NoDrafter, "ngram": NgramDrafter, "suffix": SuffixDrafter}[name]()
     res = Engine(loaded.model, loaded.tokenizer).generate([prompt], GenerationConfig(BUNDLED_N), drafter, 5)[0]
     expected = cut_at_eos(plain[COPY_PROMPT], loaded.tokenizer.eos_token_ids)
     assert res.token_ids == expected, divergence_message(loaded.model, prompt, expected, res.token_ids)

@@ -13,7 +13,9 @@ from specdec.runtime import DRAFTERS
 
 def add_model_args(p, drafter_default: str = "ngram") -> None:
     p.add_argument("--model", default="default", help="'default' (bundled SmolLM2-135M), a HF folder or a .gguf")
-    p.add_argument("--drafter", choices=DRAFTERS, default=drafter_default)
+    p.add_argument("--drafter", default=drafter_default, metavar="NAME[,NAME...]",
+                   help=f"one of {', '.join(DRAFTERS)}, or a cascade tried in order (ngram,eagle: prompt lookup "
+                        "where it matches, else the trained head)")
     p.add_argument("--draft-model", metavar="PATH", help="folder or .gguf of a draft model (same tokenizer)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="weights: gguf (a GGUF's own blocks, exact; the default for GGUF models on CPU), gguf-q8 "
@@ -24,6 +26,9 @@ def add_model_args(p, drafter_default: str = "ngram") -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--ngram-max", type=int, default=4, help="longest n-gram the lookup matches")
     p.add_argument("--ngram-min", type=int, default=1)
+    p.add_argument("--draft-head", metavar="DIR",
+                   help="--drafter eagle: a head from `specdec train-draft` (default: the one shipped for the bundled "
+                        "model)")
 
 
 def register(sub) -> None:

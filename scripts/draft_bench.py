@@ -1,0 +1,121 @@
+"""The drafters side by side on held-out Spec-Bench prompts, in one run: plain decoding, prompt lookup, suffix
+decoding, the trained EAGLE-3 head, and cascades. Greedy, batch 1, every method rotated per prompt.
+
+Held out: the first items of each category, which `specdec train-draft` never trains on (heads/data.HOLDOUT).
+Prints, per category and overall: end-to-end and decode-phase speedup over plain, acceptance a, tokens per
+target pass, identical output; and the head's cost per drafting step against a target pass (its c).
+
+    python scripts/draft_bench.py --per-category 5 --max-new-tokens 128 --json docs/results/drafters.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from specdec.bench.profile import measure_bandwidth
+from specdec.bench.prompts import load_prompts, select
+from specdec.bench.render import markdown
+from specdec.bench.report import build_report
+from specdec.bench.runner import engine_method, mark_identity, run_bench
+from specdec.drafters.base import NoDrafter
+from specdec.engine.generate import Engine
+from specdec.heads.data import HOLDOUT
+from specdec.runtime import ModelSpec, build
+
+
+def head_cost(target, drafter, reps: int = 30) -> dict:
+    """Milliseconds of one drafting step of the head and of one one-row target pass, at a 256-token context."""
+    from specdec.bench.profile import time_head
+
+    head = next(m for m in getattr(drafter, "members", [drafter]) if m.name == "eagle")
+    model = target.model
+    ctx = list(range(1000, 1256))
+    cache = model.new_cache(1, 512)
+    model.forward(torch.tensor([ctx]), torch.tensor([0]), cache.row(0), last_only=torch.tensor([255]), prefill=True)
+    one = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        model.forward_ragged(torch.tensor([5]), torch.tensor([0]), torch.tensor([256]), cache)
+        one.append(time.perf_counter() - t)
+    t_pass, t_step = sorted(one)[reps // 2], time_head(head, ctx, 5, reps)
+    return {"target_pass_ms": t_pass * 1e3, "head_step_ms": t_step * 1e3, "c": t_step / t_pass}
+
+
+def sampled_method(temperature: float):
+    """engine_method, sampling at `temperature` with a fixed seed per method."""
+    from specdec.bench.runner import Method, turn_from_result
+    from specdec.engine.generate import GenerationConfig
+    from specdec.sampling.warp import SamplingConfig
+
+    def make(name, engine, drafter, k, baseline=None, k_label=None):
+        def generate(ids, max_new_tokens):
+            cfg = GenerationConfig(max_new_tokens, SamplingConfig(temperature, seed=1234))
+            return turn_from_result(ids, engine.generate([ids], cfg, drafter, k)[0])
+
+        return Method(name, generate, "specdec", baseline, k_label, engine.meter if baseline else None)
+
+    return make
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prompts", default="../shared/data/spec_bench/question.jsonl")
+    ap.add_argument("--per-category", type=int, default=5)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--drafters", default="ngram,suffix,eagle,ngram+eagle,suffix+eagle",
+                    help="comma-separated; a cascade joins its members with +")
+    ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--head-k", type=int, default=None, help="k for methods that end in the head (default --k)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="sample instead of greedy (outputs then differ from plain by design: the tests check the "
+                         "distribution); adds the draft-model drafter (an int8 copy of the target) for comparison")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--markdown", default=None)
+    args = ap.parse_args()
+    if args.per_category > HOLDOUT:
+        print(f"--per-category must be <= {HOLDOUT}: later items may be training prompts", file=sys.stderr)
+        return 2
+    prompts = select(load_prompts(args.prompts), None, args.per_category)
+    bw = measure_bandwidth(2**30, 7)
+    target, _ = build(ModelSpec(drafter="none"))
+    method = engine_method if not args.temperature else sampled_method(args.temperature)
+    methods = [method("plain", Engine(target.model, target.tokenizer), NoDrafter(), 1)]
+    costs = None
+    names = args.drafters.split(",") + (["draft-model"] if args.temperature else [])
+    for name in names:
+        spec = ModelSpec(drafter=name.replace("+", ","), draft_model="default", draft_precision="int8")
+        _, drafter = build(spec)
+        k = args.head_k if args.head_k and name.endswith("eagle") else args.k
+        if "eagle" in name and costs is None:
+            costs = head_cost(target, drafter)
+        methods.append(method(f"{name} k={k}", Engine(target.model, target.tokenizer), drafter, k, "plain", k))
+    samples = run_bench(prompts, methods, target.tokenizer, args.max_new_tokens)
+    if not args.temperature:
+        mark_identity(samples, methods)
+    config = {"model": target.name, "precision": target.model.precision, "max_new_tokens": args.max_new_tokens,
+              "prompts": len(prompts), "per_category": args.per_category, "threads": torch.get_num_threads(),
+              "greedy": not args.temperature, "temperature": args.temperature, "batch": 1,
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "drafter": "several", "head_cost": costs,
+              "bandwidth_GBps": bw}
+    report = build_report(samples, methods, config, None, None)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_json(), f, indent=1, default=str)
+    text = markdown(report)
+    print(text)
+    if costs:
+        print(f"head: one drafting step {costs['head_step_ms']:.2f} ms, one target pass {costs['target_pass_ms']:.2f} "
+              f"ms: c = {costs['c']:.3f}")
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""The draft heads shipped with the package, and loading a head for a target.
+
+`smollm2-135m-instruct/` is the EAGLE-3 head for the bundled model; RECIPE.md beside it gives the command that
+trained it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specdec.errors import SpecdecError
+
+BUNDLED = Path(__file__).parent / "smollm2-135m-instruct"
+
+
+def head_dir(path: str | None, model: str) -> Path:
+    """The head to use: `path`, or the bundled model's when the target is the bundled model."""
+    if path:
+        return Path(path)
+    if model not in ("default", "", None):
+        raise SpecdecError("--drafter eagle needs --draft-head DIR for a model other than the bundled one "
+                           "(train one with `specdec train-draft`)")
+    if not (BUNDLED / "head.json").exists():
+        raise SpecdecError(f"the bundled draft head is missing from this installation ({BUNDLED})")
+    return BUNDLED
+
+
+def load_head(path: str | None, model: str, target):
+    """An EagleDrafter for `target` (a LoadedModel), checked against the target it was trained for."""
+    import json
+
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.heads.eagle import CONFIG, EagleHead
+
+    where = head_dir(path, model)
+    head = EagleHead.load(where)
+    trained_for = json.loads((where / CONFIG).read_text()).get("tokenizer_fingerprint")
+    if trained_for and trained_for != target.tokenizer.fingerprint():
+        raise SpecdecError(f"{where}: this draft head was trained for a target with another vocabulary")
+    if not getattr(target.model, "supports_taps", False):
+        raise SpecdecError("--drafter eagle reads the target's hidden states, which this model's forward pass "
+                           "does not expose")
+    if max(head.cfg.taps) > target.model.cfg.num_layers:
+        raise SpecdecError(f"{where}: the head reads layer {max(head.cfg.taps)}; the target has "
+                           f"{target.model.cfg.num_layers}")
+    return EagleDrafter(head, target.model.embed)

@@ -1,0 +1,118 @@
+"""`specdec train-draft` (an EAGLE-3 head by self-distillation) and `specdec export-draft` (for vLLM/SGLang)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from specdec.errors import SpecdecError
+
+
+def register(sub) -> None:
+    t = sub.add_parser("train-draft", help="train a draft head (EAGLE-3) on the target's own answers")
+    t.add_argument("--target", default="default", help="'default' (the bundled model), a HF folder or a .gguf")
+    t.add_argument("--method", choices=("eagle",), default="eagle", help="eagle: an EAGLE-3 head (one layer)")
+    t.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head can draft (the most frequent)")
+    t.add_argument("--prompts", nargs="+", metavar="FILE",
+                   help="Spec-Bench question.jsonl (the first items of each category, which `specdec bench` "
+                        "reports, are held out) or JSONL lines of {\"prompt\": ...}")
+    t.add_argument("--max-tokens", type=int, nargs="+", default=[256],
+                   help="new tokens per training answer (one value, or one per --prompts file)")
+    t.add_argument("--answer-precision", default=None,
+                   help="the precision that writes the answers (default: the target's; gguf-q8 is faster, and the "
+                        "labels are the target's own choices either way)")
+    t.add_argument("--steps", type=int, default=3, help="drafting steps unrolled in training (training-time test)")
+    t.add_argument("--epochs", type=float, default=4.0)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--hours", type=float, default=None, help="stop after this much training time (a checkpoint "
+                                                              "is kept; rerun to resume)")
+    t.add_argument("--device", default="cpu", help="cpu or cuda (training only; the target runs on cpu)")
+    t.add_argument("--out", required=True, metavar="DIR", help="the head, its data and checkpoints go here")
+    t.set_defaults(func=train_cmd)
+
+    e = sub.add_parser("export-draft", help="write a draft head in the format vLLM and SGLang load")
+    e.add_argument("head", metavar="DIR|default", help="a head from `specdec train-draft`, or 'default' (the one "
+                                                       "shipped for the bundled model)")
+    e.add_argument("--format", choices=("speculators",), default="speculators")
+    e.add_argument("--verifier", default=None,
+                   help="the target's name or path written into the config (default: the head's target)")
+    e.add_argument("--out", required=True, metavar="DIR")
+    e.set_defaults(func=export_cmd)
+
+
+def train_cmd(args) -> int:
+    import torch
+
+    from specdec.heads import data
+    from specdec.heads.eagle import HeadConfig, default_taps
+    from specdec.heads.train import TrainConfig, coverage, draft_vocabulary, init_head, train
+    from specdec.models.loader import load_model
+
+    if args.device not in ("cpu", "cuda"):
+        raise SpecdecError(f"unknown device {args.device!r} (cpu or cuda)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SpecdecError("--device cuda: no CUDA device is available here")
+    if args.steps < 1 or min(args.max_tokens) < 1:
+        raise SpecdecError("--steps and --max-tokens must be >= 1")
+    if args.epochs <= 0 or args.lr <= 0 or (args.hours is not None and args.hours <= 0):
+        raise SpecdecError("--epochs, --lr and --hours must be positive")
+    out = Path(args.out)
+    prompts = args.prompts or [str(Path(__file__).resolve().parents[3] / "shared/data/spec_bench/question.jsonl")]
+    for p in prompts:
+        if not Path(p).is_file():
+            raise SpecdecError(f"no prompts file at {p} (give --prompts FILE)")
+    if len(args.max_tokens) not in (1, len(prompts)):
+        raise SpecdecError(f"--max-tokens takes one value or one per prompts file ({len(prompts)})")
+    budgets = args.max_tokens * len(prompts) if len(args.max_tokens) == 1 else args.max_tokens
+    t0 = time.perf_counter()
+    target = load_model(args.target)
+    if not getattr(target.model, "supports_taps", False):
+        raise SpecdecError(f"{args.target}: this model's forward pass does not expose its hidden states")
+    taps = default_taps(target.model.cfg.num_layers)
+    store = out / "data"
+    if (store / "data.pt").exists():
+        examples, feats, meta = data.load(store)
+        print(f"train-draft: reusing {len(examples)} answers in {store}", file=sys.stderr)
+    else:
+        writer = load_model(args.target, args.answer_precision) if args.answer_precision else target
+        examples = [e for p, n in zip(prompts, budgets) for e in data.answers(writer, data.training_texts([p]), n)]
+        feats = data.hidden_states(target.model, examples, taps)
+        meta = {"prompts": [str(p) for p in prompts], "answers": len(examples),
+                "answer_tokens": sum(len(e.tokens) - e.prompt_len for e in examples),
+                "answer_precision": writer.model.precision, "target_precision": target.model.precision,
+                "seconds": round(time.perf_counter() - t0, 1)}
+        data.save(store, examples, feats, meta)
+    torch.manual_seed(0)  # the head's initial weights: a rerun of the same command trains the same head
+    cfg = HeadConfig.for_target(target.model.cfg, args.draft_vocab, taps)
+    draft_ids = draft_vocabulary(examples, feats, args.draft_vocab, cfg.target_vocab)
+    head = init_head(cfg, target.model, draft_ids).to(args.device)
+    cover = coverage(examples, feats, head.t2d.cpu())
+    print(f"train-draft: {meta['answer_tokens']} answer tokens; the draft vocabulary of {args.draft_vocab} covers "
+          f"{cover:.1%} of the target's choices", file=sys.stderr)
+    tc = TrainConfig(steps=args.steps, epochs=args.epochs, lr=args.lr, hours=args.hours)
+    summary = train(head, target.model, examples, feats, tc, out, log=lambda m: print(m, file=sys.stderr))
+    recipe = "specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["train-draft"] else None
+    report = {"target": args.target, "data": meta, "draft_vocab_coverage": round(cover, 4), **summary,
+              "recipe": recipe}
+    head.cpu().save(out, meta={"tokenizer_fingerprint": target.tokenizer.fingerprint(),
+                               "trained": {k: report[k] for k in ("train_tokens", "train_seconds",
+                                                                  "validation_tokens_per_pass", "recipe")}})
+    (out / "train.json").write_text(json.dumps(report, indent=1) + "\n")
+    acc = ", ".join(f"{a:.2f}" for a in summary["validation_accuracy"])
+    print(f"train-draft: {summary['steps']} steps over {summary['train_tokens']} tokens in "
+          f"{summary['train_seconds']:.0f} s; held-out accuracy per drafting step {acc} -> "
+          f"{summary['validation_tokens_per_pass']:.2f} tokens per target pass; head in {out}")
+    return 0
+
+
+def export_cmd(args) -> int:
+    from specdec.heads.bundled import head_dir
+    from specdec.heads.export import export_speculators
+
+    src = head_dir(None if args.head == "default" else args.head, "default")
+    written = export_speculators(src, Path(args.out), args.verifier)
+    print(f"export-draft: {written}")
+    return 0
