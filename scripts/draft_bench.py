@@ -68,7 +68,8 @@ def main() -> int:
     ap.add_argument("--per-category", type=int, default=5)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--drafters", default="ngram,suffix,eagle,ngram+eagle,suffix+eagle",
-                    help="comma-separated; a cascade joins its members with +")
+                    help="comma-separated; a cascade joins its members with +; a trailing ! drafts all k tokens "
+                         "whatever the head's confidence")
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--head-k", type=int, default=None, help="k for methods that end in the head (default --k)")
     ap.add_argument("--temperature", type=float, default=0.0,
@@ -88,8 +89,12 @@ def main() -> int:
     costs = None
     names = args.drafters.split(",") + (["draft-model"] if args.temperature else [])
     for name in names:
-        spec = ModelSpec(drafter=name.replace("+", ","), draft_model="default", draft_precision="int8")
+        spec = ModelSpec(drafter=name.rstrip("!").replace("+", ","), draft_model="default", draft_precision="int8")
         _, drafter = build(spec)
+        if name.endswith("!"):  # the head drafts all k tokens, whatever its confidence
+            for m in getattr(drafter, "members", [drafter]):
+                if hasattr(m, "min_confidence"):
+                    m.min_confidence = 0.0
         k = args.head_k if args.head_k and name.endswith("eagle") else args.k
         if "eagle" in name and costs is None:
             costs = head_cost(target, drafter)

@@ -150,7 +150,10 @@ COPY_PROMPT = ("Repeat this list exactly, one item per line:\napple pie\nbanana 
                "date loaf\nelderberry jam\nfig roll")
 OTHER_PROMPTS = ["Name three colours.", "Write a haiku about the sea in English, please, with a title."]
 BUNDLED_N = 48
-FLOORS = {"ngram": (0.8, 4.0), "draft-model": (0.7, 3.5)}  # (a, tokens per round) on COPY_PROMPT, k = 5
+# (a, tokens per round) on COPY_PROMPT, k = 5. Measured on gguf-q8: suffix 0.93 and 4.57, the bundled head 0.19 and
+# 1.23 (a list to copy is prompt lookup's ground, not a head's), ngram,eagle 0.90 and 4.57.
+FLOORS = {"ngram": (0.8, 4.0), "draft-model": (0.7, 3.5), "suffix": (0.8, 4.0), "eagle": (0.1, 1.1),
+          "ngram,eagle": (0.8, 4.0)}
 BATCH_N = 16
 
 

@@ -89,3 +89,13 @@ def test_export_cli(head_dir, tmp_path, capsys):
     assert "not empty" in capsys.readouterr().err
     assert main(["export-draft", str(tmp_path / "nothing"), "--out", str(tmp_path / "p")]) == 2
     assert "not a draft head" in capsys.readouterr().err
+
+
+def test_the_bundled_head_exports(tmp_path, capsys):
+    """`export-draft default`: the head shipped for the bundled model, as vLLM would load it for SmolLM2."""
+    assert main(["export-draft", "default", "--format", "speculators", "--out", str(tmp_path / "o")]) == 0
+    speculators_check(tmp_path / "o")
+    cfg = json.loads((tmp_path / "o" / "config.json").read_text())
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
+    assert cfg["transformer_layer_config"]["vocab_size"] == 49152 and cfg["draft_vocab_size"] == 8192

@@ -11,6 +11,10 @@ from pathlib import Path
 from specdec.errors import SpecdecError
 
 BUNDLED = Path(__file__).parent / "smollm2-135m-instruct"
+# At temperature 0 a head stops drafting once its own estimate that the draft is still right falls below this:
+# the bundled head's top-1 probability tracks its accuracy (0.41 overall, 0.55 where it says >= 0.3, 0.81 where
+# >= 0.7, on held-out answers), and a verify row beyond the first costs about a tenth of a pass here.
+MIN_CONFIDENCE = 0.2
 
 
 def head_dir(path: str | None, model: str) -> Path:
@@ -43,4 +47,4 @@ def load_head(path: str | None, model: str, target):
     if max(head.cfg.taps) > target.model.cfg.num_layers:
         raise SpecdecError(f"{where}: the head reads layer {max(head.cfg.taps)}; the target has "
                            f"{target.model.cfg.num_layers}")
-    return EagleDrafter(head, target.model.embed)
+    return EagleDrafter(head, target.model.embed, MIN_CONFIDENCE)
