@@ -106,7 +106,7 @@ def main() -> int:
               "prompts": len(prompts), "per_category": args.per_category, "threads": torch.get_num_threads(),
               "greedy": not args.temperature, "temperature": args.temperature, "batch": 1,
               "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "drafter": "several", "head_cost": costs,
-              "bandwidth_GBps": bw}
+              "bandwidth_GBps": bw, "prompt_file": args.prompts}
     report = build_report(samples, methods, config, None, None)
     if args.json:
         with open(args.json, "w") as f:
