@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import SpecdecError
 from specdec.sampling.verify import PAD
 from specdec.sampling.warp import SamplingConfig
@@ -52,9 +53,13 @@ def test_proposes_at_most_k_and_what_exists():
     assert lookup([1, 2, 3] * 10, k=8) == [1, 2, 3]
 
 
-def test_propose_pads_rows_and_skips_rows_with_k_0():
-    """Rows are slots (in any order); a row with k = 0 gets nothing, however good its match; the width is max(ks)."""
-    d = NgramDrafter()
+@pytest.mark.parametrize("make, last_row", [(NgramDrafter, [1, PAD, PAD, PAD]), (SuffixDrafter, [1, 1, 1, 1])],
+                         ids=["ngram", "suffix"])
+def test_propose_pads_rows_and_skips_rows_with_k_0(make, last_row):
+    """Rows are slots (in any order); a row with k = 0 gets nothing, however good its match; the width is max(ks).
+    For both lookup drafters (suffix decoding keeps following a run of 1s that prompt lookup copies once)."""
+    d = make()
+    assert d.reserve(4, 100) == 100
     assert d.free  # a lookup: proposing costs next to nothing and draws no random numbers
     ctxs = [[1, 2, 3, 1, 2], [4, 5, 6], [1, 1, 1, 1]]
     slots = [5, 2, 7]
@@ -65,7 +70,7 @@ def test_propose_pads_rows_and_skips_rows_with_k_0():
     assert draft.tokens.dtype == torch.long
     assert draft.tokens.tolist() == [[3, 1, 2], [PAD, PAD, PAD], [PAD, PAD, PAD]]
     # ks per row: each row drafts at most its own k, padded to the widest
-    assert d.propose(slots, ctxs, [2, 3, 4]).tokens.tolist() == [[3, 1, PAD, PAD], [PAD] * 4, [1, PAD, PAD, PAD]]
+    assert d.propose(slots, ctxs, [2, 3, 4]).tokens.tolist() == [[3, 1, PAD, PAD], [PAD] * 4, last_row]
     assert d.propose(slots, ctxs, [0, 0, 0]).tokens.shape == (3, 0)
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from specdec.drafters import suffix
 from specdec.drafters.suffix import SuffixDrafter, _SharedIndex
@@ -110,21 +109,6 @@ def test_the_sequence_itself_outweighs_other_sequences_at_the_same_depth():
     d.open(0, [4, 5, 6, 7])
     d.close(0)
     assert propose(d, [5, 6, 8, 0, 4, 5, 6], 1) == [7]
-
-
-def test_propose_pads_rows_and_skips_rows_with_k_0():
-    d = SuffixDrafter()
-    assert d.reserve(4, 100) == 100
-    ctxs = [[1, 2, 3, 1, 2], [4, 5, 6], [1, 1, 1, 1]]
-    slots = [5, 2, 7]
-    for s, c in zip(slots, ctxs):
-        d.open(s, c, SamplingConfig())
-    draft = d.propose(slots, ctxs, [3, 3, 0])
-    assert draft.probs is None  # deterministic: q is one-hot on the drafted tokens
-    assert draft.tokens.dtype == torch.long
-    assert draft.tokens.tolist() == [[3, 1, 2], [PAD] * 3, [PAD] * 3]
-    assert d.propose(slots, ctxs, [2, 3, 4]).tokens.tolist() == [[3, 1, PAD, PAD], [PAD] * 4, [1, 1, 1, 1]]
-    assert d.propose(slots, ctxs, [0, 0, 0]).tokens.shape == (3, 0)
 
 
 def test_a_reopened_slot_starts_a_fresh_index_but_the_shared_one_remembers():

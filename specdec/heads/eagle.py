@@ -61,15 +61,10 @@ def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """x [.., n, heads, d] rotated at positions pos [n] (the target's rotate-half convention)."""
-    d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
-    ang = pos.float()[:, None] * inv[None, :]  # [n, d/2]
-    cos, sin = torch.cat([ang.cos(), ang.cos()], -1)[:, None], torch.cat([ang.sin(), ang.sin()], -1)[:, None]
-    half = d // 2
-    rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rot * sin
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [n, heads, d] rotated by cos, sin [n, 1, d] (the target's rotate-half convention)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 class EagleHead(nn.Module):
@@ -92,6 +87,9 @@ class EagleHead(nn.Module):
         self.lm_head = nn.Linear(h, cfg.draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(cfg.draft_vocab, dtype=torch.long))  # target id - draft id
         self.register_buffer("t2d", torch.zeros(cfg.target_vocab, dtype=torch.bool))  # in the draft vocabulary
+        d = cfg.head_dim
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+        self.register_buffer("inv_freq", torch.cat([inv, inv]), persistent=False)  # [d]
 
     # --- vocabulary ------------------------------------------------------------------------------------------
 
@@ -112,8 +110,10 @@ class EagleHead(nn.Module):
         hn = rms(g, self.hidden_norm, c.eps)
         x = torch.cat([rms(emb, self.input_layernorm, c.eps), hn], dim=-1)  # [n, 2 * hidden]
         n = x.shape[0]
-        q = rope(self.q_proj(x).view(n, c.heads, c.head_dim), pos, c.rope_theta)
-        k = rope(self.k_proj(x).view(n, c.kv_heads, c.head_dim), pos, c.rope_theta)
+        ang = pos.float()[:, None, None] * self.inv_freq  # [n, 1, d]
+        cos, sin = ang.cos(), ang.sin()
+        q = rope(self.q_proj(x).view(n, c.heads, c.head_dim), cos, sin)
+        k = rope(self.k_proj(x).view(n, c.kv_heads, c.head_dim), cos, sin)
         v = self.v_proj(x).view(n, c.kv_heads, c.head_dim)
         return q, k, v, (hn if c.norm_before_residual else g)
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from specdec.errors import SpecdecError
 from specdec.heads.eagle import EagleHead
 
@@ -71,8 +69,7 @@ def export_speculators(src: Path, out: Path, verifier: str | None = None) -> Pat
     if out.exists() and any(out.iterdir()):
         raise SpecdecError(f"{out} exists and is not empty: choose a new folder")
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.half() if v.is_floating_point() else v for k, v in head.tensors().items()}
-    tensors["d2t"], tensors["t2d"] = tensors["d2t"].to(torch.int64), tensors["t2d"].to(torch.bool)
+    tensors = {k: v.half() if v.is_floating_point() else v for k, v in head.tensors().items()}  # d2t int64, t2d bool
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(speculators_config(head, verifier), indent=2) + "\n")
     return out
