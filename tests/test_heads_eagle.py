@@ -115,3 +115,18 @@ def test_a_head_for_another_target_is_refused(trained):
     model, head, *_ = trained
     with pytest.raises(SpecdecError, match="trained for a target"):
         EagleDrafter(head, torch.zeros(model.cfg.vocab_size + 1, model.cfg.hidden_size))
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--draft-vocab", "0"], "must be >= 1"),
+    (["--epochs", "-1"], "must be positive"),
+    (["--prompts", "/nonexistent.jsonl"], "no prompts file"),
+    (["--prompts", __file__, __file__, "--max-tokens", "1", "2", "3"], "one value or one per prompts file"),
+    (["--device", "tpu"], "unknown device"),
+], ids=["vocab", "epochs", "prompts", "max-tokens", "device"])
+def test_train_draft_refuses_bad_input_before_any_work(tmp_path, capsys, args, fragment):
+    from specdec.cli import main
+
+    assert main(["train-draft", "--out", str(tmp_path / "o"), *args]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err and not (tmp_path / "o").exists()

@@ -55,8 +55,8 @@ def train_cmd(args) -> int:
         raise SpecdecError(f"unknown device {args.device!r} (cpu or cuda)")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SpecdecError("--device cuda: no CUDA device is available here")
-    if args.steps < 1 or min(args.max_tokens) < 1:
-        raise SpecdecError("--steps and --max-tokens must be >= 1")
+    if args.steps < 1 or min(args.max_tokens) < 1 or args.draft_vocab < 1:
+        raise SpecdecError("--steps, --max-tokens and --draft-vocab must be >= 1")
     if args.epochs <= 0 or args.lr <= 0 or (args.hours is not None and args.hours <= 0):
         raise SpecdecError("--epochs, --lr and --hours must be positive")
     out = Path(args.out)
