@@ -2,11 +2,11 @@
 
     .venv/bin/python scripts/gguf_bench.py [--out docs/results/gguf-kernels] [--new-tokens 96]
 
-Per precision path (fp16, gguf, gguf-q8) on the bundled SmolLM2-135M Q4_1 GGUF: bytes of weights read per token,
-the memory floor at this machine's read bandwidth and the compute floor at its multiply-add rate (both measured
-here, now), plain decoding and n-gram speculation (k = 5) on a code-edit prompt of up to 432 tokens, the cost of a 6-row
-verify pass in 1-row passes, and time to first token on it and on one of up to 1,000 tokens. Then llama.cpp
-(node-llama-cpp, when installed) on the same GGUF and prompt: plain and its prompt lookup.
+Per precision path (fp16, gguf, gguf-q16, gguf-q8) on the bundled SmolLM2-135M Q4_1 GGUF: bytes of weights read per
+token, the memory floor at this machine's read bandwidth and the compute floor at its multiply-add rate (both
+measured here, now), plain decoding and n-gram speculation (k = 5) on a code-edit prompt of up to 432 tokens, the
+cost of a 6-row verify pass in 1-row passes, and time to first token on it and on one of up to 1,000 tokens. Then
+llama.cpp (node-llama-cpp, when installed) on the same GGUF and prompt: plain and its prompt lookup.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from specdec.models.gguf_convert import bundled_gguf_path  # noqa: E402
 from specdec.models.loader import load_model  # noqa: E402
 from specdec.runtime import encode_prompt  # noqa: E402
 
-PATHS = ("fp16", "gguf", "gguf-q8")
+PATHS = ("fp16", "gguf", "gguf-q16", "gguf-q8")
 
 
 def ttft(model, ids: list[int], reps: int = 3) -> float:
@@ -56,9 +56,9 @@ def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_t
     ngram = engine.generate([edit], cfg, NgramDrafter(4, 1), 5)[0]
     passes = time_passes(model, 512, [1, 6], reps=15)
     one, six = statistics.median(passes[1]), statistics.median(passes[6])
-    q8 = precision == "gguf-q8"
     memory_floor = model.weight_bytes_per_token / bandwidth
-    compute_floor = model.macs_per_token / rates["int8" if q8 else "fp32"]
+    planes = {"gguf-q8": 1, "gguf-q16": 2}.get(precision)  # int8 dot products per multiply-add
+    compute_floor = model.macs_per_token * planes / rates["int8"] if planes else model.macs_per_token / rates["fp32"]
     out = {
         "precision": precision, "weight_bytes_per_token": model.weight_bytes_per_token,
         "memory_floor_s": memory_floor, "compute_floor_s": compute_floor,
@@ -92,7 +92,7 @@ def render(r: dict) -> str:
     by = {p["precision"]: p for p in r["paths"]}
     fp16 = by["fp16"]
     lines += ["", "Against the fp16 path:", ""]
-    for name in ("gguf", "gguf-q8"):
+    for name in PATHS[1:]:
         p = by[name]
         lines.append(f"- {name}: plain decoding {p['plain_decode_tok_s'] / fp16['plain_decode_tok_s']:.2f}x, "
                      f"prefill {fp16['ttft_432_s'] / p['ttft_432_s']:.2f}x (short prompt) and "

@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=Path, default=DEFAULT_PROMPTS)
     ap.add_argument("--n", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=256)
-    ap.add_argument("--paths", default="fp16,int8,gguf,gguf-q8", help="precisions to compare with fp32")
+    ap.add_argument("--paths", default="fp16,int8,gguf,gguf-q16,gguf-q8", help="precisions to compare with fp32")
     args = ap.parse_args()
     ref = load_model("default", "fp32")
     tok = ref.tokenizer

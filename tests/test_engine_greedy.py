@@ -186,7 +186,7 @@ def cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp16", "gguf", "gguf-q8"])
+@pytest.mark.parametrize("precision", ["fp16", "gguf", "gguf-q16", "gguf-q8"])
 @pytest.mark.parametrize("name", ["none", "ngram", "suffix", "draft-model", "eagle", "ngram,eagle"])
 def test_bundled_greedy_equals_plain(bundled, plain_for, name, precision):
     from specdec.drafters.cascade import CascadeDrafter

@@ -147,7 +147,7 @@ def test_results_do_not_depend_on_the_thread_count(tiny_model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp16", "gguf", "gguf-q8"])
+@pytest.mark.parametrize("precision", ["fp16", "gguf", "gguf-q16", "gguf-q8"])
 def test_bundled_verify_pass_equals_one_token_passes(bundled, precision):
     loaded = bundled(precision)
     tok = loaded.tokenizer

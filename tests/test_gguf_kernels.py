@@ -1,9 +1,10 @@
-"""The native kernels on a GGUF's own blocks (kernels/gguf.cpp, `--precision gguf` and `gguf-q8`).
+"""The native kernels on a GGUF's own blocks (kernels/gguf.cpp, `--precision gguf`, `gguf-q16` and `gguf-q8`).
 
 Against gguf-py, the reference for what the blocks mean: the exact path multiplies by exactly the weights gguf-py
-dequantizes, and the q8 path computes what its definition says (int8 activation blocks, integer dot products),
-checked against a written-out numpy version. Every row's result is bit for bit the same whatever the other rows.
-The fast tests use random blocks and a tiny llama GGUF; the bundled model is in test_engine_model/greedy."""
+dequantizes, and the integer paths compute what their definition says (activation blocks of 8 or 15 bits, integer
+dot products), checked against a written-out numpy version. Every row's result is bit for bit the same whatever the
+other rows. The fast tests use random blocks and a tiny llama GGUF; the bundled model is in
+test_engine_model/greedy."""
 
 from __future__ import annotations
 
@@ -36,15 +37,17 @@ def random_qtensor(kind: str, rows: int, cols: int, seed: int) -> QTensor:
     return QTensor(kind, blocks.reshape(rows, -1), rows, cols)
 
 
-def q8_reference(x: np.ndarray, parts: list[QTensor]) -> np.ndarray:
-    """The q8 path by its definition, in float64: activations per row in blocks of 32 (scale max|x| / 127, round
-    half to even), weights as stored, y = sum_b d_w d_a (q_w . q_a) + m_w d_a sum(q_a)."""
+def int_reference(x: np.ndarray, parts: list[QTensor], act_bits: int = 8) -> np.ndarray:
+    """The integer paths by their definition, in float64: activations per row in blocks of 32, v = x (127 /
+    max|x|) in fp32, q8: q_a = round(v), q16: Q_a = round(128 v) (half to even), with d_a = max|x| / 127 (q16: a
+    unit of Q is d_a / 128); weights as stored; y = sum_b d_w d_a (q_w . q_a) + m_w d_a sum(q_a)."""
     w = dequantize(parts).double().numpy()  # d q + m, so q_w . q_a d_w + m_w sum(q_a) is w . q_a
     xb = x.astype(np.float32).reshape(x.shape[0], -1, 32)
     amax = np.abs(xb).max(-1, keepdims=True)
     inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
-    qa = np.rint((xb * inv).astype(np.float32)).astype(np.float64)  # np.rint: half to even
-    da = (amax / np.float32(127)).astype(np.float32).astype(np.float64)
+    fine = 128 if act_bits == 16 else 1
+    qa = np.rint((xb * inv).astype(np.float32) * np.float32(fine)).astype(np.float64)  # np.rint: half to even
+    da = (amax / np.float32(127)).astype(np.float32).astype(np.float64) / fine
     return (qa * da).reshape(x.shape[0], -1) @ w.T
 
 
@@ -62,16 +65,31 @@ def test_exact_path_uses_exactly_the_files_weights(kernels, kinds):
     assert torch.equal(many.T, expected) and torch.equal(few.T, expected)
 
 
+@pytest.mark.parametrize("act_bits", [8, 16], ids=["q8", "q16"])
 @pytest.mark.parametrize("kinds", KINDS, ids="+".join)
-def test_q8_path_computes_its_definition(kernels, kinds):
+def test_integer_paths_compute_their_definition(kernels, kinds, act_bits):
     parts = [random_qtensor(k, 21, 128, seed=10 + i) for i, k in enumerate(kinds)]
-    qm = kernels.QMatrix(*planes(parts, interleave=True))
+    qm = kernels.QMatrix(*planes(parts, interleave=True, act_bits=act_bits))
     x = np.random.default_rng(1).standard_normal((7, 128)).astype(np.float32)
     x[0, :32] = 0.0  # an all-zero block (scale 0)
     x[1, 32:64] *= 1000  # a block far larger than the others
     got = kernels.gemm_gguf(torch.from_numpy(x), qm).double().numpy()
-    ref = q8_reference(x, parts)
+    ref = int_reference(x, parts, act_bits)
     assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+    if act_bits == 16:  # 128 times finer than q8: nearly the fp32 product on the same weights
+        exact = x.astype(np.float64) @ dequantize(parts).double().numpy().T
+        q8 = int_reference(x, parts, 8)
+        assert np.abs(got - exact).max() < np.abs(q8 - exact).max() / 50
+
+
+def test_q16_needs_its_second_plane(kernels):
+    """The definition check has teeth for q16 too: the same matrix on one activation plane (q8, rescaled) is far
+    from q16's reference."""
+    parts = [random_qtensor("Q4_1", 16, 64, seed=6)]
+    x = np.random.default_rng(3).standard_normal((3, 64)).astype(np.float32)
+    one_plane = kernels.gemm_gguf(torch.from_numpy(x), kernels.QMatrix(*planes(parts, True, 8))).double().numpy()
+    ref = int_reference(x, parts, 16)
+    assert np.abs(one_plane - ref).max() > 1e-3 * np.abs(ref).max()
 
 
 def test_a_broken_nibble_order_fails_the_q8_check(kernels):
@@ -82,14 +100,14 @@ def test_a_broken_nibble_order_fails_the_q8_check(kernels):
     broken = QTensor("Q4_1", swapped.reshape(16, -1), 16, 64)
     x = np.random.default_rng(2).standard_normal((3, 64)).astype(np.float32)
     got = kernels.gemm_gguf(torch.from_numpy(x), kernels.QMatrix(*planes([broken], True))).double().numpy()
-    ref = q8_reference(x, [part])
+    ref = int_reference(x, [part])
     assert np.abs(got - ref).max() > 1e-3 * np.abs(ref).max()
 
 
-@pytest.mark.parametrize("q8", [False, True], ids=["exact", "q8"])
-def test_rows_do_not_depend_on_the_other_rows(kernels, q8):
+@pytest.mark.parametrize("act_bits", [None, 8, 16], ids=["exact", "q8", "q16"])
+def test_rows_do_not_depend_on_the_other_rows(kernels, act_bits):
     parts = [random_qtensor("Q4_1", 40, 96, seed=5)]
-    qm = kernels.QMatrix(*planes(parts, interleave=q8))
+    qm = kernels.QMatrix(*planes(parts, interleave=act_bits is not None, act_bits=act_bits or 8))
     x = torch.randn(40, 96, generator=torch.Generator().manual_seed(4))
     alone = torch.cat([kernels.gemm_gguf(x[i:i + 1], qm) for i in range(40)])
     for m in (2, 3, 5, 6, 9, 16, 17, 40):  # few-row tiles, their remainders, and the prefill path
@@ -123,9 +141,10 @@ def test_tiny_gguf_runs_on_its_own_blocks(kernels, tiny_q, cache_here):
 
     ids = list(range(3, 40))
     ref = load_model(str(tiny_q), "fp32").model
-    assert load_model(str(tiny_q)).model.precision == "gguf"  # the default for a GGUF whose blocks it reads
+    assert load_model(str(tiny_q)).model.precision == "gguf-q16"  # the default for a GGUF whose blocks it reads
     want = logits_of(ref, ids, len(ids))
-    for precision, tol in (("gguf", 2e-3), ("gguf-q8", 5e-2)):  # gguf: the fp16 KV cache is the only difference
+    # gguf: the fp16 KV cache is the only difference; gguf-q16: and activations 128 times finer than q8's
+    for precision, tol in (("gguf", 2e-3), ("gguf-q16", 2e-3), ("gguf-q8", 5e-2)):
         model = load_model(str(tiny_q), precision).model
         assert model.precision == precision and model.exact_kv_reuse
         assert model.weight_bytes_per_token < ref.weight_bytes_per_token / 4

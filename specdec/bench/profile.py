@@ -241,14 +241,19 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
 
 def compute_floor(model, step_s: float, seconds: float = 0.5) -> dict | None:
     """Multiply-adds per token over the rate this machine issues them at, as the model's kernels do: fp32 FMA
-    chains (fp16, gguf), or int8 vpmaddubsw blocks (gguf-q8). None without the native kernels."""
+    chains (fp16, gguf), or int8 vpmaddubsw blocks (gguf-q8; gguf-q16 issues two a multiply-add, one per plane).
+    None without the native kernels."""
     kernels, macs = getattr(model, "kernels", None), getattr(model, "macs_per_token", None)
     if kernels is None or macs is None:
         return None
-    q8 = getattr(model, "precision", None) == "gguf-q8"
-    rate = kernels.int8_peak(seconds) if q8 else kernels.fma_peak(seconds)
+    act_bits = getattr(model, "act_bits", None)
+    if act_bits:
+        planes = 2 if act_bits == 16 else 1
+        rate, arithmetic = kernels.int8_peak(seconds) / planes, f"int8 blocks ({planes} activation plane(s))"
+    else:
+        rate, arithmetic = kernels.fma_peak(seconds), "fp32 FMA"
     floor = macs / rate
-    return {"macs_per_token": macs, "macs_per_s": rate, "arithmetic": "int8 blocks" if q8 else "fp32 FMA",
+    return {"macs_per_token": macs, "macs_per_s": rate, "arithmetic": arithmetic,
             "seconds_per_token": floor, "measured_step_s": step_s, "measured_over_floor": step_s / floor,
             "rule": "multiply-adds of the matrix products per token / the multiply-add rate of all threads"}
 

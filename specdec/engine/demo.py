@@ -104,7 +104,14 @@ def demo(args) -> int:
           f"{args.k + 1} rows = {verify.get(args.k + 1, float('nan')):.2f} steps; if verification were free: "
           f"{ideal:.2f}x)")
     if speedup < 1.0:
-        print("speculation made this SLOWER than plain decoding: the drafter's acceptance is too low here")
+        rows_cost = verify.get(args.k + 1, float("nan"))
+        if ideal > 1.0 and rows_cost > st.mean_tokens_per_round:
+            print(f"speculation made this SLOWER than plain decoding: a verify pass of {args.k + 1} rows costs "
+                  f"{rows_cost:.2f} one-row passes on this path, more than the {st.mean_tokens_per_round:.2f} tokens "
+                  "a round yields (compute binds at several rows here); try a smaller --k, or a precision whose "
+                  "passes stay memory-bound (--precision gguf or fp16)")
+        else:
+            print("speculation made this SLOWER than plain decoding: the drafter's acceptance is too low here")
     same = spec.token_ids == plain.token_ids
     print("outputs identical: " + ("yes, token for token" if same else "NO"))
     if not same:

@@ -7,6 +7,11 @@
 //   q8     each activation row quantized in blocks of 32 (int8, one scale d_a = max|x| / 127 a block, and
 //          s_a = d_a * sum(q_a)), then integer dot products: vpmaddubsw + vpmaddwd give 32 multiply-adds in two
 //          instructions where fp32 needs four FMAs. y = sum_b d_w d_a (q_w . q_a) + sum_b m_w s_a.
+//   q16    the same with 15-bit activation blocks: Q = round(128 x 127 / max|x|), held as two int8 planes
+//          Q = 128 q1 + q2 (q1 = round(x 127 / max|x|), |q2| <= 64), so each block costs two q8 dot products.
+//          Its activations are 128x finer than q8's: top-1 agreement with the fp32 model 0.9992 against q8's
+//          0.97 (docs/results/quality-gguf.md), at twice q8's arithmetic, which a one-row pass hides under the
+//          weights' memory traffic.
 // Batch invariance: every (row, output) result is one fixed chain over the blocks in ascending order, and
 // activations are quantized per row and per block, so no result depends on the other rows or on the tiling.
 #include <torch/extension.h>
@@ -35,12 +40,14 @@ constexpr int64_t QB = 32;  // weights per block
 struct QMatrix {
   int64_t bits, N, K, G, B;  // G groups of 8 rows, B blocks a row
   bool rows;  // the exact path's layout instead: row by row, q [N, K/32, 16 or 32], d and m [N, K/32]
+  int64_t act_bits;  // interleaved layout: activation blocks of 8 bits (q8) or 15 bits in two planes (q16)
   torch::Tensor q, d, m;
   QMatrix(int64_t bits, int64_t N, int64_t K, torch::Tensor q, torch::Tensor d, c10::optional<torch::Tensor> m,
-          bool rows)
-      : bits(bits), N(N), K(K), G(rows ? N : (N + 7) / 8), B(K / QB), rows(rows), q(q.contiguous()),
-        d(d.contiguous()) {
+          bool rows, int64_t act_bits)
+      : bits(bits), N(N), K(K), G(rows ? N : (N + 7) / 8), B(K / QB), rows(rows), act_bits(act_bits),
+        q(q.contiguous()), d(d.contiguous()) {
     TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
+    TORCH_CHECK(act_bits == 8 || act_bits == 16, "act_bits must be 8 or 16");
     TORCH_CHECK(K % QB == 0 && N > 0, "K must be a multiple of 32");
     const int64_t per = rows ? 1 : 8;  // rows per group
     TORCH_CHECK(this->q.numel() == G * B * per * (bits == 4 ? 16 : 32), "q: 16 or 32 bytes a row and block");
@@ -179,13 +186,17 @@ void exact_rows(const float* x, const QMatrix& W, float* y, int64_t M, int64_t n
 
 struct Q8Rows {  // x [M, K] quantized per row in blocks of 32
   int64_t M, K, B;
-  std::vector<int8_t> q;  // [M, K]
-  std::vector<float> d, s;  // [M, B]: scale, and scale * sum of the block's quants
+  std::vector<int8_t> q, q2;  // [M, K]: q8's quants; q16: Q = 128 q + q2
+  std::vector<float> d, s;  // [M, B]: scale of a unit of Q (q8: of q), and that scale * sum of the block's Q
 };
 
-void quantize_rows(const float* x, int64_t M, int64_t K, Q8Rows& a) {
+// Each row and block of 32: d = max|x| / 127, v = x (127 / max|x|) in fp32, q = round(v) (half to even); q16
+// also Q = round(128 v) = 128 q + q2 (128 v - 128 q is exact, so q2 = round(128 (v - q)), |q2| <= 64).
+void quantize_rows(const float* x, int64_t M, int64_t K, bool q16, Q8Rows& a) {
   a.M = M; a.K = K; a.B = K / QB;
   a.q.resize(M * K); a.d.resize(M * a.B); a.s.resize(M * a.B);
+  if (q16) a.q2.resize(M * K);
+  const __m256 r128 = _mm256_set1_ps(128.0f);
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (int64_t r = 0; r < M; ++r)
@@ -201,28 +212,61 @@ void quantize_rows(const float* x, int64_t M, int64_t K, Q8Rows& a) {
       m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
       const float amax = _mm_cvtss_f32(m4), d = amax / 127.0f;
       const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-      __m256i qi[4];
-      for (int i = 0; i < 4; ++i)
-        qi[i] = _mm256_cvtps_epi32(
-            _mm256_round_ps(_mm256_mul_ps(v[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-      const __m256i sum32 = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+      __m256i qi[4], q2[4], Q[4];
+      for (int i = 0; i < 4; ++i) {
+        const __m256 vi = _mm256_mul_ps(v[i], id);
+        const __m256 qf = _mm256_round_ps(vi, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        qi[i] = _mm256_cvtps_epi32(qf);
+        if (q16) {
+          q2[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_sub_ps(vi, qf), r128),
+                                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+          Q[i] = _mm256_add_epi32(_mm256_slli_epi32(qi[i], 7), q2[i]);
+        }
+      }
+      const __m256i* sq = q16 ? Q : qi;
+      const __m256i sum32 = _mm256_add_epi32(_mm256_add_epi32(sq[0], sq[1]), _mm256_add_epi32(sq[2], sq[3]));
       __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
       s4 = _mm_hadd_epi32(s4, s4);
       s4 = _mm_hadd_epi32(s4, s4);
       const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + r * K + b * QB),
                           _mm256_permutevar8x32_epi32(packed, perm));
-      a.d[r * a.B + b] = d;
-      a.s[r * a.B + b] = d * float(_mm_cvtsi128_si32(s4));
+      if (q16) {
+        const __m256i p2 = _mm256_packs_epi16(_mm256_packs_epi32(q2[0], q2[1]), _mm256_packs_epi32(q2[2], q2[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q2.data() + r * K + b * QB),
+                            _mm256_permutevar8x32_epi32(p2, perm));
+      }
+      const float unit = q16 ? d * (1.0f / 128.0f) : d;  // exact: a power of two
+      a.d[r * a.B + b] = unit;
+      a.s[r * a.B + b] = unit * float(_mm_cvtsi128_si32(s4));
     }
 }
 
+// The integer dot products of one block: 8 weight registers r against activation row aq's 32 int8 (broadcast 4 at
+// a time), one int32 lane per weight row. 4-bit: 8 x (pairs <= 2 * 15 * 127) fit int16, widened once; 8-bit
+// (signed x signed, as |w| . (a with w's sign)): pairs reach 2 * 128 * 127, so each step widens.
+inline __m256i block_dot(const __m256i r[8], const int8_t* aq8, int bits, __m256i pair) {
+  const int32_t* aq = reinterpret_cast<const int32_t*>(aq8);
+  if (bits == 4) {
+    __m256i s16 = _mm256_maddubs_epi16(r[0], _mm256_set1_epi32(aq[0]));
+    for (int k = 1; k < 8; ++k) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(r[k], _mm256_set1_epi32(aq[k])));
+    return _mm256_madd_epi16(s16, pair);
+  }
+  __m256i sum = _mm256_setzero_si256();
+  for (int k = 0; k < 8; ++k) {
+    const __m256i av = _mm256_sign_epi8(_mm256_set1_epi32(aq[k]), r[k]);
+    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(r[k], r[k]), av), pair));
+  }
+  return sum;
+}
+
 // Weight rows [8 g, 8 g + 8) against activation rows [m0, m0 + MB): one 8-lane accumulator per activation row
-// holds the 8 outputs, fed block by block in ascending order: acc += d_w d_a (q_w . q_a) (+ m_w s_a for 4-bit).
-template <int MB>
+// holds the 8 outputs, fed block by block in ascending order: acc += d_w d_a (q_w . Q_a) (+ m_w s_a for 4-bit),
+// where q16's q_w . Q_a = 128 (q_w . q) + q_w . q2 in integers (exact).
+template <int MB, bool Q16>
 inline void q8_group(const Q8Rows& a, int64_t m0, const QMatrix& W, int64_t g, float* y) {
   const int64_t K = W.K, B = W.B;
-  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i ones = _mm256_set1_epi16(1), hi = _mm256_set1_epi16(128);
   __m256 acc[MB];
   for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_ps();
   for (int64_t b = 0; b < B; ++b) {
@@ -231,19 +275,9 @@ inline void q8_group(const Q8Rows& a, int64_t m0, const QMatrix& W, int64_t g, f
     const __m256 dw = load8h(W.dblock(g, b));
     const __m256 mw = W.bits == 4 ? load8h(W.mblock(g, b)) : _mm256_setzero_ps();
     for (int i = 0; i < MB; ++i) {
-      const int32_t* aq = reinterpret_cast<const int32_t*>(a.q.data() + (m0 + i) * K + b * QB);
-      __m256i sum;
-      if (W.bits == 4) {  // 8 x (pairs <= 2 * 15 * 127): int16 holds the block's partial sums
-        __m256i s16 = _mm256_maddubs_epi16(r[0], _mm256_set1_epi32(aq[0]));
-        for (int k = 1; k < 8; ++k) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(r[k], _mm256_set1_epi32(aq[k])));
-        sum = _mm256_madd_epi16(s16, ones);
-      } else {  // signed x signed: |w| . (a with w's sign); pairs reach 2 * 127 * 127, so widen each step
-        sum = _mm256_setzero_si256();
-        for (int k = 0; k < 8; ++k) {
-          const __m256i av = _mm256_sign_epi8(_mm256_set1_epi32(aq[k]), r[k]);
-          sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(r[k], r[k]), av), ones));
-        }
-      }
+      const int64_t at = (m0 + i) * K + b * QB;
+      __m256i sum = block_dot(r, a.q.data() + at, W.bits, Q16 ? hi : ones);
+      if (Q16) sum = _mm256_add_epi32(sum, block_dot(r, a.q2.data() + at, W.bits, ones));
       const int64_t ab = (m0 + i) * B + b;
       acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[ab])), acc[i]);
       if (W.bits == 4) acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[ab]), acc[i]);
@@ -263,18 +297,19 @@ inline void q8_group(const Q8Rows& a, int64_t m0, const QMatrix& W, int64_t g, f
 
 // A slab of weight groups small enough for L2 is used by every 4 activation rows in turn: a decode pass (1 row)
 // streams the weights once; a verify or prefill pass rereads them from cache.
+template <bool Q16>
 void q8_rows(const Q8Rows& a, const QMatrix& W, float* y, int64_t g0, int64_t g1) {
   const int64_t slab = std::max<int64_t>(1, (int64_t(96) << 10) / (W.B * (W.bits == 4 ? 160 : 272)));
   for (int64_t s0 = g0; s0 < g1; s0 += slab) {
     const int64_t s1 = std::min(g1, s0 + slab);
     int64_t m0 = 0;
     for (; m0 + 4 <= a.M; m0 += 4)
-      for (int64_t g = s0; g < s1; ++g) q8_group<4>(a, m0, W, g, y);
+      for (int64_t g = s0; g < s1; ++g) q8_group<4, Q16>(a, m0, W, g, y);
     for (int64_t g = s0; g < s1; ++g) {
       switch (a.M - m0) {
-        case 3: q8_group<3>(a, m0, W, g, y); break;
-        case 2: q8_group<2>(a, m0, W, g, y); break;
-        case 1: q8_group<1>(a, m0, W, g, y); break;
+        case 3: q8_group<3, Q16>(a, m0, W, g, y); break;
+        case 2: q8_group<2, Q16>(a, m0, W, g, y); break;
+        case 1: q8_group<1, Q16>(a, m0, W, g, y); break;
         default: break;
       }
     }
@@ -283,11 +318,12 @@ void q8_rows(const Q8Rows& a, const QMatrix& W, float* y, int64_t g0, int64_t g1
 
 // The layout decides the arithmetic: row layout -> exact, interleaved -> q8.
 void matmul(const float* x, const QMatrix& W, float* y, int64_t M) {
-  const bool q8 = !W.rows;
+  const bool q8 = !W.rows, q16 = q8 && W.act_bits == 16;
   Q8Rows a;
-  if (q8) quantize_rows(x, M, W.K, a);
+  if (q8) quantize_rows(x, M, W.K, q16, a);
   at::parallel_for(0, W.G, W.rows ? 32 : 8, [&](int64_t g0, int64_t g1) {  // groups of weight rows per thread
-    if (q8) q8_rows(a, W, y, g0, g1);
+    if (q16) q8_rows<true>(a, W, y, g0, g1);
+    else if (q8) q8_rows<false>(a, W, y, g0, g1);
     else exact_rows(x, W, y, M, g0, g1);
   });
 }
@@ -340,11 +376,14 @@ double int8_peak(double seconds) {
 void specdec::register_gguf(pybind11::module& m) {
   pybind11::class_<QMatrix>(m, "QMatrix")
       .def(pybind11::init<int64_t, int64_t, int64_t, torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>,
-                          bool>(),
-           "QMatrix(bits, N, K, q, d, m, rows): a [N, K] matrix of 32-weight blocks in planes (see gguf.cpp)")
+                          bool, int64_t>(),
+           "QMatrix(bits, N, K, q, d, m, rows, act_bits): a [N, K] matrix of 32-weight blocks in planes (see gguf.cpp)",
+           pybind11::arg("bits"), pybind11::arg("N"), pybind11::arg("K"), pybind11::arg("q"), pybind11::arg("d"),
+           pybind11::arg("m"), pybind11::arg("rows"), pybind11::arg("act_bits") = 8)
       .def_readonly("bits", &QMatrix::bits)
       .def_readonly("N", &QMatrix::N)
       .def_readonly("K", &QMatrix::K)
+      .def_readonly("act_bits", &QMatrix::act_bits)
       .def_property_readonly("nbytes", &QMatrix::nbytes);
   m.def("gemm_gguf", &gemm_gguf, "y [M, N] = x [M, K] . W^T on GGUF blocks (row layout: exact; interleaved: q8)");
   m.def("decode_block_gguf", &decode_block_gguf, "one decoder block on GGUF blocks, in place");

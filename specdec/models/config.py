@@ -8,8 +8,12 @@ from pathlib import Path
 
 from specdec.errors import SpecdecError
 
-# Weight precisions: "gguf" and "gguf-q8" run a GGUF file's own blocks on the native kernels (kernels/gguf.cpp).
-GGUF_PRECISIONS = ("gguf", "gguf-q8")
+# Weight precisions: "gguf", "gguf-q16" and "gguf-q8" run a GGUF file's own blocks on the native kernels
+# (kernels/gguf.cpp): fp32 arithmetic on the exact weights, or integer dot products over activation blocks of 15 or
+# 8 bits.
+GGUF_PRECISIONS = ("gguf", "gguf-q16", "gguf-q8")
+# The integer paths: activation bits per block of 32.
+ACT_BITS = {"gguf-q16": 16, "gguf-q8": 8}
 PRECISIONS = ("fp32", "fp16", "int8", "bf16") + GGUF_PRECISIONS
 
 # model_type values whose blocks our compact implementation covers (RMSNorm, RoPE, GQA, SwiGLU).

@@ -1,4 +1,5 @@
-"""A GGUF's quantized matrices as they are stored, for the native GGUF kernels (`--precision gguf` and `gguf-q8`).
+"""A GGUF's quantized matrices as they are stored, for the native GGUF kernels (`--precision gguf`, `gguf-q16`,
+`gguf-q8`).
 
 The kernels (specdec/kernels/gguf.cpp) read Q4_0, Q4_1 and Q8_0 blocks of 32 weights, split into planes so that a
 tile loads each kind of value with one instruction: nibbles (or int8 quants), fp16 scales d, and for 4-bit blocks
@@ -77,7 +78,7 @@ def read_matrices(path: Path) -> dict[str, QTensor]:
         kind = t.tensor_type.name
         name = _hf_name(t.name, Path(path))
         if kind not in BLOCK_BYTES:
-            raise SpecdecError(f"{path}: tensor {t.name} is {kind}; --precision gguf and gguf-q8 read "
+            raise SpecdecError(f"{path}: tensor {t.name} is {kind}; --precision gguf, gguf-q16 and gguf-q8 read "
                                f"{', '.join(BLOCK_BYTES)} blocks (use --precision fp16 for this file)")
         cols, rows = int(t.shape[0]), int(t.shape[1])  # GGUF lists the contiguous dimension first
         blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, cols // QK * BLOCK_BYTES[kind])
@@ -95,12 +96,13 @@ def _unpermute_rows(blocks: np.ndarray, n_heads: int) -> np.ndarray:
     return blocks.reshape(n_heads, half, 2, -1).swapaxes(1, 2).reshape(blocks.shape)
 
 
-def planes(parts: list[QTensor], interleave: bool) -> tuple:
+def planes(parts: list[QTensor], interleave: bool, act_bits: int = 8) -> tuple:
     """The kernel's planes (kernels/gguf.cpp, QMatrix) of the matrices `parts` stacked by rows (a fused [q; k; v]
-    or [gate; up]): (bits, N, K, q, d, m, rows).
+    or [gate; up]): (bits, N, K, q, d, m, rows, act_bits).
 
     interleave=False (the exact path): row by row, q uint8 [N, K/32, 16] (the file's nibbles) or int8 [N, K/32, 32],
-    d and m fp16 [N, K/32]. interleave=True (the q8 path): rows in groups of 8, padded with zero rows to a multiple
+    d and m fp16 [N, K/32]. interleave=True (the integer paths, activation blocks of `act_bits` = 8 or 16): rows
+    in groups of 8, padded with zero rows to a multiple
     of 8; q uint8 [N/8, K/32, 4, 32] (chunk c: register c in the low nibbles, c + 4 in the high ones) or int8
     [N/8, K/32, 8, 32]; d and m fp16 [N/8, K/32, 8]."""
     bits = {8 if p.kind == "Q8_0" else 4 for p in parts}
@@ -113,7 +115,7 @@ def planes(parts: list[QTensor], interleave: bool) -> tuple:
     m = np.concatenate([f[2] for f in fields]) if bits == 4 else None
     n, k = q.shape[0], parts[0].cols
     if not interleave:
-        return bits, n, k, *(_tensor(a) for a in (q, d, m)), True
+        return bits, n, k, *(_tensor(a) for a in (q, d, m)), True, act_bits
     if bits == 4:  # the stored byte j holds elements j (low nibble) and j + 16 (high)
         q = np.concatenate([q & 0x0F, q >> 4], axis=-1)  # [N, blocks, 32] in element order
     pad = -n % 8
@@ -127,7 +129,8 @@ def planes(parts: list[QTensor], interleave: bool) -> tuple:
     r = np.ascontiguousarray(r.swapaxes(2, 3)).reshape(groups, blocks, 8, 32)  # register k: bytes [4 j + t]
     if bits == 4:
         r = (r[:, :, :4] | (r[:, :, 4:] << 4)).astype(np.uint8)  # [G, blocks, 4, 32]
-    return bits, n, k, _tensor(r), _tensor(interleave(d)), None if m is None else _tensor(interleave(m)), False
+    return (bits, n, k, _tensor(r), _tensor(interleave(d)), None if m is None else _tensor(interleave(m)), False,
+            act_bits)
 
 
 def _fields(p: QTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

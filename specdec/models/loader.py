@@ -43,8 +43,8 @@ def resolve_model_dir(spec: str) -> Path:
 
 
 def default_precision(path: Path, spec: str | None, device: str, model_type: str | None) -> str:
-    """bf16 on CUDA; on CPU the exact GGUF path for a llama-family GGUF whose blocks it reads (the only path with
-    top-1 agreement >= 0.999 with the fp32 model: docs/results/gguf-kernels.md), else fp16."""
+    """bf16 on CUDA; on CPU, for a llama-family GGUF whose blocks the kernels read, gguf-q16: the fastest path whose
+    top-1 agreement with the fp32 model is >= 0.999 (docs/results/quality-gguf.md); else fp16."""
     if device == "cuda":
         return "bf16"
     if model_type in SUPPORTED_TYPES:
@@ -53,7 +53,7 @@ def default_precision(path: Path, spec: str | None, device: str, model_type: str
 
         source = gguf_source(path, spec)
         if source is not None and runnable(source) and decode_kernels() is not None:
-            return "gguf"
+            return "gguf-q16"
     return "fp16"
 
 

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.errors import SpecdecError
-from specdec.models.config import GGUF_PRECISIONS, ModelConfig
+from specdec.models.config import ACT_BITS, GGUF_PRECISIONS, ModelConfig
 from specdec.models.gguf_weights import QTensor, planes, read_matrices
 from specdec.models.linear import Linear
 
@@ -101,8 +101,9 @@ class Block:
         if quantized is not None and native:  # the GGUF's own blocks, in the kernel's planes
             mats = [[att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"], [att + "o_proj.weight"],
                     [mlp + "gate_proj.weight", mlp + "up_proj.weight"], [mlp + "down_proj.weight"]]
-            qkv, o, gate_up, down = (kernels.QMatrix(*planes([quantized[n] for n in names], precision == "gguf-q8"))
-                                      for names in mats)
+            integer = precision in ACT_BITS
+            qkv, o, gate_up, down = (kernels.QMatrix(*planes([quantized[n] for n in names], integer,
+                                                             ACT_BITS.get(precision, 8))) for names in mats)
             self.native = (self.norm1, qkv, o, self.norm2, gate_up, down)
             self.qmatrices = [qkv, o, gate_up, down]
             return
@@ -157,7 +158,7 @@ class Transformer:
             print(f"specdec: --precision {precision} needs the native kernels; running fp32", file=sys.stderr)
             self.precision = precision = "fp32"
         quantized = quantized if precision in GGUF_PRECISIONS else None
-        self.q8 = precision == "gguf-q8"
+        self.act_bits = ACT_BITS.get(precision)  # the integer paths: activation bits
         self.embed = weights["model.embed_tokens.weight"].float()  # [vocab, hidden]
         self.blocks = [Block(cfg, weights, i, precision, native, quantized, self.kernels)
                        for i in range(cfg.num_layers)]
@@ -167,7 +168,7 @@ class Transformer:
         if quantized is not None:
             name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
             head_q = quantized.get(name, quantized["model.embed_tokens.weight"])
-            self.lm_head_q = self.kernels.QMatrix(*planes([head_q], self.q8))
+            self.lm_head_q = self.kernels.QMatrix(*planes([head_q], self.act_bits is not None, self.act_bits or 8))
         else:
             self.lm_head = Linear(head, None, precision)
             self.lm_head_half = head.half().contiguous() if native else None
