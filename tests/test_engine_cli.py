@@ -50,14 +50,14 @@ def test_tiny_model_folder_works(capsys, tiny_cli_model):
 
 
 @pytest.mark.parametrize("args, fragments", [
-    (["--k", "0"], ["k must be an integer >= 1"]),
-    (["--k", "-3"], ["k must be an integer >= 1"]),
+    (["--k", "0"], ["k must be an integer >= 1 or 'auto'"]),
+    (["--k", "-3"], ["k must be an integer >= 1 or 'auto'"]),
     (["--temperature", "-0.5"], ["temperature must be >= 0"]),
     (["--top-p", "0"], ["top-p must be in (0, 1]"]),
     (["--top-p", "1.5"], ["top-p must be in (0, 1]"]),
     (["--max-new-tokens", "0"], ["max new tokens"]),
     (["--drafter", "draft-model"], ["needs --draft-model"]),
-    (["--k", "many"], ["invalid int value"]),
+    (["--k", "many"], ["k must be an integer >= 1 or 'auto'", "'many'"]),
     (["--drafter", "bogus"], ["unknown drafter 'bogus'"]),
     (["--drafter", "ngram,none"], ["distinct drafters, without none"]),
     (["--drafter", "ngram,ngram"], ["distinct drafters, without none"]),
@@ -216,6 +216,38 @@ def test_json_and_trace(capsys, tmp_path, reuse_bundled):
     drafted = sum(len(r["drafted"]) for r in trace["rounds"])
     accepted = sum(r["accepted"] for r in trace["rounds"])
     assert report["alpha"] == pytest.approx(accepted / drafted)
+
+
+def test_k_auto_is_the_default_and_keeps_the_output(capsys, tiny_cli_model):
+    """Without --k, generate plans each round's k from pass costs it measures at start; the output is plain
+    greedy decoding's, and the JSON says k was auto. An explicit k is kept."""
+    common = ["--model", str(tiny_cli_model), "--prompt", "w1 w2 w3 w4 w1 w2 w3 w4 w1 w2", "--no-chat",
+              "--max-new-tokens", "20", "--json"]
+    code, plain, err = run_cli(capsys, *common, "--drafter", "none")
+    assert code == 0, err
+    for extra, k in (([], "auto"), (["--k", "auto"], "auto"), (["--k", "3"], 3)):
+        code, out, err = run_cli(capsys, *common, *extra)
+        assert code == 0, err
+        report = json.loads(out)
+        assert report["k"] == k and report["token_ids"] == json.loads(plain)["token_ids"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [None, "3"], ids=["auto", "k=3"])
+def test_demo_runs_and_says_the_outputs_are_identical(capsys, reuse_bundled, k):
+    """`make demo`, the README's main command, on the bundled model (shortened)."""
+    code = main(["demo", "--max-new-tokens", "24", "--no-color", *(["--k", k] if k else [])])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "outputs identical: yes, token for token" in out
+    assert ("auto chose these draft lengths" in out) == (k is None)
+    assert "k = auto" in out if k is None else "k = 3," in out
+
+
+def test_demo_bad_k(capsys, tiny_cli_model):
+    code = main(["demo", "--model", str(tiny_cli_model), "--k", "0"])
+    _, err = capsys.readouterr()
+    assert_clear_error(code, err, "k must be an integer >= 1 or 'auto'")
 
 
 @pytest.mark.parametrize("drafter", ["eagle", "ngram,eagle", "suffix"])

@@ -71,18 +71,6 @@ def parse_ints(text: str, name: str) -> list[int]:
     return vals
 
 
-def parse_k(text: str) -> int | str:
-    if text == "auto":
-        return "auto"
-    try:
-        k = int(text)
-    except ValueError:
-        k = 0
-    if k < 1:
-        raise SpecdecError(f"--k must be an integer >= 1 or 'auto', got {text!r}")
-    return k
-
-
 def check_output(path: str | None) -> None:
     if path and not Path(path).expanduser().resolve().parent.is_dir():
         raise SpecdecError(f"cannot write {path}: its folder does not exist")
@@ -118,6 +106,7 @@ def run_bench(args) -> int:
     from specdec.bench.runner import engine_method, logit_gap_fn, mark_identity
     from specdec.bench.runner import run_bench as run_all
     from specdec.drafters.base import NoDrafter
+    from specdec.engine.calibrate import parse_k
     from specdec.engine.generate import Engine
     from specdec.engine.policy import Auto, PassCost
     from specdec.runtime import ModelSpec, build

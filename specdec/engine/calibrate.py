@@ -1,14 +1,18 @@
 """Measure what a target pass costs as a function of its token-rows, on this machine, now: the input of the
-automatic speculation policy when no `specdec profile` file is given. Takes a few seconds."""
+automatic speculation policy when no `specdec profile` file is given. Takes a few seconds (under one for one
+sequence)."""
 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 import torch
 
-from specdec.engine.policy import PassCost
+from specdec.engine.policy import Auto, FixedK, Never, PassCost
+
+AUTO_MAX_K = 8  # the deepest draft `--k auto` considers
 
 
 def row_grid(max_rows: int) -> list[int]:
@@ -53,3 +57,37 @@ def smooth(points: list[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
         top = max(top, t)
         out.append((n, top))
     return tuple(out)
+
+
+def parse_k(text: str) -> int | str:
+    """`--k`: an integer >= 1, or 'auto' (k per row and round from measured pass costs and live acceptance)."""
+    from specdec.errors import SpecdecError
+
+    if text == "auto":
+        return "auto"
+    try:
+        k = int(text)
+    except ValueError:
+        k = 0
+    if k < 1:
+        raise SpecdecError(f"--k must be an integer >= 1 or 'auto', got {text!r}")
+    return k
+
+
+def make_policy(name: str, k: int, model, max_batch: int, profile: str | None, free_drafts: bool,
+                quiet: bool = False):
+    """`never`, `always` (k for every row), or `auto` with at most k drafts a row, its pass costs read from a
+    `specdec profile` file or measured now for up to max_batch sequences of k + 1 rows."""
+    if name == "never":
+        return Never()
+    if name == "always":
+        return FixedK(k)
+    if profile:
+        from specdec.theory.cli import load_profile
+
+        cost = PassCost.from_profile(load_profile(profile))
+    else:
+        if not quiet:
+            print("specdec: measuring pass costs for the auto policy (--profile FILE skips this)", file=sys.stderr)
+        cost = calibrate(model, max_batch * (k + 1), max_batch)
+    return Auto(cost, max_k=k, explore=not free_drafts)

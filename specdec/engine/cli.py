@@ -38,7 +38,9 @@ def register(sub) -> None:
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a file")
     add_model_args(g)
-    g.add_argument("--k", type=int, default=5, help="tokens drafted per round")
+    g.add_argument("--k", default="auto",
+                   help="tokens drafted per round: an integer, or auto (default): each round's k, 0 to 8, from "
+                        "this machine's pass costs (measured at start, under a second) and the acceptance so far")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -55,7 +57,7 @@ def register(sub) -> None:
 
     d = sub.add_parser("demo", help="plain vs speculative greedy decoding side by side on the bundled model")
     add_model_args(d)
-    d.add_argument("--k", type=int, default=8)
+    d.add_argument("--k", default="auto", help="tokens drafted per round, or auto (default; see generate)")
     d.add_argument("--max-new-tokens", type=int, default=400)
     d.add_argument("--no-color", action="store_true")
     d.set_defaults(func=run_demo)
@@ -76,16 +78,28 @@ def read_prompt(args) -> str:
     return text
 
 
+def speculation_policy(k: int | str, model, drafter):
+    """What generate and demo pass as k: the integer, or for `auto` the planner over pass costs measured now
+    (plain decoding through the same loop when there is no drafter)."""
+    from specdec.drafters.base import NoDrafter
+    from specdec.engine.calibrate import AUTO_MAX_K, make_policy
+
+    if k != "auto":
+        return k
+    name = "never" if isinstance(drafter, NoDrafter) else "auto"
+    return make_policy(name, AUTO_MAX_K, model, 1, None, drafter.free, quiet=True)
+
+
 def run_generate(args) -> int:
+    from specdec.engine.calibrate import parse_k
     from specdec.engine.generate import Engine, GenerationConfig
-    from specdec.engine.policy import FixedK
     from specdec.engine.trace import build_trace, write_trace
     from specdec.models.tokenizer import IncrementalDecoder
     from specdec.runtime import ModelSpec, build, encode_prompt
     from specdec.sampling.warp import SamplingConfig
 
     text = read_prompt(args)
-    FixedK(args.k)  # validates k before the model loads
+    k = parse_k(args.k)  # validated before the model loads
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     cfg = GenerationConfig(args.max_new_tokens, sampling, tuple(args.stop), args.lossy_typical_acceptance)
     if args.lossy_typical_acceptance:
@@ -104,14 +118,14 @@ def run_generate(args) -> int:
             sys.stdout.write(dec.step(seen))
             sys.stdout.flush()
 
-    result = engine.generate([ids], cfg, drafter, args.k, on_tokens=stream)[0]
+    result = engine.generate([ids], cfg, drafter, speculation_policy(k, target.model, drafter), on_tokens=stream)[0]
     summary = result.stats.summary()
     if args.trace:
-        write_trace(build_trace(result, target.tokenizer, model=target.name, drafter=drafter.name, k=args.k,
+        write_trace(build_trace(result, target.tokenizer, model=target.name, drafter=drafter.name, k=k,
                                 temperature=args.temperature, prompt=text), args.trace)
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
-                          "model": target.name, "drafter": drafter.name, "k": args.k, **summary}, indent=1))
+                          "model": target.name, "drafter": drafter.name, "k": k, **summary}, indent=1))
         return 0
     sys.stdout.write(dec.flush(seen) + "\n")
     a = summary["alpha"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from collections import Counter
 
 from specdec.theory.economics import conditional_acceptance, expected_tokens, predict_from_positional
 
@@ -65,21 +66,25 @@ def measured_costs(plain, spec) -> tuple[float, dict[int, float]]:
 
 def demo(args) -> int:
     from specdec.drafters.base import NoDrafter
+    from specdec.engine.calibrate import AUTO_MAX_K, parse_k
+    from specdec.engine.cli import speculation_policy
     from specdec.engine.generate import Engine, GenerationConfig
     from specdec.runtime import ModelSpec, build, encode_prompt
 
     use_colour = not args.no_color and sys.stdout.isatty()
+    k = parse_k(args.k)
     target, drafter = build(ModelSpec.from_args(args))
     tok = target.tokenizer
     ids = encode_prompt(tok, DEMO_PROMPT, chat=True)
     engine = Engine(target.model, tok, args.device)
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens)
+    label = f"auto (0 to {AUTO_MAX_K} a round, from this machine's pass costs)" if k == "auto" else str(k)
     print(f"model: {target.name} ({target.backend}, {target.model.precision}), drafter: {drafter.name}, "
-          f"k = {args.k}, greedy, {len(ids)} prompt tokens")
+          f"k = {label}, greedy, {len(ids)} prompt tokens")
     print("task: rename a class in a code snippet that is in the prompt (the answer copies most of it)\n")
-    engine.generate([ids], GenerationConfig(max_new_tokens=8), drafter, args.k)  # warm-up
+    engine.generate([ids], GenerationConfig(max_new_tokens=8), drafter, 2)  # warm-up
     plain = engine.generate([ids], cfg, NoDrafter())[0]
-    spec = engine.generate([ids], cfg, drafter, args.k)[0]
+    spec = engine.generate([ids], cfg, drafter, speculation_policy(k, target.model, drafter))[0]
 
     print(colour(tok, spec.token_ids, spec.origins, use_colour))
     if use_colour:
@@ -90,26 +95,32 @@ def demo(args) -> int:
     print(f"speculative decoding:  {st.generated_tokens} tokens, {st.tokens_per_s:6.1f} tok/s "
           f"({len(st.rounds)} target passes for {sum(r.emitted for r in st.rounds)} tokens)")
     alpha = st.alpha or 0.0
-    print(f"acceptance rate a = {alpha:.3f}; mean tokens per round = {st.mean_tokens_per_round:.2f} "
-          f"(formula at k = {args.k}: {expected_tokens(alpha, args.k):.2f})")
-    c, verify = measured_costs(plain, spec)
     drafted = [len(r.drafted) for r in st.rounds]
+    common = Counter(drafted).most_common(1)[0][0] if drafted else 0  # the usual draft length (auto varies it)
+    kk = k if k != "auto" else max(common, 1)
+    if k == "auto":
+        lengths = ", ".join(f"{n}: {c}" for n, c in sorted(Counter(drafted).items()))
+        print(f"auto chose these draft lengths (k: rounds): {lengths}")
+    print(f"acceptance rate a = {alpha:.3f}; mean tokens per round = {st.mean_tokens_per_round:.2f} "
+          f"(formula at k = {kk}: {expected_tokens(alpha, kk):.2f})")
+    c, verify = measured_costs(plain, spec)
     a_pos = conditional_acceptance(drafted, [r.accepted for r in st.rounds])
     predicted = predict_from_positional(a_pos, drafted, c, lambda n: verify.get(n, 1.0))
     ideal = predict_from_positional(a_pos, drafted, c)
     decode = st.decode_tokens_per_s / plain.stats.decode_tokens_per_s
-    print(f"per-position acceptance a_i = {', '.join(f'{a:.2f}' for a in a_pos[:args.k] if a is not None)}")
+    shown = [f"{a:.2f}" for a in a_pos[:max(drafted, default=0)] if a is not None]
+    print(f"per-position acceptance a_i = {', '.join(shown)}")
+    rows_cost = verify.get(kk + 1, float("nan"))
     print(f"speedup: measured {speedup:.2f}x end to end, {decode:.2f}x in the decode phase; theory from the "
           f"measured a_i and costs {predicted:.2f}x for the decode phase (c = {c:.4f}, verify pass of "
-          f"{args.k + 1} rows = {verify.get(args.k + 1, float('nan')):.2f} steps; if verification were free: "
-          f"{ideal:.2f}x)")
+          f"{kk + 1} rows = {rows_cost:.2f} steps; if verification were free: {ideal:.2f}x)")
     if speedup < 1.0:
-        rows_cost = verify.get(args.k + 1, float("nan"))
         if ideal > 1.0 and rows_cost > st.mean_tokens_per_round:
-            print(f"speculation made this SLOWER than plain decoding: a verify pass of {args.k + 1} rows costs "
+            print(f"speculation made this SLOWER than plain decoding: a verify pass of {kk + 1} rows costs "
                   f"{rows_cost:.2f} one-row passes on this path, more than the {st.mean_tokens_per_round:.2f} tokens "
-                  "a round yields (compute binds at several rows here); try a smaller --k, or a precision whose "
-                  "passes stay memory-bound (--precision gguf or fp16)")
+                  "a round yields (compute binds at several rows here); try "
+                  + ("a precision" if k == "auto" else "--k auto, a smaller --k, or a precision")
+                  + " whose passes stay memory-bound (--precision gguf or fp16)")
         else:
             print("speculation made this SLOWER than plain decoding: the drafter's acceptance is too low here")
     same = spec.token_ids == plain.token_ids

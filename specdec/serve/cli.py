@@ -48,28 +48,10 @@ def register(sub) -> None:
     audit_cli.register(sub)
 
 
-def make_policy(name: str, k: int, model, max_batch: int, profile: str | None, free_drafts: bool):
-    from specdec.engine.calibrate import calibrate
-    from specdec.engine.policy import Auto, FixedK, Never, PassCost
-
-    if name == "never":
-        return Never()
-    if name == "always":
-        return FixedK(k)
-    if profile:
-        from specdec.theory.cli import load_profile
-
-        cost = PassCost.from_profile(load_profile(profile))
-    else:
-        print("specdec: measuring pass costs for the auto policy (some seconds; --profile FILE skips this)",
-              file=sys.stderr)
-        cost = calibrate(model, max_batch * (k + 1), max_batch)
-    return Auto(cost, max_k=k, explore=not free_drafts)
-
-
 def run_serve(args) -> int:
     import uvicorn
 
+    from specdec.engine.calibrate import make_policy
     from specdec.engine.prefix import PrefixCache
     from specdec.engine.scheduler import Scheduler, SchedulerConfig
     from specdec.engine.stats import AcceptanceMeter
