@@ -150,8 +150,8 @@ COPY_PROMPT = ("Repeat this list exactly, one item per line:\napple pie\nbanana 
                "date loaf\nelderberry jam\nfig roll")
 OTHER_PROMPTS = ["Name three colours.", "Write a haiku about the sea in English, please, with a title."]
 BUNDLED_N = 48
-# (a, tokens per round) on COPY_PROMPT, k = 5. Measured on gguf-q8: suffix 0.93 and 4.57, the bundled head 0.19 and
-# 1.23 (a list to copy is prompt lookup's ground, not a head's), ngram,eagle 0.90 and 4.57.
+# (a, tokens per round) on COPY_PROMPT, k = 5. Measured on gguf-q8 in an earlier session: suffix 0.93 and 4.57, the
+# bundled head 0.19 and 1.23 (a list to copy is prompt lookup's ground, not a head's), ngram,eagle 0.90 and 4.57.
 FLOORS = {"ngram": (0.8, 4.0), "draft-model": (0.7, 3.5), "suffix": (0.8, 4.0), "eagle": (0.1, 1.1),
           "ngram,eagle": (0.8, 4.0)}
 BATCH_N = 16
@@ -186,7 +186,9 @@ def cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["fp16", "gguf", "gguf-q16", "gguf-q8"])
+# gguf-q8 shares gguf-q16's kernel but for one plane; its verify pass is checked in test_engine_model and on a tiny
+# GGUF in test_gguf_kernels
+@pytest.mark.parametrize("precision", ["fp16", "gguf", "gguf-q16"])
 @pytest.mark.parametrize("name", ["none", "ngram", "suffix", "draft-model", "eagle", "ngram,eagle"])
 def test_bundled_greedy_equals_plain(bundled, plain_for, name, precision):
     from specdec.drafters.cascade import CascadeDrafter
