@@ -218,7 +218,7 @@ def test_json_and_trace(capsys, tmp_path, reuse_bundled):
     assert report["alpha"] == pytest.approx(accepted / drafted)
 
 
-def test_k_auto_is_the_default_and_keeps_the_output(capsys, tiny_cli_model):
+def test_k_auto_is_the_default_and_keeps_the_output(capsys, tmp_path, tiny_cli_model):
     """Without --k, generate plans each round's k from pass costs it measures at start; the output is plain
     greedy decoding's, and the JSON says k was auto. An explicit k is kept."""
     common = ["--model", str(tiny_cli_model), "--prompt", "w1 w2 w3 w4 w1 w2 w3 w4 w1 w2", "--no-chat",
@@ -226,10 +226,13 @@ def test_k_auto_is_the_default_and_keeps_the_output(capsys, tiny_cli_model):
     code, plain, err = run_cli(capsys, *common, "--drafter", "none")
     assert code == 0, err
     for extra, k in (([], "auto"), (["--k", "auto"], "auto"), (["--k", "3"], 3)):
-        code, out, err = run_cli(capsys, *common, *extra)
+        code, out, err = run_cli(capsys, *common, *extra, "--trace", str(tmp_path / "trace.json"))
         assert code == 0, err
         report = json.loads(out)
         assert report["k"] == k and report["token_ids"] == json.loads(plain)["token_ids"]
+        trace = json.loads((tmp_path / "trace.json").read_text())  # the explainer page needs an integer depth
+        assert trace["k"] == (8 if k == "auto" else k) and trace["k_policy"] == ("auto" if k == "auto" else "fixed")
+        assert all(len(r["drafted"]) <= trace["k"] for r in trace["rounds"])
 
 
 @pytest.mark.slow

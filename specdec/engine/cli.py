@@ -91,7 +91,7 @@ def speculation_policy(k: int | str, model, drafter):
 
 
 def run_generate(args) -> int:
-    from specdec.engine.calibrate import parse_k
+    from specdec.engine.calibrate import AUTO_MAX_K, parse_k
     from specdec.engine.generate import Engine, GenerationConfig
     from specdec.engine.trace import build_trace, write_trace
     from specdec.models.tokenizer import IncrementalDecoder
@@ -121,8 +121,9 @@ def run_generate(args) -> int:
     result = engine.generate([ids], cfg, drafter, speculation_policy(k, target.model, drafter), on_tokens=stream)[0]
     summary = result.stats.summary()
     if args.trace:
-        write_trace(build_trace(result, target.tokenizer, model=target.name, drafter=drafter.name, k=k,
-                                temperature=args.temperature, prompt=text), args.trace)
+        depth, kind = (AUTO_MAX_K, "auto") if k == "auto" else (k, "fixed")  # the page reads k as the depth bound
+        write_trace(build_trace(result, target.tokenizer, model=target.name, drafter=drafter.name, k=depth,
+                                temperature=args.temperature, prompt=text, k_policy=kind), args.trace)
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
                           "model": target.name, "drafter": drafter.name, "k": k, **summary}, indent=1))

@@ -8,7 +8,9 @@ from pathlib import Path
 TRACE_FORMAT, TRACE_VERSION = "specdec-trace", 1
 
 
-def build_trace(result, tokenizer, *, model: str, drafter: str, k: int, temperature: float, prompt: str) -> dict:
+def build_trace(result, tokenizer, *, model: str, drafter: str, k: int, temperature: float, prompt: str,
+                k_policy: str = "fixed") -> dict:
+    """k: the deepest draft a round could have (with k_policy "auto", the planner's bound: rounds vary below it)."""
     piece = (lambda t: tokenizer.decode([t])) if tokenizer else str
     rounds = [{
         "drafted": r.drafted,
@@ -24,7 +26,8 @@ def build_trace(result, tokenizer, *, model: str, drafter: str, k: int, temperat
     summary = result.stats.summary()
     return {
         "format": TRACE_FORMAT, "version": TRACE_VERSION,
-        "model": model, "drafter": drafter, "k": k, "temperature": temperature, "prompt": prompt,
+        "model": model, "drafter": drafter, "k": k, "k_policy": k_policy, "temperature": temperature,
+        "prompt": prompt,
         "first_token": result.token_ids[0] if result.token_ids else None,
         "rounds": rounds,
         "summary": {"alpha": summary["alpha"], "mean_tokens_per_round": summary["mean_tokens_per_round"],

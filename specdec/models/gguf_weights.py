@@ -101,10 +101,9 @@ def planes(parts: list[QTensor], interleave: bool, act_bits: int = 8) -> tuple:
     or [gate; up]): (bits, N, K, q, d, m, rows, act_bits).
 
     interleave=False (the exact path): row by row, q uint8 [N, K/32, 16] (the file's nibbles) or int8 [N, K/32, 32],
-    d and m fp16 [N, K/32]. interleave=True (the integer paths, activation blocks of `act_bits` = 8 or 16): rows
-    in groups of 8, padded with zero rows to a multiple
-    of 8; q uint8 [N/8, K/32, 4, 32] (chunk c: register c in the low nibbles, c + 4 in the high ones) or int8
-    [N/8, K/32, 8, 32]; d and m fp16 [N/8, K/32, 8]."""
+    d and m fp16 [N, K/32]. interleave=True (the integer paths, activation blocks of `act_bits` = 8 or 16): rows in
+    groups of 8, padded with zero rows to a multiple of 8; q uint8 [N/8, K/32, 4, 32] (chunk c: register c in the
+    low nibbles, c + 4 in the high ones) or int8 [N/8, K/32, 8, 32]; d and m fp16 [N/8, K/32, 8]."""
     bits = {8 if p.kind == "Q8_0" else 4 for p in parts}
     if len(bits) != 1 or len({p.cols for p in parts}) != 1:
         raise SpecdecError("a fused matrix mixes 4-bit and 8-bit blocks; use --precision fp16 for this file")
