@@ -57,7 +57,7 @@ def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_t
     passes = time_passes(model, 512, [1, 6], reps=15)
     one, six = statistics.median(passes[1]), statistics.median(passes[6])
     memory_floor = model.weight_bytes_per_token / bandwidth
-    planes = {"gguf-q8": 1, "gguf-q16": 2}.get(precision)  # int8 dot products per multiply-add
+    planes = (getattr(model, "act_bits", None) or 0) // 8  # int8 dot products per multiply-add (0: fp32 FMA)
     compute_floor = model.macs_per_token * planes / rates["int8"] if planes else model.macs_per_token / rates["fp32"]
     out = {
         "precision": precision, "weight_bytes_per_token": model.weight_bytes_per_token,

@@ -28,8 +28,9 @@ from specdec.bench.runner import engine_method, run_bench
 from specdec.drafters.base import NoDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import SuffixDrafter
-from specdec.engine.calibrate import AUTO_MAX_K, make_policy, parse_k
+from specdec.engine.calibrate import parse_k, policy_for
 from specdec.engine.generate import Engine
+from specdec.errors import SpecdecError
 from specdec.models.loader import load_model
 
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -60,20 +61,18 @@ def main() -> int:
     ap.add_argument("--k", default="auto", help="an integer, or auto (the planner over measured pass costs)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
-    k = parse_k(args.k)
-    loaded = load_model("default", args.precision)
+    try:
+        k = parse_k(args.k)
+        loaded = load_model("default", args.precision)
+    except SpecdecError as e:
+        print(f"suffix_stream: {e}", file=sys.stderr)
+        return 2
     model, tok = loaded.model, loaded.tokenizer
     prompts = select(load_prompts(args.prompts), MT_BENCH, args.per_category)
 
     def method(name, drafter):
-        engine = Engine(model, tok)
-        if isinstance(drafter, NoDrafter):
-            policy = 1  # ignored: plain decoding
-        elif k == "auto":
-            policy = make_policy("auto", AUTO_MAX_K, model, 1, None, drafter.free, quiet=True)
-        else:
-            policy = k
-        return engine_method(name, engine, drafter, policy, None if name == "plain" else "plain")
+        return engine_method(name, Engine(model, tok), drafter, policy_for(k, model, drafter),
+                             None if name == "plain" else "plain")
 
     # one drafter object per method for the whole run: the suffix index persists from stream to stream
     methods = [method("plain", NoDrafter()), method("ngram", NgramDrafter()), method("suffix", SuffixDrafter())]

@@ -248,7 +248,7 @@ def compute_floor(model, step_s: float, seconds: float = 0.5) -> dict | None:
         return None
     act_bits = getattr(model, "act_bits", None)
     if act_bits:
-        planes = 2 if act_bits == 16 else 1
+        planes = act_bits // 8  # q16 holds its activations in two int8 planes
         rate, arithmetic = kernels.int8_peak(seconds) / planes, f"int8 blocks ({planes} activation plane(s))"
     else:
         rate, arithmetic = kernels.fma_peak(seconds), "fp32 FMA"

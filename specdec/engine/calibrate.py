@@ -91,3 +91,14 @@ def make_policy(name: str, k: int, model, max_batch: int, profile: str | None, f
             print("specdec: measuring pass costs for the auto policy (--profile FILE skips this)", file=sys.stderr)
         cost = calibrate(model, max_batch * (k + 1), max_batch)
     return Auto(cost, max_k=k, explore=not free_drafts)
+
+
+def policy_for(k: int | str, model, drafter):
+    """What one generation passes as k (generate, demo): the integer, or for `auto` the planner over pass costs
+    measured now for one sequence (plain decoding through the same loop when the drafter is `none`)."""
+    from specdec.drafters.base import NoDrafter
+
+    if k != "auto":
+        return k
+    name = "never" if isinstance(drafter, NoDrafter) else "auto"
+    return make_policy(name, AUTO_MAX_K, model, 1, None, drafter.free, quiet=True)

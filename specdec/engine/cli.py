@@ -78,20 +78,8 @@ def read_prompt(args) -> str:
     return text
 
 
-def speculation_policy(k: int | str, model, drafter):
-    """What generate and demo pass as k: the integer, or for `auto` the planner over pass costs measured now
-    (plain decoding through the same loop when there is no drafter)."""
-    from specdec.drafters.base import NoDrafter
-    from specdec.engine.calibrate import AUTO_MAX_K, make_policy
-
-    if k != "auto":
-        return k
-    name = "never" if isinstance(drafter, NoDrafter) else "auto"
-    return make_policy(name, AUTO_MAX_K, model, 1, None, drafter.free, quiet=True)
-
-
 def run_generate(args) -> int:
-    from specdec.engine.calibrate import AUTO_MAX_K, parse_k
+    from specdec.engine.calibrate import AUTO_MAX_K, parse_k, policy_for
     from specdec.engine.generate import Engine, GenerationConfig
     from specdec.engine.trace import build_trace, write_trace
     from specdec.models.tokenizer import IncrementalDecoder
@@ -118,7 +106,7 @@ def run_generate(args) -> int:
             sys.stdout.write(dec.step(seen))
             sys.stdout.flush()
 
-    result = engine.generate([ids], cfg, drafter, speculation_policy(k, target.model, drafter), on_tokens=stream)[0]
+    result = engine.generate([ids], cfg, drafter, policy_for(k, target.model, drafter), on_tokens=stream)[0]
     summary = result.stats.summary()
     if args.trace:
         depth, kind = (AUTO_MAX_K, "auto") if k == "auto" else (k, "fixed")  # the page reads k as the depth bound

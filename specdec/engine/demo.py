@@ -66,8 +66,7 @@ def measured_costs(plain, spec) -> tuple[float, dict[int, float]]:
 
 def demo(args) -> int:
     from specdec.drafters.base import NoDrafter
-    from specdec.engine.calibrate import AUTO_MAX_K, parse_k
-    from specdec.engine.cli import speculation_policy
+    from specdec.engine.calibrate import AUTO_MAX_K, parse_k, policy_for
     from specdec.engine.generate import Engine, GenerationConfig
     from specdec.runtime import ModelSpec, build, encode_prompt
 
@@ -84,7 +83,7 @@ def demo(args) -> int:
     print("task: rename a class in a code snippet that is in the prompt (the answer copies most of it)\n")
     engine.generate([ids], GenerationConfig(max_new_tokens=8), drafter, 2)  # warm-up
     plain = engine.generate([ids], cfg, NoDrafter())[0]
-    spec = engine.generate([ids], cfg, drafter, speculation_policy(k, target.model, drafter))[0]
+    spec = engine.generate([ids], cfg, drafter, policy_for(k, target.model, drafter))[0]
 
     print(colour(tok, spec.token_ids, spec.origins, use_colour))
     if use_colour:
@@ -96,10 +95,11 @@ def demo(args) -> int:
           f"({len(st.rounds)} target passes for {sum(r.emitted for r in st.rounds)} tokens)")
     alpha = st.alpha or 0.0
     drafted = [len(r.drafted) for r in st.rounds]
-    common = Counter(drafted).most_common(1)[0][0] if drafted else 0  # the usual draft length (auto varies it)
+    counts = Counter(drafted)
+    common = counts.most_common(1)[0][0] if drafted else 0  # the usual draft length (auto varies it)
     kk = k if k != "auto" else max(common, 1)
     if k == "auto":
-        lengths = ", ".join(f"{n}: {c}" for n, c in sorted(Counter(drafted).items()))
+        lengths = ", ".join(f"{n}: {c}" for n, c in sorted(counts.items()))
         print(f"auto chose these draft lengths (k: rounds): {lengths}")
     print(f"acceptance rate a = {alpha:.3f}; mean tokens per round = {st.mean_tokens_per_round:.2f} "
           f"(formula at k = {kk}: {expected_tokens(alpha, kk):.2f})")
