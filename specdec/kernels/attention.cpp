@@ -36,9 +36,10 @@ struct Unit {
   int64_t slot, g, part, r0, r1;
 };
 
-// s[h][j] = scale * sum_i q[h][i] * kb[i][j] for the KB keys of one block (kb fp32 [d][KB]), 8 NV keys at a time.
+// s[h][j] = scale * sum_i q[h][i] * kb[i][j] for the KB keys of one block (kb fp16 [d][KB], widened in registers),
+// 8 NV keys at a time.
 template <int NH, int NV>
-void block_scores(const float* const* q, const float* kb, int64_t d, float scale, float* const* s) {
+void block_scores(const float* const* q, const at::Half* kb, int64_t d, float scale, float* const* s) {
   const __m256 sc = _mm256_set1_ps(scale);
   for (int64_t j = 0; j < KB; j += 8 * NV) {
     __m256 acc[NH][NV];
@@ -46,7 +47,7 @@ void block_scores(const float* const* q, const float* kb, int64_t d, float scale
       for (int v = 0; v < NV; ++v) acc[h][v] = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; ++i) {
       __m256 k[NV];
-      for (int v = 0; v < NV; ++v) k[v] = _mm256_loadu_ps(kb + i * KB + j + 8 * v);
+      for (int v = 0; v < NV; ++v) k[v] = load_w(kb + i * KB + j + 8 * v);
       for (int h = 0; h < NH; ++h) {
         const __m256 b = _mm256_broadcast_ss(q[h] + i);
         for (int v = 0; v < NV; ++v) acc[h][v] = _mm256_fmadd_ps(b, k[v], acc[h][v]);
@@ -57,15 +58,15 @@ void block_scores(const float* const* q, const float* kb, int64_t d, float scale
   }
 }
 
-// acc[h][c, c + 8 NV) += sum_{j < n} e[h][j] * vb[j][c, c + 8 NV), in ascending j (vb fp32 [KB][d]).
+// acc[h][c, c + 8 NV) += sum_{j < n} e[h][j] * vb[j][c, c + 8 NV), in ascending j (vb fp16 [KB][d]).
 template <int NH, int NV>
-void block_values(const float* const* e, const float* vb, int64_t n, int64_t d, int64_t c, float* const* acc) {
+void block_values(const float* const* e, const at::Half* vb, int64_t n, int64_t d, int64_t c, float* const* acc) {
   __m256 a[NH][NV];
   for (int h = 0; h < NH; ++h)
     for (int v = 0; v < NV; ++v) a[h][v] = _mm256_loadu_ps(acc[h] + c + 8 * v);
   for (int64_t j = 0; j < n; ++j) {
     __m256 x[NV];
-    for (int v = 0; v < NV; ++v) x[v] = _mm256_loadu_ps(vb + j * d + c + 8 * v);
+    for (int v = 0; v < NV; ++v) x[v] = load_w(vb + j * d + c + 8 * v);
     for (int h = 0; h < NH; ++h) {
       const __m256 b = _mm256_broadcast_ss(e[h] + j);
       for (int v = 0; v < NV; ++v) a[h][v] = _mm256_fmadd_ps(b, x[v], a[h][v]);
@@ -76,14 +77,14 @@ void block_values(const float* const* e, const float* vb, int64_t n, int64_t d, 
 }
 
 template <int NH>
-void values_all(const float* const* e, const float* vb, int64_t n, int64_t d, float* const* acc) {
+void values_all(const float* const* e, const at::Half* vb, int64_t n, int64_t d, float* const* acc) {
   int64_t c = 0;
   for (; c + 8 * VV <= d; c += 8 * VV) block_values<NH, VV>(e, vb, n, d, c, acc);
   for (; c < d; c += 8) block_values<NH, 1>(e, vb, n, d, c, acc);
 }
 
 // Queries in tiles of up to 6 (the tile only decides which chains run side by side).
-void scores_tiles(const float* const* q, int64_t nq, const float* kb, int64_t d, float scale, float* const* s) {
+void scores_tiles(const float* const* q, int64_t nq, const at::Half* kb, int64_t d, float scale, float* const* s) {
   for (int64_t h = 0; h < nq; h += 6) {
     switch (std::min<int64_t>(6, nq - h)) {
       case 1: block_scores<1, SV>(q + h, kb, d, scale, s + h); break;
@@ -97,7 +98,7 @@ void scores_tiles(const float* const* q, int64_t nq, const float* kb, int64_t d,
 }
 
 // Queries [0, nq) with n[i] valid keys each, in tiles of up to 6 consecutive queries with the same count.
-void values_tiles(const float* const* e, const int64_t* n, int64_t nq, const float* vb, int64_t d,
+void values_tiles(const float* const* e, const int64_t* n, int64_t nq, const at::Half* vb, int64_t d,
                   float* const* acc) {
   for (int64_t h = 0; h < nq;) {
     int64_t t = 1;
@@ -111,14 +112,6 @@ void values_tiles(const float* const* e, const int64_t* n, int64_t nq, const flo
       default: values_all<6>(e + h, vb, n[h], d, acc + h); break;
     }
     h += t;
-  }
-}
-
-// n halves (n % 8 == 0) to floats, prefetching as many that follow (the next block), which the caller reads next
-void to_float(const at::Half* src, float* dst, int64_t n) {
-  for (int64_t i = 0; i < n; i += 8) {
-    if ((i & 31) == 0) _mm_prefetch(reinterpret_cast<const char*>(src + n + i), _MM_HINT_T0);
-    _mm256_storeu_ps(dst + i, load_w(src + i));
   }
 }
 
@@ -186,7 +179,7 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
   std::vector<float> partial(R * hq * parts * stride);  // per (row, head, partition): max, sum, values [d]
 
   at::parallel_for(0, int64_t(units.size()), 1, [&](int64_t u0, int64_t u1) {
-    std::vector<float> kb(d * KB), vb(KB * d), s(ROWS * group * SPLIT), acc(ROWS * group * d);
+    std::vector<float> s(ROWS * group * SPLIT), acc(ROWS * group * d);
     std::vector<const float*> qp(ROWS * group);
     std::vector<float*> sp(ROWS * group), ap(ROWS * group);
     std::vector<int64_t> nv(ROWS * group);
@@ -214,9 +207,8 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
         return nq;
       };
       for (int64_t key0 = a; key0 < hi; key0 += KB) {  // scores, block by block
-        to_float(kbase + (key0 / KB) * d * KB, kb.data(), d * KB);
         const int64_t nq = gather(key0, KB);
-        scores_tiles(qp.data(), nq, kb.data(), d, scale, sp.data());
+        scores_tiles(qp.data(), nq, kbase + (key0 / KB) * d * KB, d, scale, sp.data());
       }
       for (int64_t r = w.r0; r < w.r1; ++r) {
         if (pos[r] < a) continue;
@@ -228,9 +220,8 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
       }
       for (int64_t key0 = a; key0 < hi; key0 += KB) {  // values, block by block
         const int64_t nk = std::min(KB, hi - key0);
-        to_float(vbase + key0 * d, vb.data(), nk * d);
         const int64_t nq = gather(key0, nk);
-        values_tiles(sp.data(), nv.data(), nq, vb.data(), d, ap.data());
+        values_tiles(sp.data(), nv.data(), nq, vbase + key0 * d, d, ap.data());
       }
       for (int64_t r = w.r0; r < w.r1; ++r) {
         if (pos[r] < a) continue;
