@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from specdec.errors import SpecdecError
 from specdec.models.config import ACT_BITS, GGUF_PRECISIONS, ModelConfig
 from specdec.models.gguf_weights import QTensor, planes, read_matrices
+from specdec.models.hugepages import Arena
 from specdec.models.linear import Linear
 
 CHUNK = 64  # keys per attention block; cache capacity is a multiple of it
@@ -49,9 +50,14 @@ class KVCache:
         self.capacity, self.blocked = math.ceil(capacity / CHUNK) * CHUNK, blocked
         hk, d = cfg.num_kv_heads, cfg.head_dim
         k_shape = (batch, hk, self.capacity // CHUNK, d, CHUNK) if blocked else (batch, hk, self.capacity, d)
+        v_shape = (batch, hk, self.capacity, d)
+        if blocked:  # the native kernels' cache: read by every pass, so on huge pages (models/hugepages.py)
+            arena = Arena()
+            self.k = [arena.zeros(k_shape, dtype) for _ in range(cfg.num_layers)]
+            self.v = [arena.zeros(v_shape, dtype) for _ in range(cfg.num_layers)]
+            return
         self.k = [torch.zeros(k_shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
-        self.v = [torch.zeros((batch, hk, self.capacity, d), device=device, dtype=dtype)
-                  for _ in range(cfg.num_layers)]
+        self.v = [torch.zeros(v_shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
 
     def row(self, r: int) -> KVCache:
         """A view of sequence r alone (writes go to this cache)."""
@@ -90,9 +96,15 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
 
+def placed(args: tuple, arena: Arena) -> tuple:
+    """planes()'s (bits, N, K, q, d, m, rows, act_bits) with q, d and m copied into the arena."""
+    bits, n, k, q, d, m, rows, act_bits = args
+    return bits, n, k, arena.put(q), arena.put(d), arena.put(m), rows, act_bits
+
+
 class Block:
     def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, precision: str, native: bool,
-                 quantized: dict | None = None, kernels=None):
+                 quantized: dict | None = None, kernels=None, arena: Arena | None = None):
         p = f"model.layers.{i}."
         att, mlp = p + "self_attn.", p + "mlp."
         self.norm1 = w[p + "input_layernorm.weight"].float().contiguous()
@@ -102,8 +114,9 @@ class Block:
             mats = [[att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"], [att + "o_proj.weight"],
                     [mlp + "gate_proj.weight", mlp + "up_proj.weight"], [mlp + "down_proj.weight"]]
             integer = precision in ACT_BITS
-            qkv, o, gate_up, down = (kernels.QMatrix(*planes([quantized[n] for n in names], integer,
-                                                             ACT_BITS.get(precision, 8))) for names in mats)
+            qkv, o, gate_up, down = (kernels.QMatrix(*placed(planes([quantized[n] for n in names], integer,
+                                                                    ACT_BITS.get(precision, 8)), arena))
+                                     for names in mats)
             self.native = (self.norm1, qkv, o, self.norm2, gate_up, down)
             self.qmatrices = [qkv, o, gate_up, down]
             return
@@ -117,9 +130,9 @@ class Block:
         self.gate_up = Linear(gate_up_w, None, precision)
         self.down = Linear(w[mlp + "down_proj.weight"], None, precision)
         if native:  # the same fp16 weights, laid out for the native decode kernel
-            self.native = (self.norm1, qkv_w.half().contiguous(), None if qkv_b is None else qkv_b.float(),
-                           w[att + "o_proj.weight"].half().contiguous(), self.norm2,
-                           gate_up_w.half().contiguous(), w[mlp + "down_proj.weight"].half().contiguous())
+            self.native = (self.norm1, arena.put(qkv_w.half()), None if qkv_b is None else qkv_b.float(),
+                           arena.put(w[att + "o_proj.weight"].half()), self.norm2,
+                           arena.put(gate_up_w.half()), arena.put(w[mlp + "down_proj.weight"].half()))
 
     @property
     def linears(self) -> list[Linear]:
@@ -160,7 +173,8 @@ class Transformer:
         quantized = quantized if precision in GGUF_PRECISIONS else None
         self.act_bits = ACT_BITS.get(precision)  # the integer paths: activation bits
         self.embed = weights["model.embed_tokens.weight"].float()  # [vocab, hidden]
-        self.blocks = [Block(cfg, weights, i, precision, native, quantized, self.kernels)
+        arena = Arena()  # the native kernels' weights, on huge pages where the OS grants them
+        self.blocks = [Block(cfg, weights, i, precision, native, quantized, self.kernels, arena)
                        for i in range(cfg.num_layers)]
         self.norm = weights["model.norm.weight"].float().contiguous()
         head = weights.get("lm_head.weight", self.embed) if not cfg.tie_word_embeddings else self.embed
@@ -168,10 +182,11 @@ class Transformer:
         if quantized is not None:
             name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
             head_q = quantized.get(name, quantized["model.embed_tokens.weight"])
-            self.lm_head_q = self.kernels.QMatrix(*planes([head_q], self.act_bits is not None, self.act_bits or 8))
+            self.lm_head_q = self.kernels.QMatrix(*placed(planes([head_q], self.act_bits is not None,
+                                                                 self.act_bits or 8), arena))
         else:
             self.lm_head = Linear(head, None, precision)
-            self.lm_head_half = head.half().contiguous() if native else None
+            self.lm_head_half = arena.put(head.half()) if native else None
         d = cfg.head_dim
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
         angles = torch.arange(cfg.max_position_embeddings).float()[:, None] * inv_freq[None, :]

@@ -1,0 +1,67 @@
+"""Weights and KV caches on huge pages (models/hugepages.py): placement only, never a different result."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from specdec.models import hugepages
+from specdec.models.hugepages import PAGE, Arena
+
+LINUX_THP = sys.platform.startswith("linux") and hugepages._madvise() is not None
+
+
+def test_arena_copies_tensors_exactly_on_cache_lines():
+    arena = Arena(chunk=4 << 20)
+    g = torch.Generator().manual_seed(0)
+    src = [torch.randn(37, 5, generator=g), torch.randint(0, 255, (3000,), dtype=torch.uint8, generator=g),
+           torch.randn(7, generator=g).half(), torch.zeros(0), torch.randn(600_000, generator=g)]  # the last: 2 chunks
+    out = [arena.put(t) for t in src]
+    for a, b in zip(src, out):
+        assert b.dtype == a.dtype and b.shape == a.shape and b.is_contiguous() and torch.equal(a, b)
+        assert b.data_ptr() % 64 == 0
+    assert arena.put(None) is None
+    z = arena.zeros((4, 3), torch.float16)
+    assert z.dtype == torch.float16 and not z.any()
+    out[1][0] = 7  # views of separate tensors never overlap
+    assert torch.equal(out[0], src[0]) and torch.equal(out[2], src[2]) and int(out[1][0]) == 7
+
+
+@pytest.mark.skipif(not LINUX_THP, reason="madvise(MADV_HUGEPAGE) exists only on Linux")
+def test_chunks_start_on_huge_pages():
+    arena = Arena(chunk=PAGE)
+    first = arena.put(torch.ones(10))
+    if not arena.advised:
+        pytest.skip("this kernel refuses transparent huge pages")
+    assert first.data_ptr() % PAGE == 0
+
+
+def test_off_switch_gives_ordinary_tensors(monkeypatch):
+    monkeypatch.setenv("SPECDEC_HUGEPAGES", "0")
+    arena = Arena()
+    assert not arena.advised
+    t = torch.arange(10.0)
+    assert torch.equal(arena.put(t), t) and arena.buf is None
+
+
+@pytest.mark.parametrize("precision", ["gguf-q16", "fp16"])
+def test_placement_never_changes_the_logits(precision, monkeypatch, tmp_path):
+    from specdec.kernels import decode_kernels
+    from specdec.models.loader import load_model
+    from tests.test_gguf_kernels import logits_of, write_tiny_gguf
+
+    if decode_kernels() is None:  # built (or found) before the cache moves to tmp_path
+        pytest.skip("the native kernels are not available here")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tinyq.gguf"
+    write_tiny_gguf(path, all_quantized=True)
+    ids = list(range(3, 30))
+    runs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("SPECDEC_HUGEPAGES", flag)
+        model = load_model(str(path), precision).model
+        assert model.kernels is not None
+        runs[flag] = logits_of(model, ids, 4)
+    assert torch.equal(runs["0"], runs["1"])
