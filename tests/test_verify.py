@@ -177,3 +177,17 @@ def test_typical_acceptance_is_lossy_warns_and_is_measurably_off():
     tv_exact = 0.5 * (freq_exact - p.double()).abs().sum().item()
     assert tv_lossy > 0.3, tv_lossy  # it always keeps token 1
     assert tv_exact < 0.02, tv_exact
+
+
+def test_argmax_rows_is_torch_argmax_with_its_tie_and_nan_rules():
+    from specdec.sampling.verify import argmax_rows
+
+    nan, inf = float("nan"), float("inf")
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.0], [nan, 5.0, nan, 1.0], [0.0, inf, inf, 1.0], [-inf] * 4])
+    assert argmax_rows(x) == x.argmax(-1).tolist() == [1, 0, 1, 0]
+    g = torch.Generator().manual_seed(0)
+    y = torch.randn(2, 5, 3001, generator=g)
+    y[..., 100] = y[..., 2000] = 10.0  # a tie far apart
+    assert argmax_rows(y) == y.argmax(-1).tolist()
+    assert argmax_rows(y.half()) == y.half().argmax(-1).tolist()  # other dtypes: torch itself
+    assert argmax_rows(y[0, 0]) == 100  # one row: an int

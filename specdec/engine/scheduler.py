@@ -30,7 +30,7 @@ from specdec.engine.sequence import Sequence
 from specdec.engine.stats import AcceptanceMeter, RoundRecord
 from specdec.errors import SpecdecError
 from specdec.sampling.lossy import verify_typical_lossy
-from specdec.sampling.verify import PAD, VerifyOutput, draw_random, rejection_sample, verify_greedy
+from specdec.sampling.verify import PAD, VerifyOutput, argmax_rows, draw_random, rejection_sample, verify_greedy
 from specdec.sampling.warp import SamplingConfig, warp_probs
 
 # Prompt tokens prefilled per step. Measured on the bundled model (2 cores): 64-token chunks take 100-150 ms
@@ -94,7 +94,7 @@ def verify_round(
 def sample_plain(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> int:
     """One token from the (warped) target distribution. logits [vocab]."""
     if sampling.greedy:
-        return int(logits.argmax())
+        return argmax_rows(logits)
     probs = warp_probs(logits.view(1, -1), sampling)  # [1, vocab]
     _, noise = draw_random(1, 0, logits.shape[-1], generator, logits.device)
     return int((probs / noise).argmax(dim=-1))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 PAD = -1  # the one sentinel: a drafted slot that was not drafted, an output slot that holds no token
@@ -118,6 +119,15 @@ def verify(
     return rejection_sample(draft_tokens, draft_probs, target_probs, accept_u, noise)
 
 
+def argmax_rows(scores: torch.Tensor) -> list:
+    """scores [..., vocab] -> the index of each row's maximum as nested lists, the first on ties (NaN counts as the
+    maximum), as torch.argmax gives it. On CPU float32 this is numpy's vectorised argmax: over a 49,152-token
+    vocabulary it takes 5 us against torch's 42 us here, and a greedy decode step runs it once per token."""
+    if scores.device.type == "cpu" and scores.dtype == torch.float32:
+        return np.asarray(scores.detach().contiguous().numpy()).argmax(axis=-1).tolist()
+    return scores.argmax(dim=-1).tolist()
+
+
 def verify_greedy(
     draft_tokens: torch.Tensor,  # [batch, k] long, PAD-padded
     target_scores: torch.Tensor,  # [batch, k+1, vocab] logits or probabilities: only the argmax matters
@@ -127,11 +137,19 @@ def verify_greedy(
     b, k = draft_tokens.shape
     if target_scores.dim() != 3 or target_scores.shape[:2] != (b, k + 1):
         raise ValueError(f"target_scores must be [batch={b}, k+1={k + 1}, vocab], got {tuple(target_scores.shape)}")
-    best = target_scores.argmax(dim=2)  # [batch, k+1]
-    match = (draft_tokens == best[:, :k]) & (draft_tokens >= 0)  # [batch, k]
-    num_accepted = match.long().cumprod(dim=1).sum(dim=1)  # [batch]
-    final = best.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # [batch]
-    return VerifyOutput(tokens=_assemble(draft_tokens, num_accepted, final), num_accepted=num_accepted)
+    # the walk runs on Python lists: a decode step makes this call once per row, and a handful of small tensor
+    # operations would cost more than the walk (each runs with the caches just flushed by a target pass)
+    best = argmax_rows(target_scores)  # [batch][k+1]
+    tokens, accepted = [], []
+    for drafted, top in zip(draft_tokens.tolist(), best):
+        a = 0
+        while a < k and drafted[a] >= 0 and drafted[a] == top[a]:
+            a += 1
+        tokens.append(drafted[:a] + [top[a]] + [PAD] * (k - a))
+        accepted.append(a)
+    dev = draft_tokens.device
+    return VerifyOutput(tokens=torch.tensor(tokens, dtype=torch.long, device=dev).view(b, k + 1),
+                        num_accepted=torch.tensor(accepted, dtype=torch.long, device=dev))
 
 
 def rejection_sample_reference(draft_tokens, draft_probs, target_probs, accept_u, sample_noise) -> VerifyOutput:
