@@ -303,16 +303,15 @@ class Transformer:
         x = F.embedding(tokens, self.embed)  # [R, hidden]
         feats = x.new_empty(x.shape[0], len(taps) * cfg.hidden_size) if taps else None  # [R, taps * hidden]
         if self.kernels is not None:
+            block = self.kernels.decode_block if self.lm_head_q is None else self.kernels.decode_block_gguf
             for a in range(0, x.shape[0], NATIVE_ROWS):  # in order: a later part reads what earlier parts wrote
                 part = x[a:a + NATIVE_ROWS]  # [<= NATIVE_ROWS, hidden], a contiguous view updated in place
-                block, extra = self.kernels.decode_block, ()
-                if self.lm_head_q is not None:
-                    block, extra = self.kernels.decode_block_gguf, ()
+                part_slots, part_pos = slots[a:a + NATIVE_ROWS], pos[a:a + NATIVE_ROWS]  # sliced once, not per layer
                 for layer, blk in enumerate(self.blocks):
-                    _tap(feats, a, part, taps, layer)
-                    block(part, slots[a:a + NATIVE_ROWS], pos[a:a + NATIVE_ROWS], *blk.native, cache.k[layer],
-                          cache.v[layer], self.cos, self.sin, cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps,
-                          *extra)
+                    if taps:
+                        _tap(feats, a, part, taps, layer)
+                    block(part, part_slots, part_pos, *blk.native, cache.k[layer], cache.v[layer], self.cos,
+                          self.sin, cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps)
                 _tap(feats, a, part, taps, cfg.num_layers)
         else:
             # the torch path works on rectangles: [S, m] over the slots present, each slot's rows padded with
