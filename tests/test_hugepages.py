@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 
 from specdec.models import hugepages
 from specdec.models.hugepages import PAGE, Arena
 
-LINUX_THP = sys.platform.startswith("linux") and hugepages._madvise() is not None
+LINUX_THP = hugepages.enabled()
 
 
 def test_arena_copies_tensors_exactly_on_cache_lines():
