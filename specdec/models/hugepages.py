@@ -2,9 +2,10 @@
 
 A decode pass reads every weight once, in long runs, and the KV cache of every layer. On 4 KB pages each run
 crosses a page every 4 KB: the CPU's prefetchers stop at page boundaries and a virtual machine pays a nested
-page walk for each TLB miss. On the bundled model (gguf-q16, 2 threads, context 472 to 512), a one-row pass took
-4% to 15% less time on 2 MB pages than on 4 KB pages in five side-by-side comparisons on one day, fp16 1% to 12%;
-`make gguf-bench` measures it again (THP is best effort: it also reports how much memory the kernel granted).
+page walk for each TLB miss. On the bundled model (gguf-q16, 2 threads, context 472 to 512), a one-row pass ran
+1.04x to 1.11x faster on 2 MB pages than on 4 KB pages with one model's passes back to back, as in decoding, and
+1.14x to 1.18x when two copies alternate pass by pass (every pass from cold caches), measured side by side in one
+process each time; `make gguf-bench` measures it again, with the memory the kernel granted (THP is best effort).
 
 `Arena` packs tensors into 2 MB-aligned chunks and asks Linux to back them with transparent huge pages
 (madvise MADV_HUGEPAGE, which works where /sys/kernel/mm/transparent_hugepage/enabled says `madvise` or

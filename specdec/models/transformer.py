@@ -51,7 +51,8 @@ class KVCache:
         hk, d = cfg.num_kv_heads, cfg.head_dim
         k_shape = (batch, hk, self.capacity // CHUNK, d, CHUNK) if blocked else (batch, hk, self.capacity, d)
         v_shape = (batch, hk, self.capacity, d)
-        if blocked:  # the native kernels' cache: read by every pass, so on huge pages (models/hugepages.py)
+        if blocked and torch.device(device).type == "cpu":  # the native kernels' cache: read by every pass, so
+            # on huge pages (models/hugepages.py)
             arena = Arena()
             self.k = [arena.zeros(k_shape, dtype) for _ in range(cfg.num_layers)]
             self.v = [arena.zeros(v_shape, dtype) for _ in range(cfg.num_layers)]
@@ -107,6 +108,7 @@ class Block:
                  quantized: dict | None = None, kernels=None, arena: Arena | None = None):
         p = f"model.layers.{i}."
         att, mlp = p + "self_attn.", p + "mlp."
+        arena = arena if arena is not None else Arena()
         self.norm1 = w[p + "input_layernorm.weight"].float().contiguous()
         self.norm2 = w[p + "post_attention_layernorm.weight"].float().contiguous()
         self.native = None
