@@ -7,7 +7,7 @@ token, the memory floor at this machine's read bandwidth (the weights alone, and
 run's mean context) and the compute floor at its multiply-add rate (both measured here, now), plain decoding and
 n-gram speculation (k = 5, and k auto as `generate` does) on a code-edit prompt of up to 432 tokens, the cost of a
 6-row verify pass in 1-row passes, time to first token on it and on one of up to 1,000 tokens, and a one-row pass
-with the weights on 2 MB pages against 4 KB pages, side by side. Then llama.cpp (node-llama-cpp, when installed)
+with the weights and KV cache on 2 MB pages against 4 KB pages, side by side. Then llama.cpp (node-llama-cpp, when installed)
 on the same GGUF and prompt: plain and its prompt lookup.
 """
 
