@@ -7,8 +7,8 @@ token, the memory floor at this machine's read bandwidth (the weights alone, and
 run's mean context) and the compute floor at its multiply-add rate (both measured here, now), plain decoding and
 n-gram speculation (k = 5, and k auto as `generate` does) on a code-edit prompt of up to 432 tokens, the cost of a
 6-row verify pass in 1-row passes, time to first token on it and on one of up to 1,000 tokens, and a one-row pass
-with the weights and KV cache on 2 MB pages against 4 KB pages, side by side. Then llama.cpp (node-llama-cpp, when installed)
-on the same GGUF and prompt: plain and its prompt lookup.
+with the weights and KV cache on 2 MB pages against 4 KB pages, side by side. Then llama.cpp (node-llama-cpp, when
+installed) on the same GGUF and prompt: plain and its prompt lookup.
 """
 
 from __future__ import annotations
@@ -48,8 +48,7 @@ def ttft(model, ids: list[int], reps: int = 3) -> float:
     return statistics.median(times)
 
 
-def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_tokens: int, rates: dict,
-                 bandwidth: float) -> dict:
+def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_tokens: int, rates: dict) -> dict:
     lc.log(f"{precision}: loading")
     model = load_model("default", precision).model
     edit = prompts["432"]
@@ -63,14 +62,13 @@ def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_t
     auto = engine.generate([edit], cfg, drafter, policy_for("auto", model, drafter))[0]  # generate's default
     passes = time_passes(model, 512, [1, 6], reps=15)
     one, six = statistics.median(passes[1]), statistics.median(passes[6])
-    memory_floor = model.weight_bytes_per_token / bandwidth
-    # a decode step also reads the KV cache: at the mean context of the plain run, prompt + half the new tokens
-    kv_floor = memory_floor + model.kv_bytes_per_token() * (len(edit) + new_tokens / 2) / bandwidth
     planes = (getattr(model, "act_bits", None) or 0) // 8  # int8 dot products per multiply-add (0: fp32 FMA)
     compute_floor = model.macs_per_token * planes / rates["int8"] if planes else model.macs_per_token / rates["fp32"]
     out = {
         "precision": precision, "weight_bytes_per_token": model.weight_bytes_per_token,
-        "memory_floor_s": memory_floor, "memory_floor_kv_s": kv_floor, "compute_floor_s": compute_floor,
+        # a decode step also reads the KV cache: at the mean context of the plain run, prompt + half the new tokens
+        "kv_bytes_per_step": model.kv_bytes_per_token() * (len(edit) + new_tokens / 2),
+        "compute_floor_s": compute_floor,
         "plain_decode_tok_s": lc.decode_rate(plain), "ngram_decode_tok_s": lc.decode_rate(ngram),
         "ngram_speedup": lc.decode_rate(ngram) / lc.decode_rate(plain), "identical": plain.token_ids == ngram.token_ids,
         "ngram_auto_tok_s": lc.decode_rate(auto), "ngram_auto_speedup": lc.decode_rate(auto) / lc.decode_rate(plain),
@@ -78,12 +76,19 @@ def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_t
         "pass_1_row_s": one, "pass_6_rows_s": six, "verify_6_cost": six / one,
         "ttft_432_s": ttft(model, prompts["432"]), "ttft_1000_s": ttft(model, prompts["1000"]),
     }
-    out["of_binding_floor"] = max(memory_floor, compute_floor) / (1.0 / out["plain_decode_tok_s"])
-    out["of_binding_floor_kv"] = max(kv_floor, compute_floor) / (1.0 / out["plain_decode_tok_s"])
     del model, engine
     out["pages"] = pages_effect(precision)
     lc.log(f"{precision}: {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()})}")
     return out
+
+
+def add_floors(p: dict, bandwidth: float) -> None:
+    """The memory floors of path p at `bandwidth` (bytes/s): weights alone and with the KV cache, and the share of
+    the binding floor (memory or compute) that plain decoding reaches."""
+    p["memory_floor_s"] = p["weight_bytes_per_token"] / bandwidth
+    p["memory_floor_kv_s"] = (p["weight_bytes_per_token"] + p["kv_bytes_per_step"]) / bandwidth
+    for share, floor in (("of_binding_floor", "memory_floor_s"), ("of_binding_floor_kv", "memory_floor_kv_s")):
+        p[share] = max(p[floor], p["compute_floor_s"]) * p["plain_decode_tok_s"]
 
 
 def pages_effect(precision: str, rounds: int = 6) -> dict:
@@ -186,20 +191,14 @@ def main() -> int:
     texts = {n: lc.long_prompts(tok, int(n))["file edit"] for n in ("432", "1000")}
     prompts = {n: encode_prompt(tok, t, chat=True) for n, t in texts.items()}
     lc.log("bandwidth and multiply-add rates")
-    bws = measure_bandwidth(1 << 30, 7)
-    bw, bw_median = bws["read_GBps_best"] * 1e9, bws["read_GBps"] * 1e9  # floors on the best: the strictest
+    early = measure_bandwidth(1 << 30, 7)
     rates = {"fp32": kernels.fma_peak(0.5), "int8": kernels.int8_peak(0.5)}
-    paths = [measure_path(p, prompts, tok, args.new_tokens, rates, bw) for p in PATHS]
+    paths = [measure_path(p, prompts, tok, args.new_tokens, rates) for p in PATHS]
     late = measure_bandwidth(1 << 30, 7)  # the machine drifts over a run: the floors hold at both ends
-    if late["read_GBps_best"] * 1e9 > bw:
-        scale = bw / (late["read_GBps_best"] * 1e9)
-        bw = late["read_GBps_best"] * 1e9
-        for p in paths:
-            for key in ("memory_floor_s", "memory_floor_kv_s"):
-                p[key] *= scale
-            for key, floor in (("of_binding_floor", "memory_floor_s"), ("of_binding_floor_kv", "memory_floor_kv_s")):
-                p[key] = max(p[floor], p["compute_floor_s"]) * p["plain_decode_tok_s"]
-    bw_median = min(bw_median, late["read_GBps"] * 1e9)
+    bw = max(early["read_GBps_best"], late["read_GBps_best"]) * 1e9  # floors on the best reading: the strictest
+    bw_median = min(early["read_GBps"], late["read_GBps"]) * 1e9
+    for p in paths:
+        add_floors(p, bw)
     lcpp = lc.measure_llamacpp(bundled_gguf_path(), texts["432"], args.new_tokens)
     r = {"date": time.strftime("%Y-%m-%d %H:%M"), "threads": torch.get_num_threads(), "bandwidth_GBps": bw / 1e9,
          "bandwidth_median_GBps": bw_median / 1e9,

@@ -58,7 +58,7 @@ class Arena:
         """An uninitialised tensor of `shape` in the arena."""
         if not self.advised:
             return torch.empty(shape, dtype=dtype)
-        nbytes = max(1, torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+        nbytes = max(1, torch.Size(shape).numel()) * dtype.itemsize
         pos = -(-self.pos // ALIGN) * ALIGN
         if self.buf is None or pos + nbytes > self.end:
             self._grow(nbytes)

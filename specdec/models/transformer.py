@@ -310,8 +310,7 @@ class Transformer:
                 part = x[a:a + NATIVE_ROWS]  # [<= NATIVE_ROWS, hidden], a contiguous view updated in place
                 part_slots, part_pos = slots[a:a + NATIVE_ROWS], pos[a:a + NATIVE_ROWS]  # sliced once, not per layer
                 for layer, blk in enumerate(self.blocks):
-                    if taps:
-                        _tap(feats, a, part, taps, layer)
+                    _tap(feats, a, part, taps, layer)
                     block(part, part_slots, part_pos, *blk.native, cache.k[layer], cache.v[layer], self.cos,
                           self.sin, cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps)
                 _tap(feats, a, part, taps, cfg.num_layers)
