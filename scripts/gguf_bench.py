@@ -7,7 +7,8 @@ token, the memory floor at this machine's read bandwidth (the weights alone, and
 run's mean context) and the compute floor at its multiply-add rate (both measured here, now), plain decoding and
 n-gram speculation (k = 5, and k auto as `generate` does) on a code-edit prompt of up to 432 tokens, the cost of a
 6-row verify pass in 1-row passes, time to first token on it and on one of up to 1,000 tokens, and a one-row pass
-with the weights and KV cache on 2 MB pages against 4 KB pages, side by side. Then llama.cpp (node-llama-cpp, when
+with the weights and KV cache on 2 MB pages against 4 KB pages, side by side; on a CPU with AVX512-VNNI, the integer
+paths on that build and on the AVX2 one, side by side. Then llama.cpp (node-llama-cpp, when
 installed) on the same GGUF and prompt: plain and its prompt lookup.
 """
 
@@ -76,6 +77,8 @@ def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_t
         "pass_1_row_s": one, "pass_6_rows_s": six, "verify_6_cost": six / one,
         "ttft_432_s": ttft(model, prompts["432"]), "ttft_1000_s": ttft(model, prompts["1000"]),
     }
+    if getattr(model, "act_bits", None) and model.kernels.cpu_has_vnni():
+        out["isa"] = isa_effect(model, edit)
     del model, engine
     out["pages"] = pages_effect(precision)
     lc.log(f"{precision}: {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()})}")
@@ -89,6 +92,27 @@ def add_floors(p: dict, bandwidth: float) -> None:
     p["memory_floor_kv_s"] = (p["weight_bytes_per_token"] + p["kv_bytes_per_step"]) / bandwidth
     for share, floor in (("of_binding_floor", "memory_floor_s"), ("of_binding_floor_kv", "memory_floor_kv_s")):
         p[share] = max(p[floor], p["compute_floor_s"]) * p["plain_decode_tok_s"]
+
+
+def isa_effect(model, prompt: list[int], rounds: int = 4) -> dict:
+    """The integer kernel's two builds on the same model, alternated: 1- and 6-row passes at context 512 and the
+    prefill of `prompt`, on AVX2 (vpmaddubsw) and on AVX512-VNNI (vpdpbusd). Their outputs are bit-identical."""
+    kernels = model.kernels
+    times: dict[str, dict[str, list]] = {isa: {"1": [], "6": [], "ttft": []} for isa in ("avx2", "vnni")}
+    before = kernels.isa()
+    try:
+        for i in range(rounds):
+            for isa in ("avx2", "vnni") if i % 2 == 0 else ("vnni", "avx2"):
+                kernels.set_isa(isa)
+                passes = time_passes(model, 512, [1, 6], reps=5)
+                times[isa]["1"] += passes[1]
+                times[isa]["6"] += passes[6]
+                times[isa]["ttft"].append(ttft(model, prompt, reps=1))
+    finally:
+        kernels.set_isa(before)
+    med = {isa: {k: statistics.median(v) for k, v in t.items()} for isa, t in times.items()}
+    return {isa: {"pass_1_row_s": m["1"], "pass_6_rows_s": m["6"], "verify_6_cost": m["6"] / m["1"],
+                  "ttft_s": m["ttft"]} for isa, m in med.items()}
 
 
 def pages_effect(precision: str, rounds: int = 6) -> dict:
@@ -130,7 +154,7 @@ def render(r: dict) -> str:
              f"the lower median {r['bandwidth_median_GBps']:.1f}; the memory floors use the best); "
              f"multiply-add rate over "
              f"{r['threads']} threads: fp32 FMA {rates['fp32'] / 1e9:.0f} G/s, "
-             f"int8 blocks {rates['int8'] / 1e9:.0f} G/s. "
+             f"int8 blocks {rates['int8'] / 1e9:.0f} G/s ({rates.get('isa', 'avx2')}). "
              f"Prompts: code edits of {r['prompt_tokens']['432']} and {r['prompt_tokens']['1000']} tokens (chat "
              f"template; the long one for TTFT only), {r['new_tokens']} new tokens, greedy.", "",
              "| path | MB read / token | memory floor ms (+ KV) | compute floor ms | plain tok/s | "
@@ -159,6 +183,17 @@ def render(r: dict) -> str:
         pg = p["pages"]
         lines.append(f"- {p['precision']}: {pg['huge_s'] * 1e3:.2f} ms against {pg['small_s'] * 1e3:.2f} ms "
                      f"({pg['speedup']:.2f}x; {pg['granted_mb']:.0f} MB of the model on 2 MB pages)")
+    isa_paths = [p for p in r["paths"] if "isa" in p]
+    if isa_paths:
+        lines += ["", "The integer kernel on AVX512-VNNI (vpdpbusd, chosen at run time where the CPU has it) against "
+                  "its AVX2 build (vpmaddubsw), bit-identical outputs, the two builds alternated on the same model:",
+                  ""]
+        for p in isa_paths:
+            a, v = p["isa"]["avx2"], p["isa"]["vnni"]
+            lines.append(f"- {p['precision']}: 1-row pass {a['pass_1_row_s'] * 1e3:.2f} -> "
+                         f"{v['pass_1_row_s'] * 1e3:.2f} ms, 6-row pass {a['pass_6_rows_s'] * 1e3:.2f} -> "
+                         f"{v['pass_6_rows_s'] * 1e3:.2f} ms ({a['verify_6_cost']:.2f} -> {v['verify_6_cost']:.2f} "
+                         f"one-row passes), TTFT {a['ttft_s'] * 1e3:.0f} -> {v['ttft_s'] * 1e3:.0f} ms")
     lcpp = r.get("llamacpp")
     if lcpp:
         pl, lk = lcpp["plain"], lcpp["lookup"]
@@ -192,7 +227,7 @@ def main() -> int:
     prompts = {n: encode_prompt(tok, t, chat=True) for n, t in texts.items()}
     lc.log("bandwidth and multiply-add rates")
     early = measure_bandwidth(1 << 30, 7)
-    rates = {"fp32": kernels.fma_peak(0.5), "int8": kernels.int8_peak(0.5)}
+    rates = {"fp32": kernels.fma_peak(0.5), "int8": kernels.int8_peak(0.5), "isa": kernels.isa()}
     paths = [measure_path(p, prompts, tok, args.new_tokens, rates) for p in PATHS]
     late = measure_bandwidth(1 << 30, 7)  # the machine drifts over a run: the floors hold at both ends
     bw = max(early["read_GBps_best"], late["read_GBps_best"]) * 1e9  # floors on the best reading: the strictest

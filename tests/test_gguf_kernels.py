@@ -27,6 +27,16 @@ def kernels():
     return k
 
 
+@pytest.fixture(params=["avx2", "vnni"])
+def isa(request, kernels):
+    """Each build of the integer kernel that this CPU can run (vnni: AVX512-VNNI), put back afterwards."""
+    if request.param == "vnni" and not kernels.cpu_has_vnni():
+        pytest.skip("this CPU has no AVX512-VNNI: only the AVX2 build runs here")
+    before = kernels.set_isa(request.param)
+    yield request.param
+    kernels.set_isa(before)
+
+
 def random_qtensor(kind: str, rows: int, cols: int, seed: int) -> QTensor:
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
@@ -67,7 +77,7 @@ def test_exact_path_uses_exactly_the_files_weights(kernels, kinds):
 
 @pytest.mark.parametrize("act_bits", [8, 16], ids=["q8", "q16"])
 @pytest.mark.parametrize("kinds", KINDS, ids="+".join)
-def test_integer_paths_compute_their_definition(kernels, kinds, act_bits):
+def test_integer_paths_compute_their_definition(kernels, kinds, act_bits, isa):
     parts = [random_qtensor(k, 21, 128, seed=10 + i) for i, k in enumerate(kinds)]
     qm = kernels.QMatrix(*planes(parts, interleave=True, act_bits=act_bits))
     x = np.random.default_rng(1).standard_normal((7, 128)).astype(np.float32)
@@ -92,7 +102,7 @@ def test_q16_needs_its_second_plane(kernels):
     assert np.abs(one_plane - ref).max() > 1e-3 * np.abs(ref).max()
 
 
-def test_a_broken_nibble_order_fails_the_q8_check(kernels):
+def test_a_broken_nibble_order_fails_the_q8_check(kernels, isa):
     """The check above has teeth: the same blocks with each block's two nibble halves swapped are caught."""
     part = random_qtensor("Q4_1", 16, 64, seed=3)
     swapped = part.blocks.reshape(16, 2, 20).copy()
@@ -105,14 +115,41 @@ def test_a_broken_nibble_order_fails_the_q8_check(kernels):
 
 
 @pytest.mark.parametrize("act_bits", [None, 8, 16], ids=["exact", "q8", "q16"])
-def test_rows_do_not_depend_on_the_other_rows(kernels, act_bits):
+def test_rows_do_not_depend_on_the_other_rows(kernels, act_bits, isa):
     parts = [random_qtensor("Q4_1", 40, 96, seed=5)]
     qm = kernels.QMatrix(*planes(parts, interleave=act_bits is not None, act_bits=act_bits or 8))
     x = torch.randn(40, 96, generator=torch.Generator().manual_seed(4))
     alone = torch.cat([kernels.gemm_gguf(x[i:i + 1], qm) for i in range(40)])
-    for m in (2, 3, 5, 6, 9, 16, 17, 40):  # few-row tiles, their remainders, and the prefill path
+    for m in (2, 3, 5, 6, 7, 8, 9, 15, 16, 17, 40):  # tiles of 4 (AVX2) or 8 (VNNI), their remainders, prefill
         assert torch.equal(kernels.gemm_gguf(x[:m], qm), alone[:m]), f"{m} rows"
     assert torch.equal(kernels.gemm_gguf(x.flip(0), qm).flip(0), alone)
+
+
+@pytest.mark.parametrize("act_bits", [8, 16], ids=["q8", "q16"])
+@pytest.mark.parametrize("kinds", [["Q4_1"], ["Q8_0"]], ids="+".join)
+def test_the_vnni_build_gives_the_avx2_builds_bits(kernels, kinds, act_bits):
+    """The two builds sum the same integers in the same order, so a machine's ISA never changes an output."""
+    if not kernels.cpu_has_vnni():
+        pytest.skip("this CPU has no AVX512-VNNI: only the AVX2 build runs here")
+    parts = [random_qtensor(k, 37, 256, seed=20 + i) for i, k in enumerate(kinds)]
+    qm = kernels.QMatrix(*planes(parts, interleave=True, act_bits=act_bits))
+    x = torch.randn(19, 256, generator=torch.Generator().manual_seed(7)) * 3
+    before = kernels.set_isa("avx2")
+    try:
+        want = [kernels.gemm_gguf(x[:m], qm) for m in range(1, 20)]
+        kernels.set_isa("vnni")
+        got = [kernels.gemm_gguf(x[:m], qm) for m in range(1, 20)]
+    finally:
+        kernels.set_isa(before)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_set_isa_refuses_what_it_cannot_run(kernels):
+    with pytest.raises(RuntimeError, match="auto, avx2 or vnni"):
+        kernels.set_isa("avx512")
+    before = kernels.set_isa("auto")
+    assert kernels.set_isa(before) == ("vnni" if kernels.cpu_has_vnni() else "avx2")
+    assert kernels.int8_peak(0.05) > 1e9
 
 
 # ---- the model on a tiny all-quantized GGUF ------------------------------------------------------------------------

@@ -241,15 +241,16 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
 
 def compute_floor(model, step_s: float, seconds: float = 0.5) -> dict | None:
     """Multiply-adds per token over the rate this machine issues them at, as the model's kernels do: fp32 FMA
-    chains (fp16, gguf), or int8 vpmaddubsw blocks (gguf-q8; gguf-q16 issues two a multiply-add, one per plane).
-    None without the native kernels."""
+    chains (fp16, gguf), or the int8 block dot products of gguf-q8 (vpdpbusd on a CPU with AVX512-VNNI, else
+    vpmaddubsw; gguf-q16 issues two a multiply-add, one per plane). None without the native kernels."""
     kernels, macs = getattr(model, "kernels", None), getattr(model, "macs_per_token", None)
     if kernels is None or macs is None:
         return None
     act_bits = getattr(model, "act_bits", None)
     if act_bits:
         planes = act_bits // 8  # q16 holds its activations in two int8 planes
-        rate, arithmetic = kernels.int8_peak(seconds) / planes, f"int8 blocks ({planes} activation plane(s))"
+        rate = kernels.int8_peak(seconds) / planes
+        arithmetic = f"int8 blocks, {kernels.isa()} ({planes} activation plane(s))"
     else:
         rate, arithmetic = kernels.fma_peak(seconds), "fp32 FMA"
     floor = macs / rate

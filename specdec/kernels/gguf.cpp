@@ -22,7 +22,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <chrono>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace {
@@ -188,13 +190,14 @@ struct Q8Rows {  // x [M, K] quantized per row in blocks of 32
   int64_t M, K, B;
   std::vector<int8_t> q, q2;  // [M, K]: q8's quants; q16: Q = 128 q + q2
   std::vector<float> d, s;  // [M, B]: scale of a unit of Q (q8: of q), and that scale * sum of the block's Q
+  std::vector<int32_t> qsum;  // [M, B]: the sum of the block's Q, at most 32 (128 * 127 + 64) in size
 };
 
 // Each row and block of 32: d = max|x| / 127, v = x (127 / max|x|) in fp32, q = round(v) (half to even); q16
 // also Q = round(128 v) = 128 q + q2 (128 v - 128 q is exact, so q2 = round(128 (v - q)), |q2| <= 64).
 void quantize_rows(const float* x, int64_t M, int64_t K, bool q16, Q8Rows& a) {
   a.M = M; a.K = K; a.B = K / QB;
-  a.q.resize(M * K); a.d.resize(M * a.B); a.s.resize(M * a.B);
+  a.q.resize(M * K); a.d.resize(M * a.B); a.s.resize(M * a.B); a.qsum.resize(M * a.B);
   if (q16) a.q2.resize(M * K);
   const __m256 r128 = _mm256_set1_ps(128.0f);
   const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -238,83 +241,33 @@ void quantize_rows(const float* x, int64_t M, int64_t K, bool q16, Q8Rows& a) {
       }
       const float unit = q16 ? d * (1.0f / 128.0f) : d;  // exact: a power of two
       a.d[r * a.B + b] = unit;
-      a.s[r * a.B + b] = unit * float(_mm_cvtsi128_si32(s4));
+      a.qsum[r * a.B + b] = _mm_cvtsi128_si32(s4);
+      a.s[r * a.B + b] = unit * float(a.qsum[r * a.B + b]);
     }
 }
 
-// The integer dot products of one block: 8 weight registers r against activation row aq's 32 int8 (broadcast 4 at
-// a time), one int32 lane per weight row. 4-bit: 8 x (pairs <= 2 * 15 * 127) fit int16, widened once; 8-bit
-// (signed x signed, as |w| . (a with w's sign)): pairs reach 2 * 128 * 127, so each step widens.
-inline __m256i block_dot(const __m256i r[8], const int8_t* aq8, int bits, __m256i pair) {
-  const int32_t* aq = reinterpret_cast<const int32_t*>(aq8);
-  if (bits == 4) {
-    __m256i s16 = _mm256_maddubs_epi16(r[0], _mm256_set1_epi32(aq[0]));
-    for (int k = 1; k < 8; ++k) s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(r[k], _mm256_set1_epi32(aq[k])));
-    return _mm256_madd_epi16(s16, pair);
-  }
-  __m256i sum = _mm256_setzero_si256();
-  for (int k = 0; k < 8; ++k) {
-    const __m256i av = _mm256_sign_epi8(_mm256_set1_epi32(aq[k]), r[k]);
-    sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(r[k], r[k]), av), pair));
-  }
-  return sum;
-}
+namespace avx2 {
+#define SPECDEC_VNNI 0
+#include "gguf_q8.inc"
+#undef SPECDEC_VNNI
+}  // namespace avx2
 
-// Weight rows [8 g, 8 g + 8) against activation rows [m0, m0 + MB): one 8-lane accumulator per activation row
-// holds the 8 outputs, fed block by block in ascending order: acc += d_w d_a (q_w . Q_a) (+ m_w s_a for 4-bit),
-// where q16's q_w . Q_a = 128 (q_w . q) + q_w . q2 in integers (exact).
-template <int MB, bool Q16>
-inline void q8_group(const Q8Rows& a, int64_t m0, const QMatrix& W, int64_t g, float* y) {
-  const int64_t K = W.K, B = W.B;
-  const __m256i ones = _mm256_set1_epi16(1), hi = _mm256_set1_epi16(128);
-  __m256 acc[MB];
-  for (int i = 0; i < MB; ++i) acc[i] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < B; ++b) {
-    __m256i r[8];
-    load_group(W, g, b, r);
-    const __m256 dw = load8h(W.dblock(g, b));
-    const __m256 mw = W.bits == 4 ? load8h(W.mblock(g, b)) : _mm256_setzero_ps();
-    for (int i = 0; i < MB; ++i) {
-      const int64_t at = (m0 + i) * K + b * QB;
-      __m256i sum = block_dot(r, a.q.data() + at, W.bits, Q16 ? hi : ones);
-      if (Q16) sum = _mm256_add_epi32(sum, block_dot(r, a.q2.data() + at, W.bits, ones));
-      const int64_t ab = (m0 + i) * B + b;
-      acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(dw, _mm256_set1_ps(a.d[ab])), acc[i]);
-      if (W.bits == 4) acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.s[ab]), acc[i]);
-    }
-  }
-  const int64_t n = 8 * g, live = std::min<int64_t>(8, W.N - n);
-  for (int i = 0; i < MB; ++i) {
-    if (live == 8) {
-      _mm256_storeu_ps(y + (m0 + i) * W.N + n, acc[i]);
-    } else {
-      alignas(32) float t[8];
-      _mm256_store_ps(t, acc[i]);
-      std::memcpy(y + (m0 + i) * W.N + n, t, live * sizeof(float));
-    }
-  }
-}
+// The same kernel for CPUs with AVX512-VNNI (Zen 4, Ice Lake and later), chosen at run time. All headers are
+// included above, so only this kernel's own code is compiled for the wider target.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni")
+namespace vnni {
+#define SPECDEC_VNNI 1
+#include "gguf_q8.inc"
+#undef SPECDEC_VNNI
+}  // namespace vnni
+#pragma GCC pop_options
 
-// A slab of weight groups small enough for L2 is used by every 4 activation rows in turn: a decode pass (1 row)
-// streams the weights once; a verify or prefill pass rereads them from cache.
-template <bool Q16>
-void q8_rows(const Q8Rows& a, const QMatrix& W, float* y, int64_t g0, int64_t g1) {
-  const int64_t slab = std::max<int64_t>(1, (int64_t(96) << 10) / (W.B * (W.bits == 4 ? 160 : 272)));
-  for (int64_t s0 = g0; s0 < g1; s0 += slab) {
-    const int64_t s1 = std::min(g1, s0 + slab);
-    int64_t m0 = 0;
-    for (; m0 + 4 <= a.M; m0 += 4)
-      for (int64_t g = s0; g < s1; ++g) q8_group<4, Q16>(a, m0, W, g, y);
-    for (int64_t g = s0; g < s1; ++g) {
-      switch (a.M - m0) {
-        case 3: q8_group<3, Q16>(a, m0, W, g, y); break;
-        case 2: q8_group<2, Q16>(a, m0, W, g, y); break;
-        case 1: q8_group<1, Q16>(a, m0, W, g, y); break;
-        default: break;
-      }
-    }
-  }
+bool cpu_has_vnni() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 }
+bool use_vnni = cpu_has_vnni();  // set_isa() overrides it (tests compare the two builds)
 
 // The layout decides the arithmetic: row layout -> exact, interleaved -> q8.
 void matmul(const float* x, const QMatrix& W, float* y, int64_t M) {
@@ -322,8 +275,8 @@ void matmul(const float* x, const QMatrix& W, float* y, int64_t M) {
   Q8Rows a;
   if (q8) quantize_rows(x, M, W.K, q16, a);
   at::parallel_for(0, W.G, W.rows ? 32 : 8, [&](int64_t g0, int64_t g1) {  // groups of weight rows per thread
-    if (q16) q8_rows<true>(a, W, y, g0, g1);
-    else if (q8) q8_rows<false>(a, W, y, g0, g1);
+    if (q16) use_vnni ? vnni::q8_rows<true>(a, W, y, g0, g1) : avx2::q8_rows<true>(a, W, y, g0, g1);
+    else if (q8) use_vnni ? vnni::q8_rows<false>(a, W, y, g0, g1) : avx2::q8_rows<false>(a, W, y, g0, g1);
     else exact_rows(x, W, y, M, g0, g1);
   });
 }
@@ -348,27 +301,22 @@ void decode_block_gguf(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, t
                          [&](int which, const float* in, float* out, int64_t M) { matmul(in, *w[which], out, M); });
 }
 
-// The int8 multiply-add rate of this machine as the q8 path issues them (vpmaddubsw, vpmaddwd, convert, FMA for
-// 32 multiply-adds), every thread running 8 independent chains for about `seconds`. Multiply-adds per second.
+// The int8 multiply-add rate of this machine as the q8 path issues them (its block_sum on the build the machine
+// runs), every thread at once for about `seconds`. Multiply-adds per second.
 double int8_peak(double seconds) {
-  return specdec::over_threads(seconds, [](double secs) {
-    __m256 acc[8];
-    __m256i w[8];
-    for (int i = 0; i < 8; ++i) { acc[i] = _mm256_setzero_ps(); w[i] = _mm256_set1_epi8(char(i + 1)); }
-    __m256i a = _mm256_set1_epi8(3);
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m256 sc = _mm256_set1_ps(1e-6f);
-    const double steps = specdec::steps_per_second(secs, 1 << 18, [&] {
-      __asm__ volatile("" : "+x"(a));  // a is "new" every step, so the products cannot be hoisted
-      for (int i = 0; i < 8; ++i) {
-        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w[i], a), ones);
-        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), sc, acc[i]);
-      }
-    });
-    __m256 sum = acc[0];
-    for (int i = 1; i < 8; ++i) sum = _mm256_add_ps(sum, acc[i]);
-    return steps * 8.0 * 32.0 + 0.0 * hsum(sum);
-  });
+  return specdec::over_threads(seconds, use_vnni ? vnni::dot_rate : avx2::dot_rate);
+}
+
+// Which build of the q8 kernel runs: "vnni" (where the CPU has AVX512-VNNI), "avx2", or "auto" (the best the CPU
+// has). Returns the build that ran before, so a caller can put it back.
+std::string isa() { return use_vnni ? "vnni" : "avx2"; }
+
+std::string set_isa(const std::string& want) {
+  const std::string before = isa();
+  TORCH_CHECK(want == "auto" || want == "avx2" || want == "vnni", "isa must be auto, avx2 or vnni, not ", want);
+  TORCH_CHECK(want != "vnni" || cpu_has_vnni(), "this CPU has no AVX512-VNNI");
+  use_vnni = want == "vnni" || (want == "auto" && cpu_has_vnni());
+  return before;
 }
 
 }  // namespace
@@ -388,4 +336,7 @@ void specdec::register_gguf(pybind11::module& m) {
   m.def("gemm_gguf", &gemm_gguf, "y [M, N] = x [M, K] . W^T on GGUF blocks (row layout: exact; interleaved: q8)");
   m.def("decode_block_gguf", &decode_block_gguf, "one decoder block on GGUF blocks, in place");
   m.def("int8_peak", &int8_peak, "int8 multiply-adds per second over all threads, as the q8 path issues them");
+  m.def("isa", &isa, "the q8 kernel's build in use: avx2 or vnni");
+  m.def("set_isa", &set_isa, "the q8 kernel's build: auto, avx2 or vnni; returns the one before");
+  m.def("cpu_has_vnni", &cpu_has_vnni, "whether this CPU has AVX512-VNNI (and the AVX-512 it needs)");
 }
