@@ -44,6 +44,15 @@ inline __m256 exp256(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2));
 }
 
+// f(r0, r1) over rows [0, R): split between the threads for a prefill's many rows, on the caller's thread for a
+// decode or verify pass's few (a thread's start costs more than their work). Each row's result is computed by the
+// same code whichever thread runs it, so this never changes a value.
+template <class F>
+void over_rows(int64_t R, F f) {
+  if (R >= 16) at::parallel_for(0, R, 8, f);
+  else f(0, R);
+}
+
 // A machine's peak rate of some arithmetic: every thread runs `thread_rate(seconds)` at once, which returns that
 // thread's operations per second; the sum over threads. The peaks of decode_f16.cpp and gguf.cpp use it.
 template <class ThreadRate>

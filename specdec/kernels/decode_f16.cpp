@@ -194,13 +194,15 @@ torch::Tensor gemv_f16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Te
 // on the other rows: the pass over k+1 tokens gives bit for bit what k+1 one-token passes give.
 
 void specdec::rms_norm_rows(const float* x, const float* w, float* out, int64_t R, int64_t H, float eps) {
-  for (int64_t r = 0; r < R; ++r) {
-    const float* xr = x + r * H;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < H; i += 8) { __m256 v = _mm256_loadu_ps(xr + i); acc = _mm256_fmadd_ps(v, v, acc); }
-    const float inv = 1.0f / std::sqrt(hsum(acc) / float(H) + eps);
-    for (int64_t i = 0; i < H; ++i) out[r * H + i] = w[i] * (xr[i] * inv);
-  }
+  over_rows(R, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * H;
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t i = 0; i < H; i += 8) { __m256 v = _mm256_loadu_ps(xr + i); acc = _mm256_fmadd_ps(v, v, acc); }
+      const float inv = 1.0f / std::sqrt(hsum(acc) / float(H) + eps);
+      for (int64_t i = 0; i < H; ++i) out[r * H + i] = w[i] * (xr[i] * inv);
+    }
+  });
 }
 
 namespace {
@@ -256,32 +258,39 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
   rms_norm_rows(xp, norm1.data_ptr<float>(), h.data_ptr<float>(), R, H, float(eps));
   lin(QKV, h.data_ptr<float>(), qkv.data_ptr<float>(), R);
   float* qp = qkv.data_ptr<float>();
-  for (int64_t r = 0; r < R; ++r) {  // rotate q and k; write k and v (fp16) at their positions
-    const int64_t p = pp[r];
-    float* row = qp + r * qkv_n;
-    for (int64_t hh = 0; hh < hq + hk; ++hh) rope(row + hh * d, cp + p * d, sp + p * d, d);
-    for (int64_t g = 0; g < hk; ++g)
-      specdec::store_kv(row + (hq + g) * d, row + (hq + hk + g) * d, kc, vc, sl[r], g, p, hk, cap, d);
-  }
+  over_rows(R, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {  // rotate q and k; write k and v (fp16) at their positions
+      const int64_t p = pp[r];
+      float* row = qp + r * qkv_n;
+      for (int64_t hh = 0; hh < hq + hk; ++hh) rope(row + hh * d, cp + p * d, sp + p * d, d);
+      for (int64_t g = 0; g < hk; ++g)
+        specdec::store_kv(row + (hq + g) * d, row + (hq + hk + g) * d, kc, vc, sl[r], g, p, hk, cap, d);
+    }
+  });
   float* ap = att.data_ptr<float>();
   specdec::attention(qp, qkv_n, sl, pp, R, kc, vc, hq, hk, cap, d, ap);
   lin(O, ap, o.data_ptr<float>(), R);
   const float* op = o.data_ptr<float>();
-  for (int64_t i = 0; i < R * H; ++i) xp[i] += op[i];
+  const auto add_residual = [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0 * H; i < r1 * H; ++i) xp[i] += op[i];
+  };
+  over_rows(R, add_residual);
   rms_norm_rows(xp, norm2.data_ptr<float>(), h.data_ptr<float>(), R, H, float(eps));
   lin(GATE_UP, h.data_ptr<float>(), gu.data_ptr<float>(), R);
   const float* gp = gu.data_ptr<float>();
   float* actp = act.data_ptr<float>();
   const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t i = 0; i < inter; i += 8) {  // silu(gate) * up
-      const __m256 gate = _mm256_loadu_ps(gp + r * 2 * inter + i);
-      const __m256 up = _mm256_loadu_ps(gp + r * 2 * inter + inter + i);
-      const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, gate))));
-      _mm256_storeu_ps(actp + r * inter + i, _mm256_mul_ps(_mm256_mul_ps(gate, sig), up));
-    }
+  over_rows(R, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t i = 0; i < inter; i += 8) {  // silu(gate) * up
+        const __m256 gate = _mm256_loadu_ps(gp + r * 2 * inter + i);
+        const __m256 up = _mm256_loadu_ps(gp + r * 2 * inter + inter + i);
+        const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, gate))));
+        _mm256_storeu_ps(actp + r * inter + i, _mm256_mul_ps(_mm256_mul_ps(gate, sig), up));
+      }
+  });
   lin(DOWN, actp, o.data_ptr<float>(), R);
-  for (int64_t i = 0; i < R * H; ++i) xp[i] += op[i];
+  over_rows(R, add_residual);
 }
 
 // The block on fp16 weights (fused [q; k; v] and [gate; up] matrices).

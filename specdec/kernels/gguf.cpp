@@ -193,16 +193,22 @@ struct Q8Rows {  // x [M, K] quantized per row in blocks of 32
   std::vector<int32_t> qsum;  // [M, B]: the sum of the block's Q, at most 32 (128 * 127 + 64) in size
 };
 
+void quantize_range(const float* x, int64_t r0, int64_t r1, int64_t K, bool q16, Q8Rows& a);
+
 // Each row and block of 32: d = max|x| / 127, v = x (127 / max|x|) in fp32, q = round(v) (half to even); q16
 // also Q = round(128 v) = 128 q + q2 (128 v - 128 q is exact, so q2 = round(128 (v - q)), |q2| <= 64).
 void quantize_rows(const float* x, int64_t M, int64_t K, bool q16, Q8Rows& a) {
   a.M = M; a.K = K; a.B = K / QB;
   a.q.resize(M * K); a.d.resize(M * a.B); a.s.resize(M * a.B); a.qsum.resize(M * a.B);
   if (q16) a.q2.resize(M * K);
+  specdec::over_rows(M, [&](int64_t r0, int64_t r1) { quantize_range(x, r0, r1, K, q16, a); });
+}
+
+void quantize_range(const float* x, int64_t r0, int64_t r1, int64_t K, bool q16, Q8Rows& a) {
   const __m256 r128 = _mm256_set1_ps(128.0f);
   const __m256 sign = _mm256_set1_ps(-0.0f);
   const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  for (int64_t r = 0; r < M; ++r)
+  for (int64_t r = r0; r < r1; ++r)
     for (int64_t b = 0; b < a.B; ++b) {
       const float* xb = x + r * K + b * QB;
       __m256 v[4], mx = _mm256_setzero_ps();
