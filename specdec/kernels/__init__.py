@@ -1,5 +1,9 @@
 """Native CPU kernels for the decode pass (AVX2 + FMA + F16C), compiled on first use and cached.
 
+The integer kernel of the GGUF paths (`gguf_q8.inc`) is built twice into the module, for AVX2 and for
+AVX512-VNNI, and the module picks the second where the CPU has it (`isa()`, `set_isa()`): its integer sums
+are exact either way, so the outputs are bit-identical.
+
 `decode_f16.cpp` runs a whole decoder block of a decode, verify or prefill pass in one call, with fp16
 weights read once per call whatever the number of rows, and every result computed per row in a fixed order
 (batch invariance by construction). `attention.cpp` keeps the KV cache in fp16 and reads a sequence's
