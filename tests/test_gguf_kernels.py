@@ -80,7 +80,7 @@ def test_exact_path_uses_exactly_the_files_weights(kernels, kinds):
 def test_integer_paths_compute_their_definition(kernels, kinds, act_bits, isa):
     parts = [random_qtensor(k, 21, 128, seed=10 + i) for i, k in enumerate(kinds)]
     qm = kernels.QMatrix(*planes(parts, interleave=True, act_bits=act_bits))
-    x = np.random.default_rng(1).standard_normal((7, 128)).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal((17, 128)).astype(np.float32)  # 17: the VNNI build's pairs too
     x[0, :32] = 0.0  # an all-zero block (scale 0)
     x[1, 32:64] *= 1000  # a block far larger than the others
     got = kernels.gemm_gguf(torch.from_numpy(x), qm).double().numpy()
@@ -128,20 +128,22 @@ def test_rows_do_not_depend_on_the_other_rows(kernels, act_bits, isa):
 @pytest.mark.parametrize("act_bits", [8, 16], ids=["q8", "q16"])
 @pytest.mark.parametrize("kinds", [["Q4_1"], ["Q8_0"]], ids="+".join)
 def test_the_vnni_build_gives_the_avx2_builds_bits(kernels, kinds, act_bits):
-    """The two builds sum the same integers in the same order, so a machine's ISA never changes an output."""
+    """The two builds sum the same integers and scale them in the same order (the VNNI build two weight groups at a
+    time in 512-bit registers), so a machine's ISA never changes an output."""
     if not kernels.cpu_has_vnni():
         pytest.skip("this CPU has no AVX512-VNNI: only the AVX2 build runs here")
-    parts = [random_qtensor(k, 37, 256, seed=20 + i) for i, k in enumerate(kinds)]
-    qm = kernels.QMatrix(*planes(parts, interleave=True, act_bits=act_bits))
     x = torch.randn(19, 256, generator=torch.Generator().manual_seed(7)) * 3
-    before = kernels.set_isa("avx2")
-    try:
-        want = [kernels.gemm_gguf(x[:m], qm) for m in range(1, 20)]
-        kernels.set_isa("vnni")
-        got = [kernels.gemm_gguf(x[:m], qm) for m in range(1, 20)]
-    finally:
-        kernels.set_isa(before)
-    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    for n in (37, 13):  # groups of 8 rows in pairs and one alone; one pair whose second group is part padding
+        parts = [random_qtensor(k, n, 256, seed=20 + i) for i, k in enumerate(kinds)]
+        qm = kernels.QMatrix(*planes(parts, interleave=True, act_bits=act_bits))
+        before = kernels.set_isa("avx2")
+        try:
+            want = [kernels.gemm_gguf(x[:m], qm) for m in range(1, 20)]
+            kernels.set_isa("vnni")
+            got = [kernels.gemm_gguf(x[:m], qm) for m in range(1, 20)]
+        finally:
+            kernels.set_isa(before)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), f"{n} rows"
 
 
 def test_set_isa_refuses_what_it_cannot_run(kernels):
