@@ -270,6 +270,7 @@ namespace vnni {
 #pragma GCC pop_options
 
 bool cpu_has_vnni() {
+  __builtin_cpu_init();  // use_vnni below is set while the module loads, maybe before libgcc's own constructor
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 }
