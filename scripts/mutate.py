@@ -8,8 +8,9 @@ catch it, and report every mutant caught or missed.
 The working tree is never touched: the project's files (git's tracked and untracked, not ignored) are copied to a
 temporary folder, the tests run there against the copy's own `specdec` (PYTHONPATH), and each mutant's edits are
 applied and then undone. First the unmutated copy must pass the selected tests, or a "caught" would mean
-nothing. Exit status: 0 when every mutant was caught, 1 when one was missed, 2 on a stale mutant (its text is not
-in the file exactly once) or a failing baseline.
+nothing. A mutant that `needs` a CPU feature this machine lacks is reported n/a and not counted. Exit status: 0
+when every runnable mutant was caught, 1 when one was missed, 2 on a stale mutant (its text is not in the file
+exactly once) or a failing baseline.
 """
 
 from __future__ import annotations
