@@ -92,6 +92,28 @@ def test_integer_paths_compute_their_definition(kernels, kinds, act_bits, isa):
         assert np.abs(got - exact).max() < np.abs(q8 - exact).max() / 50
 
 
+@pytest.mark.parametrize("act_bits", [None, 8, 16], ids=["exact", "q8", "q16"])
+def test_a_product_split_between_threads_is_the_whole_product(kernels, act_bits, isa):
+    """The small matrices above fit one thread's share; 400 weight rows (50 groups) are split between the threads,
+    and each thread's part must equal the same rows computed on one thread (the state a product keeps per call,
+    such as its quantized activations, belongs to the caller, not to the thread that reads it)."""
+    parts = [random_qtensor("Q4_1", 400, 128, seed=8)]
+    qm = kernels.QMatrix(*planes(parts, interleave=act_bits is not None, act_bits=act_bits or 8))
+    x = torch.randn(17, 128, generator=torch.Generator().manual_seed(9))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [kernels.gemm_gguf(x[:m], qm) for m in (1, 6, 17)]
+        torch.set_num_threads(max(2, threads))
+        two = [kernels.gemm_gguf(x[:m], qm) for m in (1, 6, 17)]
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(one, two))
+    if act_bits is not None:
+        ref = int_reference(x.numpy(), parts, act_bits)
+        assert np.abs(two[-1].double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
 def test_q16_needs_its_second_plane(kernels):
     """The definition check has teeth for q16 too: the same matrix on one activation plane (q8, rescaled) is far
     from q16's reference."""

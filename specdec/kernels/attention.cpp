@@ -178,11 +178,39 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
   }
   std::vector<float> partial(R * hq * parts * stride);  // per (row, head, partition): max, sum, values [d]
 
-  at::parallel_for(0, int64_t(units.size()), 1, [&](int64_t u0, int64_t u1) {
-    std::vector<float> s(ROWS * group * SPLIT), acc(ROWS * group * d);
-    std::vector<const float*> qp(ROWS * group);
-    std::vector<float*> sp(ROWS * group), ap(ROWS * group);
-    std::vector<int64_t> nv(ROWS * group);
+  // Each thread takes a contiguous run of units with about equal work, counted in keys x rows: a decode pass at
+  // 512 positions has units of 256, 256 and 1 key per KV head, which an even split of their count leaves 4 to 2.
+  std::vector<int64_t> cost(units.size() + 1, 0);  // prefix sums
+  for (size_t u = 0; u < units.size(); ++u) {
+    const Unit& w = units[u];
+    int64_t keys = 16;  // a unit's fixed cost, in keys
+    for (int64_t r = w.r0; r < w.r1; ++r) keys += std::clamp<int64_t>(pos[r] + 1 - w.part * SPLIT, 0, SPLIT);
+    cost[u + 1] = cost[u] + keys;
+  }
+  const int64_t T = std::clamp<int64_t>(at::get_num_threads(), 1, std::max<int64_t>(1, units.size()));
+  std::vector<int64_t> cut(T + 1, int64_t(units.size()));
+  cut[0] = 0;
+  for (int64_t t = 1; t < T; ++t) {  // the boundary nearest to t / T of the work
+    const int64_t want = cost.back() * t / T;
+    int64_t i = std::lower_bound(cost.begin(), cost.end(), want) - cost.begin();
+    if (i > 0 && want - cost[i - 1] < cost[i] - want) --i;
+    cut[t] = std::max(cut[t - 1], i);
+  }
+
+  at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
+    // Per thread, grown once, so a pass allocates nothing. The scores need no clearing: a query reads only the
+    // scores it wrote (its n keys), and softmax_part zeroes the rest of its last 8.
+    static thread_local std::vector<float> s, acc;
+    static thread_local std::vector<const float*> qp;
+    static thread_local std::vector<float*> sp, ap;
+    static thread_local std::vector<int64_t> nv;
+    s.resize(std::max(s.size(), size_t(ROWS * group * SPLIT)));
+    acc.resize(std::max(acc.size(), size_t(ROWS * group * d)));
+    qp.resize(std::max(qp.size(), size_t(ROWS * group)));
+    sp.resize(std::max(sp.size(), size_t(ROWS * group)));
+    ap.resize(std::max(ap.size(), size_t(ROWS * group)));
+    nv.resize(std::max(nv.size(), size_t(ROWS * group)));
+    const int64_t u0 = cut[t0], u1 = cut[t1];
     for (int64_t u = u0; u < u1; ++u) {
       const Unit& w = units[u];
       const int64_t a = w.part * SPLIT;
@@ -190,7 +218,7 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
       for (int64_t r = w.r0; r < w.r1; ++r) hi = std::max(hi, std::min(a + SPLIT, pos[r] + 1));
       const at::Half* kbase = kc + (w.slot * hk + w.g) * nblk * d * KB;
       const at::Half* vbase = vc + (w.slot * hk + w.g) * cap * d;
-      std::fill(acc.begin(), acc.end(), 0.f);
+      std::fill(acc.begin(), acc.begin() + (w.r1 - w.r0) * group * d, 0.f);
       // the queries (rows x heads of the group) that see the block at key0: pointers into q, scores, values
       auto gather = [&](int64_t key0, int64_t nk) {
         int64_t nq = 0;

@@ -235,13 +235,19 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
   const int64_t d = v_cache.size(3), cap = v_cache.size(2);
   const int64_t qkv_n = (hq + 2 * hk) * d;
   TORCH_CHECK(d % 8 == 0 && H % 8 == 0 && inter % 8 == 0, "sizes must be multiples of 8");
-  auto opts = x.options();
-  auto h = torch::empty({R, H}, opts);
-  auto qkv = torch::empty({R, qkv_n}, opts);
-  auto att = torch::empty({R, hq * d}, opts);
-  auto o = torch::empty({R, H}, opts);
-  auto gu = torch::empty({R, 2 * inter}, opts);
-  auto act = torch::empty({R, inter}, opts);
+  // The block's intermediates, in one buffer per thread that only grows, so a pass allocates nothing. Each starts on
+  // a cache line, as torch's own tensors do: the fp32 tiles' loads of a row must not straddle lines.
+  static thread_local std::vector<float> buf;
+  const auto lines = [](int64_t n) { return (n + 15) / 16 * 16; };  // floats, rounded up to whole 64-byte lines
+  const int64_t sizes[6] = {lines(R * H), lines(R * qkv_n), lines(R * hq * d), lines(R * H), lines(R * 2 * inter),
+                            lines(R * inter)};
+  int64_t need = 16;
+  for (int64_t n : sizes) need += n;
+  if (int64_t(buf.size()) < need) buf.resize(need);
+  float* p = buf.data() + (16 - (reinterpret_cast<uintptr_t>(buf.data()) / 4) % 16) % 16;
+  float* part[6];
+  for (int i = 0; i < 6; ++i) { part[i] = p; p += sizes[i]; }
+  float *hp = part[0], *qp = part[1], *ap = part[2], *o = part[3], *gp = part[4], *actp = part[5];
   float* xp = x.data_ptr<float>();
   const torch::Tensor pos_c = pos.contiguous(), slot_c = slot.contiguous();
   const int64_t* pp = pos_c.data_ptr<int64_t>();
@@ -255,9 +261,8 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
     TORCH_CHECK(sl[r] >= 0 && sl[r] < slots, "slot outside the cache");
   }
 
-  rms_norm_rows(xp, norm1.data_ptr<float>(), h.data_ptr<float>(), R, H, float(eps));
-  lin(QKV, h.data_ptr<float>(), qkv.data_ptr<float>(), R);
-  float* qp = qkv.data_ptr<float>();
+  rms_norm_rows(xp, norm1.data_ptr<float>(), hp, R, H, float(eps));
+  lin(QKV, hp, qp, R);
   over_rows(R, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {  // rotate q and k; write k and v (fp16) at their positions
       const int64_t p = pp[r];
@@ -267,18 +272,15 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
         specdec::store_kv(row + (hq + g) * d, row + (hq + hk + g) * d, kc, vc, sl[r], g, p, hk, cap, d);
     }
   });
-  float* ap = att.data_ptr<float>();
   specdec::attention(qp, qkv_n, sl, pp, R, kc, vc, hq, hk, cap, d, ap);
-  lin(O, ap, o.data_ptr<float>(), R);
-  const float* op = o.data_ptr<float>();
+  lin(O, ap, o, R);
+  const float* op = o;
   const auto add_residual = [&](int64_t r0, int64_t r1) {
     for (int64_t i = r0 * H; i < r1 * H; ++i) xp[i] += op[i];
   };
   over_rows(R, add_residual);
-  rms_norm_rows(xp, norm2.data_ptr<float>(), h.data_ptr<float>(), R, H, float(eps));
-  lin(GATE_UP, h.data_ptr<float>(), gu.data_ptr<float>(), R);
-  const float* gp = gu.data_ptr<float>();
-  float* actp = act.data_ptr<float>();
+  rms_norm_rows(xp, norm2.data_ptr<float>(), hp, R, H, float(eps));
+  lin(GATE_UP, hp, gp, R);
   const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
   over_rows(R, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
@@ -289,7 +291,7 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
         _mm256_storeu_ps(actp + r * inter + i, _mm256_mul_ps(_mm256_mul_ps(gate, sig), up));
       }
   });
-  lin(DOWN, actp, o.data_ptr<float>(), R);
+  lin(DOWN, actp, o, R);
   over_rows(R, add_residual);
 }
 

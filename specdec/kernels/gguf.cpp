@@ -279,7 +279,8 @@ bool use_vnni = cpu_has_vnni();  // set_isa() overrides it (tests compare the tw
 // The layout decides the arithmetic: row layout -> exact, interleaved -> q8.
 void matmul(const float* x, const QMatrix& W, float* y, int64_t M) {
   const bool q8 = !W.rows, q16 = q8 && W.act_bits == 16;
-  Q8Rows a;
+  static thread_local Q8Rows mine;  // its vectors only grow: a pass allocates nothing
+  Q8Rows& a = mine;  // the caller's, by reference: in a worker thread `mine` would name the worker's own
   if (q8) quantize_rows(x, M, W.K, q16, a);
   at::parallel_for(0, W.G, W.rows ? 32 : 8, [&](int64_t g0, int64_t g1) {  // groups of weight rows per thread
     if (q16) use_vnni ? vnni::q8_rows<true>(a, W, y, g0, g1) : avx2::q8_rows<true>(a, W, y, g0, g1);
