@@ -78,7 +78,7 @@ def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_t
         "ttft_432_s": ttft(model, prompts["432"]), "ttft_1000_s": ttft(model, prompts["1000"]),
     }
     if getattr(model, "act_bits", None) and model.kernels.cpu_has_vnni():
-        out["isa"] = isa_effect(model, edit)
+        out["isa"] = isa_effect(model, precision, edit)
     del model, engine
     out["pages"] = pages_effect(precision)
     lc.log(f"{precision}: {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()})}")
@@ -94,20 +94,23 @@ def add_floors(p: dict, bandwidth: float) -> None:
         p[share] = max(p[floor], p["compute_floor_s"]) * p["plain_decode_tok_s"]
 
 
-def isa_effect(model, prompt: list[int], rounds: int = 4) -> dict:
-    """The integer kernel's two builds on the same model, alternated: 1- and 6-row passes at context 512 and the
-    prefill of `prompt`, on AVX2 (vpmaddubsw) and on AVX512-VNNI (vpdpbusd). Their outputs are bit-identical."""
+def isa_effect(model, precision: str, prompt: list[int], rounds: int = 4) -> dict:
+    """The integer kernel's two builds on the same weights, alternated: 1- and 6-row passes at context 512 and the
+    prefill of `prompt`, on AVX2 (vpmaddubsw) and on AVX512-VNNI (vpdpbusd). Each build runs a copy of the model
+    loaded while it was selected, so in the layout a machine with only that build gets (the VNNI build's 4-bit
+    weights in pairs of groups). Their outputs are bit-identical."""
     kernels = model.kernels
     times: dict[str, dict[str, list]] = {isa: {"1": [], "6": [], "ttft": []} for isa in ("avx2", "vnni")}
-    before = kernels.isa()
+    before = kernels.set_isa("avx2")
     try:
+        models = {"avx2": load_model("default", precision).model, "vnni": model}
         for i in range(rounds):
             for isa in ("avx2", "vnni") if i % 2 == 0 else ("vnni", "avx2"):
                 kernels.set_isa(isa)
-                passes = time_passes(model, 512, [1, 6], reps=5)
+                passes = time_passes(models[isa], 512, [1, 6], reps=5)
                 times[isa]["1"] += passes[1]
                 times[isa]["6"] += passes[6]
-                times[isa]["ttft"].append(ttft(model, prompt, reps=1))
+                times[isa]["ttft"].append(ttft(models[isa], prompt, reps=1))
     finally:
         kernels.set_isa(before)
     med = {isa: {k: statistics.median(v) for k, v in t.items()} for isa, t in times.items()}

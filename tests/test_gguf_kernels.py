@@ -37,6 +37,13 @@ def isa(request, kernels):
     kernels.set_isa(before)
 
 
+@pytest.fixture(params=[False, True], ids=["groups", "pairs"])
+def paired(request):
+    """The integer paths' two layouts of 4-bit weights: group after group (the AVX2 build's), or groups side by side
+    in pairs (the VNNI build's). Every build computes both, with the same results."""
+    return request.param
+
+
 def random_qtensor(kind: str, rows: int, cols: int, seed: int) -> QTensor:
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
@@ -77,9 +84,9 @@ def test_exact_path_uses_exactly_the_files_weights(kernels, kinds):
 
 @pytest.mark.parametrize("act_bits", [8, 16], ids=["q8", "q16"])
 @pytest.mark.parametrize("kinds", KINDS, ids="+".join)
-def test_integer_paths_compute_their_definition(kernels, kinds, act_bits, isa):
-    parts = [random_qtensor(k, 21, 128, seed=10 + i) for i, k in enumerate(kinds)]
-    qm = kernels.QMatrix(*planes(parts, interleave=True, act_bits=act_bits))
+def test_integer_paths_compute_their_definition(kernels, kinds, act_bits, isa, paired):
+    parts = [random_qtensor(k, 21, 128, seed=10 + i) for i, k in enumerate(kinds)]  # 3 groups: a padded pair
+    qm = kernels.QMatrix(*planes(parts, interleave=True, act_bits=act_bits, paired=paired))
     x = np.random.default_rng(1).standard_normal((17, 128)).astype(np.float32)  # 17: the VNNI build's pairs too
     x[0, :32] = 0.0  # an all-zero block (scale 0)
     x[1, 32:64] *= 1000  # a block far larger than the others
@@ -93,12 +100,12 @@ def test_integer_paths_compute_their_definition(kernels, kinds, act_bits, isa):
 
 
 @pytest.mark.parametrize("act_bits", [None, 8, 16], ids=["exact", "q8", "q16"])
-def test_a_product_split_between_threads_is_the_whole_product(kernels, act_bits, isa):
+def test_a_product_split_between_threads_is_the_whole_product(kernels, act_bits, isa, paired):
     """The small matrices above fit one thread's share; 400 weight rows (50 groups) are split between the threads,
     and each thread's part must equal the same rows computed on one thread (the state a product keeps per call,
     such as its quantized activations, belongs to the caller, not to the thread that reads it)."""
     parts = [random_qtensor("Q4_1", 400, 128, seed=8)]
-    qm = kernels.QMatrix(*planes(parts, interleave=act_bits is not None, act_bits=act_bits or 8))
+    qm = kernels.QMatrix(*planes(parts, interleave=act_bits is not None, act_bits=act_bits or 8, paired=paired))
     x = torch.randn(17, 128, generator=torch.Generator().manual_seed(9))
     threads = torch.get_num_threads()
     try:
@@ -137,9 +144,9 @@ def test_a_broken_nibble_order_fails_the_q8_check(kernels, isa):
 
 
 @pytest.mark.parametrize("act_bits", [None, 8, 16], ids=["exact", "q8", "q16"])
-def test_rows_do_not_depend_on_the_other_rows(kernels, act_bits, isa):
+def test_rows_do_not_depend_on_the_other_rows(kernels, act_bits, isa, paired):
     parts = [random_qtensor("Q4_1", 40, 96, seed=5)]
-    qm = kernels.QMatrix(*planes(parts, interleave=act_bits is not None, act_bits=act_bits or 8))
+    qm = kernels.QMatrix(*planes(parts, interleave=act_bits is not None, act_bits=act_bits or 8, paired=paired))
     x = torch.randn(40, 96, generator=torch.Generator().manual_seed(4))
     alone = torch.cat([kernels.gemm_gguf(x[i:i + 1], qm) for i in range(40)])
     for m in (2, 3, 5, 6, 7, 8, 9, 15, 16, 17, 40):  # tiles of 4 (AVX2) or 8 (VNNI), their remainders, prefill
@@ -149,7 +156,7 @@ def test_rows_do_not_depend_on_the_other_rows(kernels, act_bits, isa):
 
 @pytest.mark.parametrize("act_bits", [8, 16], ids=["q8", "q16"])
 @pytest.mark.parametrize("kinds", [["Q4_1"], ["Q8_0"]], ids="+".join)
-def test_the_vnni_build_gives_the_avx2_builds_bits(kernels, kinds, act_bits):
+def test_the_vnni_build_gives_the_avx2_builds_bits(kernels, kinds, act_bits, paired):
     """The two builds sum the same integers and scale them in the same order (the VNNI build two weight groups at a
     time in 512-bit registers), so a machine's ISA never changes an output."""
     if not kernels.cpu_has_vnni():
@@ -157,7 +164,7 @@ def test_the_vnni_build_gives_the_avx2_builds_bits(kernels, kinds, act_bits):
     x = torch.randn(19, 256, generator=torch.Generator().manual_seed(7)) * 3
     for n in (37, 13):  # groups of 8 rows in pairs and one alone; one pair whose second group is part padding
         parts = [random_qtensor(k, n, 256, seed=20 + i) for i, k in enumerate(kinds)]
-        qm = kernels.QMatrix(*planes(parts, interleave=True, act_bits=act_bits))
+        qm = kernels.QMatrix(*planes(parts, interleave=True, act_bits=act_bits, paired=paired))
         before = kernels.set_isa("avx2")
         try:
             want = [kernels.gemm_gguf(x[:m], qm) for m in range(1, 20)]
@@ -166,6 +173,19 @@ def test_the_vnni_build_gives_the_avx2_builds_bits(kernels, kinds, act_bits):
         finally:
             kernels.set_isa(before)
         assert all(torch.equal(g, w) for g, w in zip(got, want)), f"{n} rows"
+
+
+@pytest.mark.parametrize("act_bits", [8, 16], ids=["q8", "q16"])
+def test_pairs_of_groups_give_the_group_layouts_bits(kernels, act_bits, isa):
+    """The layout is the machine's choice, never the output's: 4-bit weights stored in pairs of groups give the bits
+    of the same weights stored group by group, at every number of rows, an odd number of groups included."""
+    x = torch.randn(19, 256, generator=torch.Generator().manual_seed(11))
+    for n in (40, 37, 13):
+        parts = [random_qtensor("Q4_1", n, 256, seed=30)]
+        groups, pairs = (kernels.QMatrix(*planes(parts, True, act_bits, paired=p)) for p in (False, True))
+        assert pairs.paired and not groups.paired
+        for m in range(1, 20):
+            assert torch.equal(kernels.gemm_gguf(x[:m], pairs), kernels.gemm_gguf(x[:m], groups)), f"{n} x {m}"
 
 
 def test_set_isa_refuses_what_it_cannot_run(kernels):

@@ -96,14 +96,17 @@ def _unpermute_rows(blocks: np.ndarray, n_heads: int) -> np.ndarray:
     return blocks.reshape(n_heads, half, 2, -1).swapaxes(1, 2).reshape(blocks.shape)
 
 
-def planes(parts: list[QTensor], interleave: bool, act_bits: int = 8) -> tuple:
+def planes(parts: list[QTensor], interleave: bool, act_bits: int = 8, paired: bool = False) -> tuple:
     """The kernel's planes (kernels/gguf.cpp, QMatrix) of the matrices `parts` stacked by rows (a fused [q; k; v]
-    or [gate; up]): (bits, N, K, q, d, m, rows, act_bits).
+    or [gate; up]): (bits, N, K, q, d, m, rows, act_bits, paired).
 
     interleave=False (the exact path): row by row, q uint8 [N, K/32, 16] (the file's nibbles) or int8 [N, K/32, 32],
     d and m fp16 [N, K/32]. interleave=True (the integer paths, activation blocks of `act_bits` = 8 or 16): rows in
-    groups of 8, padded with zero rows to a multiple of 8; q uint8 [N/8, K/32, 4, 32] (chunk c: register c in the
-    low nibbles, c + 4 in the high ones) or int8 [N/8, K/32, 8, 32]; d and m fp16 [N/8, K/32, 8]."""
+    groups of 8, padded with zero rows to a multiple of 8. 4-bit: q uint8 [G, K/32, 4, 32] (chunk c: register c in
+    the low nibbles, c + 4 in the high ones), d and m fp16 [G, K/32, 8]; with `paired` (what the AVX512-VNNI build
+    reads fastest: it takes two groups at a time), groups side by side in pairs, a zero group padding an odd count:
+    q [G/2, K/32, 4, 2, 32], d and m [G/2, K/32, 2, 8]. 8-bit (never paired): q int8 [G, K/32, 8, 32], d fp16
+    [G, K/32, 8]."""
     bits = {8 if p.kind == "Q8_0" else 4 for p in parts}
     if len(bits) != 1 or len({p.cols for p in parts}) != 1:
         raise SpecdecError("a fused matrix mixes 4-bit and 8-bit blocks; use --precision fp16 for this file")
@@ -114,7 +117,7 @@ def planes(parts: list[QTensor], interleave: bool, act_bits: int = 8) -> tuple:
     m = np.concatenate([f[2] for f in fields]) if bits == 4 else None
     n, k = q.shape[0], parts[0].cols
     if not interleave:
-        return bits, n, k, *(_tensor(a) for a in (q, d, m)), True, act_bits
+        return bits, n, k, *(_tensor(a) for a in (q, d, m)), True, act_bits, False
     if bits == 4:  # the stored byte j holds elements j (low nibble) and j + 16 (high)
         q = np.concatenate([q & 0x0F, q >> 4], axis=-1)  # [N, blocks, 32] in element order
     pad = -n % 8
@@ -126,10 +129,22 @@ def planes(parts: list[QTensor], interleave: bool, act_bits: int = 8) -> tuple:
 
     r = interleave(q.reshape(n, blocks, 8, 4))  # [G, blocks, j, k, t]
     r = np.ascontiguousarray(r.swapaxes(2, 3)).reshape(groups, blocks, 8, 32)  # register k: bytes [4 j + t]
+    d, m = interleave(d), None if m is None else interleave(m)  # [G, blocks, 8]
+    paired = paired and bits == 4
     if bits == 4:
         r = (r[:, :, :4] | (r[:, :, 4:] << 4)).astype(np.uint8)  # [G, blocks, 4, 32]
-    return (bits, n, k, _tensor(r), _tensor(interleave(d)), None if m is None else _tensor(interleave(m)), False,
-            act_bits)
+    if paired:
+        r, d, m = _pairs(r), _pairs(d), _pairs(m)  # [G/2, blocks, 4, 2, 32], [G/2, blocks, 2, 8]
+    return bits, n, k, _tensor(r), _tensor(d), _tensor(m), False, act_bits, paired
+
+
+def _pairs(a: np.ndarray) -> np.ndarray:
+    """[G, blocks, ..., last] -> [G/2, blocks, ..., 2, last]: the two groups of a pair side by side in each block,
+    just above the last axis (a zero group pads an odd G)."""
+    if a.shape[0] % 2:
+        a = np.concatenate([a, np.zeros((1, *a.shape[1:]), a.dtype)])
+    a = a.reshape(a.shape[0] // 2, 2, *a.shape[1:])  # [G/2, 2, blocks, ..., last]
+    return np.ascontiguousarray(np.moveaxis(a, 1, -2))
 
 
 def _fields(p: QTensor) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

@@ -98,9 +98,9 @@ class KVCache:
 
 
 def placed(args: tuple, arena: Arena) -> tuple:
-    """planes()'s (bits, N, K, q, d, m, rows, act_bits) with q, d and m copied into the arena."""
-    bits, n, k, q, d, m, rows, act_bits = args
-    return bits, n, k, arena.put(q), arena.put(d), arena.put(m), rows, act_bits
+    """planes()'s (bits, N, K, q, d, m, rows, act_bits, paired) with q, d and m copied into the arena."""
+    bits, n, k, q, d, m, rows, act_bits, paired = args
+    return bits, n, k, arena.put(q), arena.put(d), arena.put(m), rows, act_bits, paired
 
 
 class Block:
@@ -116,8 +116,9 @@ class Block:
             mats = [[att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"], [att + "o_proj.weight"],
                     [mlp + "gate_proj.weight", mlp + "up_proj.weight"], [mlp + "down_proj.weight"]]
             integer = precision in ACT_BITS
+            paired = kernels.isa() == "vnni"  # the layout the build that runs reads fastest (kernels/gguf.cpp)
             qkv, o, gate_up, down = (kernels.QMatrix(*placed(planes([quantized[n] for n in names], integer,
-                                                                    ACT_BITS.get(precision, 8)), arena))
+                                                                    ACT_BITS.get(precision, 8), paired), arena))
                                      for names in mats)
             self.native = (self.norm1, qkv, o, self.norm2, gate_up, down)
             self.qmatrices = [qkv, o, gate_up, down]
