@@ -244,9 +244,9 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
   int64_t need = 16;
   for (int64_t n : sizes) need += n;
   if (int64_t(buf.size()) < need) buf.resize(need);
-  float* p = buf.data() + (16 - (reinterpret_cast<uintptr_t>(buf.data()) / 4) % 16) % 16;
+  float* next = buf.data() + (16 - (reinterpret_cast<uintptr_t>(buf.data()) / 4) % 16) % 16;
   float* part[6];
-  for (int i = 0; i < 6; ++i) { part[i] = p; p += sizes[i]; }
+  for (int i = 0; i < 6; ++i) { part[i] = next; next += sizes[i]; }
   float *hp = part[0], *qp = part[1], *ap = part[2], *o = part[3], *gp = part[4], *actp = part[5];
   float* xp = x.data_ptr<float>();
   const torch::Tensor pos_c = pos.contiguous(), slot_c = slot.contiguous();
