@@ -87,7 +87,7 @@ def test_exact_path_uses_exactly_the_files_weights(kernels, kinds):
 def test_integer_paths_compute_their_definition(kernels, kinds, act_bits, isa, paired):
     parts = [random_qtensor(k, 21, 128, seed=10 + i) for i, k in enumerate(kinds)]  # 3 groups: a padded pair
     qm = kernels.QMatrix(*planes(parts, interleave=True, act_bits=act_bits, paired=paired))
-    x = np.random.default_rng(1).standard_normal((17, 128)).astype(np.float32)  # 17: the VNNI build's pairs too
+    x = np.random.default_rng(1).standard_normal((17, 128)).astype(np.float32)  # 17: two VNNI tiles and a remainder
     x[0, :32] = 0.0  # an all-zero block (scale 0)
     x[1, 32:64] *= 1000  # a block far larger than the others
     got = kernels.gemm_gguf(torch.from_numpy(x), qm).double().numpy()
