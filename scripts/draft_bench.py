@@ -23,6 +23,7 @@ from specdec.bench.render import markdown
 from specdec.bench.report import build_report
 from specdec.bench.runner import engine_method, mark_identity, run_bench
 from specdec.drafters.base import NoDrafter
+from specdec.engine.calibrate import parse_k, policy_for
 from specdec.engine.generate import Engine
 from specdec.heads.data import HOLDOUT
 from specdec.runtime import ModelSpec, build
@@ -70,8 +71,8 @@ def main() -> int:
     ap.add_argument("--drafters", default="ngram,suffix,eagle,ngram+eagle,suffix+eagle",
                     help="comma-separated; a cascade joins its members with +; a trailing ! drafts all k tokens "
                          "whatever the head's confidence")
-    ap.add_argument("--k", type=int, default=5)
-    ap.add_argument("--head-k", type=int, default=None, help="k for methods that end in the head (default --k)")
+    ap.add_argument("--k", default="5", help="an integer, or auto (the planner over pass costs measured now)")
+    ap.add_argument("--head-k", default=None, help="k for methods that end in the head (default --k)")
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="sample instead of greedy (outputs then differ from plain by design: the tests check the "
                          "distribution); adds the draft-model drafter (an int8 copy of the target) for comparison")
@@ -95,10 +96,11 @@ def main() -> int:
             for m in getattr(drafter, "members", [drafter]):
                 if hasattr(m, "min_confidence"):
                     m.min_confidence = 0.0
-        k = args.head_k if args.head_k and name.endswith("eagle") else args.k
+        k = parse_k(args.head_k if args.head_k and name.endswith("eagle") else args.k)
         if "eagle" in name and costs is None:
             costs = head_cost(target, drafter)
-        methods.append(method(f"{name} k={k}", Engine(target.model, target.tokenizer), drafter, k, "plain", k))
+        policy = policy_for(k, target.model, drafter)  # its own planner per method: each learns its acceptance
+        methods.append(method(f"{name} k={k}", Engine(target.model, target.tokenizer), drafter, policy, "plain", k))
     samples = run_bench(prompts, methods, target.tokenizer, args.max_new_tokens)
     if not args.temperature:
         mark_identity(samples, methods)

@@ -42,14 +42,15 @@ def drafter_for(name: str, tiny_model, precision: str = "fp16"):
         from specdec.drafters.cascade import CascadeDrafter
 
         return CascadeDrafter([NgramDrafter(4, 1), drafter_for("eagle", tiny_model, precision)])
-    if name == "eagle":  # an untrained head (trained ones: test_heads_eagle)
+    if name in ("eagle", "eagle-native"):  # an untrained head (trained ones: test_heads_eagle)
         from specdec.heads.eagle import HeadConfig, default_taps
         from specdec.heads.train import init_head
 
         model = tiny_model(precision, **TARGET)
         torch.manual_seed(0)
         cfg = HeadConfig.for_target(model.cfg, 48, default_taps(model.cfg.num_layers))
-        return EagleDrafter(init_head(cfg, model, torch.arange(48)), model.embed)
+        return EagleDrafter(init_head(cfg, model, torch.arange(48)), model.embed,
+                            kernels=model.kernels if name == "eagle-native" else None)
     if name == "draft-model":
         return DraftModelDrafter(tiny_model(precision, **RELATIVE), VOCAB)
     if name == "draft-stranger":
@@ -67,7 +68,7 @@ def plain(tiny_model):
 
 @pytest.mark.parametrize("k", [1, 4, 8])
 @pytest.mark.parametrize("name", ["none", "ngram", "suffix", "draft-model", "draft-stranger", "draft-self", "eagle",
-                                  "ngram,eagle"])
+                                  "eagle-native", "ngram,eagle"])
 def test_tiny_greedy_equals_plain(tiny_model, plain, name, k):
     model = tiny_model("fp16", **TARGET)
     engine = Engine(model, None)
@@ -86,7 +87,7 @@ def test_tiny_greedy_equals_plain(tiny_model, plain, name, k):
         assert accepted == drafted > 0  # bit-identical passes: the draft is the target
     elif name == "draft-stranger":  # the recovery path carries the output: nearly every round is rejected
         assert recovered >= 0.9 * rounds and accepted < 0.05 * drafted, (recovered, rounds, accepted, drafted)
-    elif name == "eagle":
+    elif name.startswith("eagle"):
         assert accepted < drafted, (accepted, drafted)  # untrained: rarely right, and the output is still the same
     else:
         assert 0 < accepted < drafted, (accepted, drafted)  # accepted and rejected drafts both occur

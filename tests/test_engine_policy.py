@@ -148,3 +148,28 @@ def test_the_calibrated_curve_smooths_upward_noise():
     assert [n for n, _ in got] == [n for n, _ in expect]
     assert [t for _, t in got] == pytest.approx([t for _, t in expect])
     assert smooth([(1, 1.0), (2, 0.9)]) == ((1, 1.0), (2, 1.0))  # never cheaper with more rows
+
+
+# a pass over 2 rows costs 1.15 one-row passes, 3 rows 1.32, 4 rows 1.58 (gguf-q16 on this CPU)
+Q16 = PassCost(((1, 1.0), (2, 1.15), (3, 1.32), (4, 1.58)))
+NAN = float("nan")
+
+
+def test_a_confident_draft_is_kept_as_far_as_it_pays():
+    """trim: the drafter's own confidence in each token decides how much of its draft is verified; the row's
+    history (a = 0.9 here) does not, where a confidence is given."""
+    auto = Auto(Q16, max_k=8)
+    for conf, k in (([0.95, 0.9, 0.9], 3), ([0.9, 0.1, 0.9], 1), ([0.1, 0.9, 0.9], 0), ([0.5, 0.5, 0.05], 2)):
+        assert auto.trim(rows(1, 0.9, cap=3), [conf]) == [k], conf
+    assert auto.trim(rows(1, 0.9, cap=3), [[NAN, NAN, NAN]]) == [3]  # no confidence: the row's evidence rules
+    assert auto.trim(rows(1, 0.05, cap=3), [[NAN, NAN, NAN]]) == [0]
+
+
+def test_confidence_is_calibrated_by_what_verification_accepts():
+    """A drafter that says 0.5 but is right only one time in ten is believed less and less."""
+    auto = Auto(Q16, max_k=8)
+    assert auto.trim(rows(1, 0.5, cap=1), [[0.5]]) == [1]
+    for _ in range(100):
+        auto.learn_confidence([0.5] * 10, [True] + [False] * 9)
+    assert auto.calibration == pytest.approx(0.2, abs=0.02)
+    assert auto.trim(rows(1, 0.5, cap=1), [[0.5]]) == [0]

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.sampling.verify import PAD
 from specdec.theory.economics import CostCurve, batch_capacity, first_exceeding, fit_knee
 
 PROFILE_FORMAT, PROFILE_VERSION = "specdec-profile", 1
@@ -174,16 +175,21 @@ def time_head(drafter, context: list[int], k: int, reps: int) -> float:
     """Seconds per drafted token of a trained head after `context` (its features zeros: the cost is the same)."""
     from specdec.sampling.warp import SamplingConfig
 
-    drafter.reserve(1, len(context) + k + 1)
-    drafter.open(0, context, SamplingConfig())
-    drafter.features(0, 0, torch.zeros(len(context) - 1, len(drafter.taps) * drafter.head.cfg.hidden))
-    drafter.propose([0], [context], [1])  # feeds the context, untimed
-    times = []
-    for _ in range(max(reps, 3)):
-        t0 = time.perf_counter()
-        drafter.propose([0], [context], [k])
-        times.append((time.perf_counter() - t0) / k)
-    drafter.close(0)
+    cutoff = drafter.min_confidence
+    drafter.min_confidence = 0.0  # every step drafted: a head unsure of its drafts would stop before k
+    try:
+        drafter.reserve(1, len(context) + k + 1)
+        drafter.open(0, context, SamplingConfig())
+        drafter.features(0, 0, torch.zeros(len(context) - 1, len(drafter.taps) * drafter.head.cfg.hidden))
+        drafter.propose([0], [context], [1])  # feeds the context, untimed
+        times = []
+        for _ in range(max(reps, 3)):
+            t0 = time.perf_counter()
+            d = drafter.propose([0], [context], [k])
+            times.append((time.perf_counter() - t0) / max(1, int((d.tokens != PAD).sum())))
+        drafter.close(0)
+    finally:
+        drafter.min_confidence = cutoff
     return statistics.median(times)
 
 

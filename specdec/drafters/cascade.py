@@ -4,7 +4,8 @@ falling back along the list; the last drafter always answers.
 The cheap drafters come first (prompt lookup and suffix decoding copy text at no cost and, where they match, are
 right more often than a model), a trained head last. Every member sees every sequence open and close, and the
 ones that read the target's hidden states get them for every position, so a head that sat out some rounds
-catches up when it is asked again. A row drafted by a deterministic member gets a one-hot q.
+catches up when it is asked again. A row drafted by a deterministic member gets a one-hot q, and a row's
+confidence is its member's (NaN from a member that gives none).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class CascadeDrafter:
         self.members, self.min_tokens = list(members), min_tokens
         self.name = ",".join(m.name for m in self.members)
         self.free = all(m.free for m in self.members)
+        self.confident = any(getattr(m, "confident", False) for m in self.members)
         self.taps = next((tuple(m.taps) for m in self.members if getattr(m, "taps", ())), ())
         self.used: dict[int, object] = {}  # slot -> the member whose draft it took last round
         self.counts = {m.name: 0 for m in self.members}  # rows drafted by each member
@@ -53,6 +55,7 @@ class CascadeDrafter:
         width = max(ks, default=0)
         tokens = torch.full((len(slots), width), PAD, dtype=torch.long)  # [n, k]
         probs = None  # [n, k, vocab] once a member gives probabilities
+        conf = torch.full((len(slots), width), float("nan"))  # [n, k]: NaN where the member gave none
         given: set[int] = set()  # rows whose q came from a member
         todo = [i for i, k in enumerate(ks) if k > 0]
         for j, m in enumerate(self.members):
@@ -69,6 +72,8 @@ class CascadeDrafter:
                 tokens[i, :len(row)] = torch.tensor(row, dtype=torch.long)
                 self.used[slots[i]] = m
                 self.counts[m.name] += 1
+                if d.confidence is not None:
+                    conf[i, :len(row)] = d.confidence[r, :len(row)]
                 if d.probs is not None:
                     if probs is None:
                         probs = torch.zeros(len(slots), width, d.probs.shape[-1])
@@ -80,7 +85,7 @@ class CascadeDrafter:
                 real = tokens[i] != PAD
                 if i not in given and real.any():
                     probs[i, real] = torch.nn.functional.one_hot(tokens[i, real], probs.shape[-1]).float()
-        return Draft(tokens, probs)
+        return Draft(tokens, probs, conf if self.confident else None)
 
     def accepted(self, slots, num_accepted) -> None:
         by: dict[int, tuple[list, list]] = {}

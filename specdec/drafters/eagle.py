@@ -25,15 +25,48 @@ from specdec.sampling.verify import PAD, draw_random
 from specdec.sampling.warp import SamplingConfig, warp_probs
 
 
+class TorchHead:
+    """The head's layer in torch, its keys and values fp32 [slots, positions, kv_heads, d] (heads/quantized.py
+    has the native one, with the same interface)."""
+
+    def __init__(self, head: EagleHead):
+        self.head, self.cfg = head, head.cfg
+        self.k = self.v = None
+
+    def reserve(self, slots: int, capacity: int) -> None:
+        c = self.cfg
+        self.k = torch.zeros(slots, capacity, c.kv_heads, c.head_dim)  # [slots, positions, kv_heads, d]
+        self.v = torch.zeros_like(self.k)
+
+    def fc(self, feats: torch.Tensor) -> torch.Tensor:
+        return self.head.fc(feats.float())
+
+    def feed(self, slot: int, emb: torch.Tensor, g: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """emb, g [m, hidden] at positions start.. -> (out [m, hidden], the last row's logits [draft_vocab]),
+        writing keys and values and attending to positions <= each one's own."""
+        h, m = self.head, emb.shape[0]
+        pos = torch.arange(start, start + m)
+        q, k, v, res = h.qkv(emb, g, pos)
+        self.k[slot, start:start + m], self.v[slot, start:start + m] = k, v
+        mask = torch.arange(start + m)[None, :] <= pos[:, None]  # [m, start + m]
+        att = h.attend(q, self.k[slot, :start + m], self.v[slot, :start + m], mask)
+        out, logits = h.finish(att, res)
+        return out, logits[-1]
+
+
 class EagleDrafter:
     name = "eagle"
     free = False
+    confident = True  # at temperature 0 (NaN otherwise): Draft.confidence is the head's top-1 probability
 
-    def __init__(self, head: EagleHead, embed: torch.Tensor, min_confidence: float = 0.0, seed_offset: int = 104729):
+    def __init__(self, head: EagleHead, embed: torch.Tensor, min_confidence: float = 0.0, seed_offset: int = 104729,
+                 kernels=None):
         """embed [target_vocab, hidden]: the target's token embedding (the head shares it). min_confidence: at
         temperature 0, drafting stops before the product of the drafted tokens' head probabilities (the head's
-        own estimate that the whole draft is accepted) falls below it, so a row drafts fewer tokens where the
-        head is unsure."""
+        own estimate that the whole draft is accepted) falls below it, first token included, so a row drafts
+        fewer tokens, or none, where the head is unsure. Each token's probability is returned as its confidence
+        (at temperature 0), from which the auto policy keeps the part of a draft that pays. kernels: the native
+        CPU kernels (specdec.kernels.decode_kernels()) to run the head's layer on, or None for torch."""
         if not 0.0 <= min_confidence < 1.0:
             raise SpecdecError(f"min_confidence must be in [0, 1), got {min_confidence}")
         self.min_confidence = min_confidence
@@ -42,23 +75,31 @@ class EagleDrafter:
             raise SpecdecError(f"this draft head was trained for a target with {c.target_vocab} tokens of width "
                                f"{c.hidden}; the target has {embed.shape[0]} of width {embed.shape[1]}")
         self.head, self.embed, self.seed_offset = head.eval(), embed.float(), seed_offset
+        self.layer = TorchHead(self.head)  # runs the layer: in torch, or natively where the kernels are at hand
+        if kernels is not None:
+            from specdec.heads.quantized import KernelHead, supported
+
+            if supported(self.head):
+                self.layer = KernelHead(self.head, kernels)
         self.taps = c.taps  # the target layers whose features the scheduler passes to `features`
         self.ids = head.target_ids()  # [draft_vocab] target id of each draft id
-        self.k = self.v = self.g = None
+        self.g = None
         self.valid: dict[int, int] = {}  # per slot: head positions fed with the target's features
+        # per slot: (start, the target's features from start) not yet through fc: projected when the head is next
+        # asked, all at once (a round where a cascade's other member drafts, or none, then costs nothing here)
+        self.pending: dict[int, list[tuple[int, torch.Tensor]]] = {}
         self.sampling: dict[int, SamplingConfig] = {}
         self.gen: dict[int, torch.Generator] = {}
 
     def reserve(self, slots: int, capacity: int) -> int:
         c = self.head.cfg
         capacity = min(capacity, c.max_positions)
-        self.k = torch.zeros(slots, capacity, c.kv_heads, c.head_dim)  # [slots, positions, kv_heads, d]
-        self.v = torch.zeros_like(self.k)
+        self.layer.reserve(slots, capacity)
         self.g = torch.zeros(slots, capacity, c.hidden)  # [slots, positions, hidden]: fc(target features at p)
         return capacity
 
     def open(self, slot: int, prompt: Sequence[int], sampling: SamplingConfig) -> None:
-        self.valid[slot], self.sampling[slot] = 0, sampling
+        self.valid[slot], self.sampling[slot], self.pending[slot] = 0, sampling, []
         self.g[slot].zero_()
         g = torch.Generator()
         g.manual_seed((sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, ()).item()))
@@ -66,28 +107,34 @@ class EagleDrafter:
         self.gen[slot] = g
 
     def close(self, slot: int) -> None:
-        for d in (self.valid, self.sampling, self.gen):
+        for d in (self.valid, self.sampling, self.gen, self.pending):
             d.pop(slot, None)
 
     @torch.inference_mode()
     def features(self, slot: int, start: int, feats: torch.Tensor) -> None:
         """The target's features [m, taps * hidden] at positions start .. start + m - 1 of the slot's sequence."""
         end = min(start + feats.shape[0], self.g.shape[1])
-        self.g[slot, start:end] = self.head.fc(feats[: end - start].float())
+        if end > start:
+            self.pending.setdefault(slot, []).append((start, feats[: end - start]))
         self.valid[slot] = min(self.valid.get(slot, 0), start + 1)  # positions after start read new features
+
+    def _project(self, slot: int) -> None:
+        """g at the positions whose features arrived since the head last drafted for `slot`: one fc product."""
+        todo = self.pending.get(slot)
+        if not todo:
+            return
+        g = self.layer.fc(torch.cat([f for _, f in todo]))  # [sum m, hidden]
+        off = 0
+        for start, f in todo:  # in arrival order: a position sent twice keeps the later features
+            self.g[slot, start:start + f.shape[0]] = g[off:off + f.shape[0]]
+            off += f.shape[0]
+        todo.clear()
 
     @torch.inference_mode()
     def _feed(self, slot: int, tokens: Sequence[int], g: torch.Tensor, start: int) -> tuple[torch.Tensor, ...]:
-        """Run the head over tokens at positions start.. with hidden inputs g [m, hidden], writing keys and values
-        and attending to positions <= each one's own. Returns (out [m, hidden], logits [m, draft_vocab])."""
-        h = self.head
-        m = len(tokens)
-        pos = torch.arange(start, start + m)
-        q, k, v, res = h.qkv(self.embed[torch.tensor(tokens)], g, pos)
-        self.k[slot, start:start + m], self.v[slot, start:start + m] = k, v
-        mask = torch.arange(start + m)[None, :] <= pos[:, None]  # [m, start + m]
-        att = h.attend(q, self.k[slot, :start + m], self.v[slot, :start + m], mask)
-        return h.finish(att, res)
+        """Run the head over tokens at positions start.. with hidden inputs g [m, hidden]. Returns (out [m, hidden],
+        the last row's logits [draft_vocab])."""
+        return self.layer.feed(slot, self.embed[torch.tensor(tokens)], g, start)
 
     def _pick(self, logits: torch.Tensor, slot: int) -> tuple[int, torch.Tensor | None]:
         """A draft token (target id) from draft logits [draft_vocab], and q over the target vocabulary when
@@ -107,20 +154,24 @@ class EagleDrafter:
         tokens = torch.full((len(slots), width), PAD, dtype=torch.long)  # [n, k]
         sampled = any(k > 0 and not self.sampling[s].greedy for s, k in zip(slots, ks))
         probs = torch.zeros(len(slots), width, self.head.cfg.target_vocab) if sampled else None  # [n, k, vocab]
+        conf = torch.full((len(slots), width), float("nan"))  # [n, k]
         for i, (s, ctx, k) in enumerate(zip(slots, contexts, ks)):
             n = len(ctx)
             if k <= 0 or n + k > self.g.shape[1]:
                 continue
             a = min(self.valid[s], n - 1)
+            self._project(s)
             g = torch.cat([torch.zeros(1, self.head.cfg.hidden), self.g[s, : n - 1]])[a:n]  # features at p - 1
             out, logits = self._feed(s, list(ctx[a:n]), g, a)
             self.valid[s] = n
-            x, q = self._pick(logits[-1], s)
+            x, q = self._pick(logits, s)
             sure = 1.0  # at temperature 0: the head's probability that the draft so far is right
             for j in range(k):
-                if self.min_confidence and self.sampling[s].greedy:
-                    sure *= float(logits[-1].softmax(-1).max())
-                    if j > 0 and sure < self.min_confidence:
+                if self.sampling[s].greedy:
+                    conf[i, j] = float(logits.softmax(-1).max())
+                    sure *= float(conf[i, j])
+                    if sure < self.min_confidence:
+                        conf[i, j] = float("nan")
                         break
                 tokens[i, j] = x
                 if probs is not None and q is not None:
@@ -128,8 +179,8 @@ class EagleDrafter:
                 if j + 1 == k:
                     break
                 out, logits = self._feed(s, [x], out[-1:], n + j)
-                x, q = self._pick(logits[-1], s)
-        return Draft(tokens, probs)
+                x, q = self._pick(logits, s)
+        return Draft(tokens, probs, conf)
 
     def accepted(self, slots, num_accepted) -> None:
         pass  # the accepted drafts' features arrive through `features`; their head positions are fed then

@@ -119,6 +119,8 @@ class Auto:
     explore: bool = True
     prior_judged: list[float] = field(default_factory=list)
     prior_hits: list[float] = field(default_factory=list)
+    conf_sum: float = 0.0  # decayed sums over verified drafts that came with a confidence: the confidences,
+    conf_hits: float = 0.0  # ... and the accepted ones
 
     def __post_init__(self) -> None:
         check_k(self.max_k, "max k")
@@ -143,22 +145,47 @@ class Auto:
         return out
 
     def plan(self, rows: Sequence[RowView]) -> list[int]:
+        """Each row's k before drafting, from its acceptance estimates."""
+        return self._best([self.estimates(r) for r in rows], self.draft_step_s)
+
+    def trim(self, rows: Sequence[RowView], confidence: Sequence[Sequence[float]]) -> list[int]:
+        """Each row's k after drafting, from drafts of rows[i].cap tokens that came with the drafter's own
+        confidence[i][j] that token j is accepted given the earlier ones were (NaN: none; the row's estimate
+        stands in), scaled by how well such confidences have matched verification so far. The drafting is
+        spent already, so only the pass's cost counts."""
+        gains = []
+        for r, conf in zip(rows, confidence):
+            est = self.estimates(r)
+            gains.append([min(1.0, c * self.calibration) if c == c else e for c, e in zip(conf, est)])
+        return self._best(gains, 0.0)
+
+    @property
+    def calibration(self) -> float:
+        """Accepted drafts per unit of the confidence they came with (1 before any evidence)."""
+        return (self.conf_hits + 4.0) / (self.conf_sum + 4.0)
+
+    def learn_confidence(self, confidence: Sequence[float], hits: Sequence[bool]) -> None:
+        """Verified drafts' confidences and whether each was accepted (only positions the target judged)."""
+        decay = 0.998 ** len(confidence)  # about the last 500 judged drafts count
+        self.conf_sum = self.conf_sum * decay + sum(confidence)
+        self.conf_hits = self.conf_hits * decay + sum(hits)
+
+    def _best(self, gains: list[list[float]], draft_step_s: float) -> list[int]:
         """Greedy by marginal expected tokens; keeps the best prefix of the additions (the cost curve has
         steps, so the first addition that loses does not end the search)."""
-        ks = [0] * len(rows)
-        gains = [self.estimates(r) for r in rows]
+        ks = [0] * len(gains)
         nxt = [g[0] if g else 0.0 for g in gains]  # the expected tokens the next draft of each row adds
-        tokens, width = float(len(rows)), len(rows)
+        tokens, width = float(len(gains)), len(gains)
         best, best_ks = tokens / self.cost(width), list(ks)
         while True:
-            r = max(range(len(rows)), key=lambda i: nxt[i], default=None)
+            r = max(range(len(gains)), key=lambda i: nxt[i], default=None)
             if r is None or nxt[r] <= 0.0:
                 break
             tokens += nxt[r]
             ks[r] += 1
             width += 1
             nxt[r] = nxt[r] * gains[r][ks[r]] if ks[r] < len(gains[r]) else 0.0
-            rate = tokens / (self.cost(width) + self.draft_step_s * max(ks))
+            rate = tokens / (self.cost(width) + draft_step_s * max(ks))
             if rate > best:
                 best, best_ks = rate, list(ks)
         return best_ks

@@ -17,6 +17,7 @@ Rollback is free: the pool is addressed by position, and a row's length advances
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -107,6 +108,8 @@ class Scheduler:
         self.model, self.tok = model, tokenizer
         self.drafter = drafter or NoDrafter()
         self.policy = Never() if isinstance(self.drafter, NoDrafter) or policy is None else policy
+        # drafts cut to what pays after drafting, from the drafter's confidence (the auto policy)
+        self._trims = getattr(self.drafter, "confident", False) and hasattr(self.policy, "trim")
         self.cfg = cfg or SchedulerConfig()
         self.meter = meter or AcceptanceMeter()
         limit = model.cfg.max_position_embeddings
@@ -245,6 +248,8 @@ class Scheduler:
         hits0 = [sum(s.hits[j] for s in rows) for j in range(depth)]
         td = time.perf_counter()
         drafts: list[list[int]] = [[] for _ in rows]
+        confidence: list[list[float]] | None = None  # per row, the kept drafts' confidences (trimmed rounds)
+        steps = None  # drafting steps run, where more were drafted than kept
         probs = None
         if self.drafter.free and self.policy.max_k > 0:
             # free drafts first: the plan then knows which rows have any, and unverified drafts are shadow-scored
@@ -255,6 +260,17 @@ class Scheduler:
                 drafts[i] = o[:ks[i]]
                 if ks[i] < len(o):
                     s.set_shadow(o, verified=ks[i])
+        elif self._trims and any(caps):
+            # a drafter that knows how sure it is drafts all the room it has (stopping itself where unsure);
+            # the planner keeps the prefix of each draft that pays at the measured pass costs
+            d = self.drafter.propose(slots, contexts, caps)
+            offered = [[t for t in row if t != PAD] for row in d.tokens.tolist()]
+            steps = max(len(o) for o in offered)
+            conf = d.confidence.tolist() if d.confidence is not None else [[math.nan] * steps for _ in rows]
+            ks = self.policy.trim([RowView(s.judged, s.hits, len(o)) for s, o in zip(rows, offered)], conf)
+            drafts = [o[:k] for o, k in zip(offered, ks)]
+            confidence = [c[:k] for c, k in zip(conf, ks)]
+            probs = d.probs  # [n, max k, vocab] or None
         else:
             ks = self.policy.plan([RowView(s.judged, s.hits, c) for s, c in zip(rows, caps)])
             if any(ks):
@@ -280,6 +296,9 @@ class Scheduler:
             off += n + 1
             a = int(out.num_accepted[0])
             accepted.append(a)
+            if confidence is not None:  # the positions the target judged: a accepted, then one rejected
+                judged = [c for c in confidence[i][: a + 1] if c == c]
+                self.policy.learn_confidence(judged, [j < a for j, c in enumerate(confidence[i][: a + 1]) if c == c])
             if feats is not None:  # the target's features where it ran the kept tokens
                 self.drafter.features(s.slot, s.length, feats[off - n - 1:off - n + a])
             emitted = out.tokens[0, : a + 1].tolist()
@@ -298,7 +317,8 @@ class Scheduler:
         spec = [i for i, n in enumerate(drafted) if n]
         if spec:
             self.drafter.accepted([slots[i] for i in spec], [accepted[i] for i in spec])
-        self.policy.observe(len(toks), t1 - tv, tv - td - getattr(self.drafter, "catch_up_s", 0.0), max(drafted))
+        self.policy.observe(len(toks), t1 - tv, tv - td - getattr(self.drafter, "catch_up_s", 0.0),
+                            max(drafted) if steps is None else steps)
         learn = getattr(self.policy, "learn", None)
         if learn is not None:  # the round's evidence, verified and shadow-scored, into the running prior
             learn([sum(s.judged[j] for s in rows) - b for j, b in enumerate(judged0)],

@@ -333,6 +333,32 @@ void decode_block_gguf(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, t
                          [&](int which, const float* in, float* out, int64_t M) { matmul(in, *w[which], out, M); });
 }
 
+// One step of an EAGLE-3 draft head (heads/eagle.py) on GGUF blocks, in place: g [R, H], the hidden input and
+// the residual, becomes the layer's output. Its [q; k; v] product reads [input_norm(e) ; hidden_norm(g)] (K = 2H),
+// e [R, H] the rows' token embeddings; the rest is a decoder block's (norm_before_residual false).
+void eagle_block_gguf(torch::Tensor g, torch::Tensor e, torch::Tensor e_norm, torch::Tensor slot, torch::Tensor pos,
+                      torch::Tensor g_norm, const QMatrix& qkv, const QMatrix& o, torch::Tensor norm2,
+                      const QMatrix& gate_up, const QMatrix& down, torch::Tensor k_cache, torch::Tensor v_cache,
+                      torch::Tensor cos, torch::Tensor sin, int64_t hq, int64_t hk, double eps) {
+  const QMatrix* w[4] = {&qkv, &o, &gate_up, &down};
+  const int64_t R = g.size(0), H = g.size(1);
+  TORCH_CHECK(e.is_contiguous() && e.dtype() == torch::kFloat32 && e.size(0) == R && e.size(1) == H,
+              "e: contiguous float32 [R, H]");
+  TORCH_CHECK(qkv.K == 2 * H && gate_up.K == H && o.N == H && down.N == H && gate_up.N == 2 * down.K,
+              "weight shapes do not match the hidden size");
+  std::vector<float> both(R * 2 * H);  // [R, 2H]: input_norm(e) beside hidden_norm(g)
+  for (int64_t r = 0; r < R; ++r)
+    specdec::rms_norm_rows(e.data_ptr<float>() + r * H, e_norm.data_ptr<float>(), both.data() + r * 2 * H, 1, H,
+                           float(eps));
+  specdec::decoder_block(g, slot, pos, g_norm, norm2, down.K, k_cache, v_cache, cos, sin, hq, hk, eps,
+                         [&](int which, const float* in, float* out, int64_t M) {
+                           if (which != specdec::QKV) return matmul(in, *w[which], out, M);
+                           for (int64_t r = 0; r < M; ++r) std::copy(in + r * H, in + (r + 1) * H,
+                                                                     both.data() + r * 2 * H + H);
+                           matmul(both.data(), qkv, out, M);
+                         });
+}
+
 // The int8 multiply-add rate of this machine as the q8 path issues them (its block_sum on the build the machine
 // runs), every thread at once for about `seconds`. Multiply-adds per second.
 double int8_peak(double seconds) {
@@ -369,6 +395,7 @@ void specdec::register_gguf(pybind11::module& m) {
       .def_property_readonly("nbytes", &QMatrix::nbytes);
   m.def("gemm_gguf", &gemm_gguf, "y [M, N] = x [M, K] . W^T on GGUF blocks (row layout: exact; interleaved: q8)");
   m.def("decode_block_gguf", &decode_block_gguf, "one decoder block on GGUF blocks, in place");
+  m.def("eagle_block_gguf", &eagle_block_gguf, "an EAGLE-3 draft head's layer on GGUF blocks, in place");
   m.def("int8_peak", &int8_peak, "int8 multiply-adds per second over all threads, as the q8 path issues them");
   m.def("isa", &isa, "the q8 kernel's build in use: avx2 or vnni");
   m.def("set_isa", &set_isa, "the q8 kernel's build: auto, avx2 or vnni; returns the one before");

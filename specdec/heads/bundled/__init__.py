@@ -47,4 +47,5 @@ def load_head(path: str | None, model: str, target):
     if max(head.cfg.taps) > target.model.cfg.num_layers:
         raise SpecdecError(f"{where}: the head reads layer {max(head.cfg.taps)}; the target has "
                            f"{target.model.cfg.num_layers}")
-    return EagleDrafter(head, target.model.embed, MIN_CONFIDENCE)
+    # where the target runs on the native CPU kernels, so does the head's layer
+    return EagleDrafter(head, target.model.embed, MIN_CONFIDENCE, kernels=getattr(target.model, "kernels", None))

@@ -1,0 +1,88 @@
+"""A draft head's drafting step on the native kernels: one call runs its whole layer, with its matrices as Q8_0
+blocks and activations in 15-bit blocks of 32 (the `gguf-q16` path's arithmetic), and its keys and values in the
+target's fp16 cache layout.
+
+In torch, a drafting step of the bundled head reads its 8.8 M weights in fp32 (35 MB) and runs about 60 small
+operations: about 3 ms here, most of a `gguf-q16` target pass. Here it reads 9.4 MB in two calls. Its drafts
+can differ from the torch head's where two of its logits nearly tie; the output never does (the target verifies
+every draft, and at temperature > 0 the rejection sampler is given the distribution this head computes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from specdec.heads.eagle import EagleHead
+from specdec.models.gguf_weights import QTensor, planes
+
+KV_BLOCK = 64  # positions per key block of the native cache (kernels/common.h KB)
+
+
+def q8_0(w: torch.Tensor) -> QTensor:
+    """w [N, K] (K a multiple of 32) as Q8_0 blocks, rounded as llama.cpp's quantizer does (gguf-py's)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    a = w.detach().float().numpy()
+    return QTensor("Q8_0", np.ascontiguousarray(quantize(a, GGMLQuantizationType.Q8_0)), *a.shape)
+
+
+def supported(head: EagleHead) -> bool:
+    """Whether the native step computes this head's layer: widths in whole blocks, the residual taken before the
+    hidden norm (as the bundled head and EAGLE-3's default have it)."""
+    c = head.cfg
+    return not c.norm_before_residual and c.hidden % 32 == 0 and c.intermediate % 32 == 0
+
+
+class KernelHead:
+    """The layer of `head` on `kernels` (specdec.kernels.decode_kernels()), for drafting (the same interface as
+    drafters/eagle.TorchHead)."""
+
+    def __init__(self, head: EagleHead, kernels):
+        self.cfg, self.kernels = head.cfg, kernels
+        paired = kernels.isa() == "vnni"
+
+        def matrix(*ws: torch.Tensor):
+            return kernels.QMatrix(*planes([q8_0(torch.cat(ws))], True, 16, paired))
+
+        # fc in fp16: trained from an identity on the last tap, its blocks of 32 mix 1s with small weights that
+        # Q8_0 would round away (the drafts' top-1 then changed at 6% of positions; in fp16, at 3% as elsewhere).
+        # It runs once per verified position, not per drafting step
+        self.fc_w = head.fc.weight.detach().half().contiguous()
+        self.qkv = matrix(head.q_proj.weight, head.k_proj.weight, head.v_proj.weight)
+        self.o, self.down = matrix(head.o_proj.weight), matrix(head.down_proj.weight)
+        self.gate_up = matrix(head.gate_proj.weight, head.up_proj.weight)
+        self.lm_head = matrix(head.lm_head.weight)
+        self.norms = [t.detach().float().contiguous() for t in
+                      (head.input_layernorm, head.hidden_norm, head.post_attention_layernorm, head.norm)]
+        self.k = self.v = self.cos = self.sin = None
+
+    def reserve(self, slots: int, capacity: int) -> None:
+        c = self.cfg
+        cap = math.ceil(capacity / KV_BLOCK) * KV_BLOCK
+        self.k = torch.zeros(slots, c.kv_heads, cap // KV_BLOCK, c.head_dim, KV_BLOCK, dtype=torch.float16)
+        self.v = torch.zeros(slots, c.kv_heads, cap, c.head_dim, dtype=torch.float16)
+        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
+        ang = torch.arange(cap, dtype=torch.float32)[:, None] * torch.cat([inv, inv])[None, :]  # [cap, d]
+        self.cos, self.sin = ang.cos().contiguous(), ang.sin().contiguous()
+
+    def fc(self, feats: torch.Tensor) -> torch.Tensor:
+        """feats [m, taps * hidden] -> [m, hidden]."""
+        return self.kernels.gemv_f16(feats.float().contiguous(), self.fc_w, None)
+
+    def feed(self, slot: int, emb: torch.Tensor, g: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """emb, g [m, hidden] at positions start.. of `slot` -> (out [m, hidden], the last row's logits
+        [draft_vocab]), writing the positions' keys and values; each row attends to the slot's positions up to its
+        own."""
+        c, m = self.cfg, emb.shape[0]
+        x = g.float().contiguous().clone()  # [m, hidden]: becomes the layer's output
+        pos = torch.arange(start, start + m)
+        slots = torch.full((m,), slot, dtype=torch.long)
+        e_norm, g_norm, post, final = self.norms
+        self.kernels.eagle_block_gguf(x, emb.float().contiguous(), e_norm, slots, pos, g_norm, self.qkv, self.o,
+                                      post, self.gate_up, self.down, self.k, self.v, self.cos, self.sin,
+                                      c.heads, c.kv_heads, c.eps)
+        return x, self.kernels.gemm_gguf(self.kernels.rms_norm(x[-1:], final, c.eps), self.lm_head)[0]
