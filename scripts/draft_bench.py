@@ -76,6 +76,7 @@ def main() -> int:
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="sample instead of greedy (outputs then differ from plain by design: the tests check the "
                          "distribution); adds the draft-model drafter (an int8 copy of the target) for comparison")
+    ap.add_argument("--precision", default=None, help="the target's path (default: the bundled model's default)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--markdown", default=None)
     args = ap.parse_args()
@@ -84,13 +85,14 @@ def main() -> int:
         return 2
     prompts = select(load_prompts(args.prompts), None, args.per_category)
     bw = measure_bandwidth(2**30, 7)
-    target, _ = build(ModelSpec(drafter="none"))
+    target, _ = build(ModelSpec(drafter="none", precision=args.precision))
     method = engine_method if not args.temperature else sampled_method(args.temperature)
     methods = [method("plain", Engine(target.model, target.tokenizer), NoDrafter(), 1)]
     costs = None
     names = args.drafters.split(",") + (["draft-model"] if args.temperature else [])
     for name in names:
-        spec = ModelSpec(drafter=name.rstrip("!").replace("+", ","), draft_model="default", draft_precision="int8")
+        spec = ModelSpec(drafter=name.rstrip("!").replace("+", ","), draft_model="default", draft_precision="int8",
+                         precision=args.precision)
         _, drafter = build(spec)
         if name.endswith("!"):  # the head drafts all k tokens, whatever its confidence
             for m in getattr(drafter, "members", [drafter]):

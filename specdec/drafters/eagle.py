@@ -161,7 +161,9 @@ class EagleDrafter:
                 continue
             a = min(self.valid[s], n - 1)
             self._project(s)
-            g = torch.cat([torch.zeros(1, self.head.cfg.hidden), self.g[s, : n - 1]])[a:n]  # features at p - 1
+            g = self.g[s, max(a - 1, 0):n - 1]  # [n - a, hidden]: fc(features at p - 1) for p = a .. n - 1
+            if a == 0:  # position 0 has no position before it
+                g = torch.cat([torch.zeros(1, self.head.cfg.hidden), g])
             out, logits = self._feed(s, list(ctx[a:n]), g, a)
             self.valid[s] = n
             x, q = self._pick(logits, s)
