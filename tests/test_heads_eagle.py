@@ -101,6 +101,23 @@ def test_auto_keeps_the_part_of_each_draft_that_pays(trained, cascade):
     assert len(lengths) >= 3 and auto.conf_sum > 1.0  # lengths vary; verified confidences were learnt from
 
 
+def test_sampled_rows_are_planned_before_the_head_drafts(trained):
+    """At temperature > 0 the head gives no confidences, so nothing could trim its drafts: the planner decides
+    first. Where a row costs a whole pass, it plans k = 0 and the head is never asked to draft."""
+    from specdec.engine.policy import Auto, PassCost
+
+    model, head, *_, prompts = trained
+    drafter = EagleDrafter(head, model.embed, min_confidence=0.05, kernels=model.kernels)
+    asked = []
+    propose = drafter.propose
+    drafter.propose = lambda slots, ctx, ks: asked.append(list(ks)) or propose(slots, ctx, ks)
+    auto = Auto(PassCost(((1, 1.0), (2, 2.0))), max_k=4)
+    cfg = GenerationConfig(max_new_tokens=12, sampling=SamplingConfig(temperature=1.0, seed=3))
+    res = Engine(model, None).generate(prompts[:2], cfg, drafter, auto)
+    assert all(len(r.drafted) == 0 for x in res for r in x.stats.rounds)
+    assert asked == [], asked
+
+
 def test_the_head_cost_times_every_drafting_step(trained):
     """time_head divides by the tokens actually drafted: a head that stops early (min_confidence) must not look
     cheaper per token than it is."""

@@ -260,9 +260,10 @@ class Scheduler:
                 drafts[i] = o[:ks[i]]
                 if ks[i] < len(o):
                     s.set_shadow(o, verified=ks[i])
-        elif self._trims and any(caps):
+        elif self._trims and any(caps) and all(s.cfg.sampling.greedy for s in rows):
             # a drafter that knows how sure it is drafts all the room it has (stopping itself where unsure);
-            # the planner keeps the prefix of each draft that pays at the measured pass costs
+            # the planner keeps the prefix of each draft that pays at the measured pass costs. (Sampled rows'
+            # drafts come without confidences: they are planned before drafting, below.)
             d = self.drafter.propose(slots, contexts, caps)
             offered = [[t for t in row if t != PAD] for row in d.tokens.tolist()]
             steps = max(len(o) for o in offered)
