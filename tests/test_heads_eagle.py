@@ -149,15 +149,17 @@ def test_the_native_layer_computes_the_torch_layer(trained):
     n = 40
     emb, g = model.embed[torch.randint(0, model.cfg.vocab_size, (n + 4,))], torch.randn(n + 4, head.cfg.hidden)
     feats = torch.randn(7, len(head.cfg.taps) * head.cfg.hidden)
-    assert torch.allclose(native.fc(feats), ref.fc(feats), atol=1e-2, rtol=1e-2)
+    with torch.no_grad():
+        assert torch.allclose(native.fc(feats), ref.fc(feats), atol=1e-2, rtol=1e-2)
     agree = rel = 0.0
     for layer in (native, ref):
         layer.reserve(2, 64)
     outs = {}
-    for name, layer in (("native", native), ("torch", ref)):
-        steps = [layer.feed(1, emb[:n], g[:n], 0)]  # a context, then single rows after it (slot 1: not the first)
-        steps += [layer.feed(1, emb[n + j:n + j + 1], steps[-1][0][-1:], n + j) for j in range(4)]
-        outs[name] = steps
+    with torch.no_grad():  # the head is trainable: its torch layer would otherwise record gradients
+        for name, layer in (("native", native), ("torch", ref)):
+            steps = [layer.feed(1, emb[:n], g[:n], 0)]  # a context, then single rows after it (slot 1, not 0)
+            steps += [layer.feed(1, emb[n + j:n + j + 1], steps[-1][0][-1:], n + j) for j in range(4)]
+            outs[name] = steps
     for (o1, l1), (o2, l2) in zip(outs["native"], outs["torch"]):
         rel = max(rel, float((o1 - o2).norm() / o2.norm()))
         agree += float(l1.argmax() == l2.argmax())
