@@ -164,11 +164,13 @@ class Auto:
         """Accepted drafts per unit of the confidence they came with (1 before any evidence)."""
         return (self.conf_hits + 4.0) / (self.conf_sum + 4.0)
 
-    def learn_confidence(self, confidence: Sequence[float], hits: Sequence[bool]) -> None:
-        """Verified drafts' confidences and whether each was accepted (only positions the target judged)."""
-        decay = 0.998 ** len(confidence)  # about the last 500 judged drafts count
-        self.conf_sum = self.conf_sum * decay + sum(confidence)
-        self.conf_hits = self.conf_hits * decay + sum(hits)
+    def learn_confidence(self, confidence: Sequence[float], accepted: int) -> None:
+        """One row's round: the confidences of the drafts the target judged, in order (NaN: none given), of which
+        the first `accepted` were accepted."""
+        given = [(c, j < accepted) for j, c in enumerate(confidence) if c == c]
+        decay = 0.998 ** len(given)  # about the last 500 judged drafts count
+        self.conf_sum = self.conf_sum * decay + sum(c for c, _ in given)
+        self.conf_hits = self.conf_hits * decay + sum(hit for _, hit in given)
 
     def _best(self, gains: list[list[float]], draft_step_s: float) -> list[int]:
         """Greedy by marginal expected tokens; keeps the best prefix of the additions (the cost curve has

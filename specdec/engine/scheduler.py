@@ -298,8 +298,7 @@ class Scheduler:
             a = int(out.num_accepted[0])
             accepted.append(a)
             if confidence is not None:  # the positions the target judged: a accepted, then one rejected
-                judged = [c for c in confidence[i][: a + 1] if c == c]
-                self.policy.learn_confidence(judged, [j < a for j, c in enumerate(confidence[i][: a + 1]) if c == c])
+                self.policy.learn_confidence(confidence[i][: a + 1], a)
             if feats is not None:  # the target's features where it ran the kept tokens
                 self.drafter.features(s.slot, s.length, feats[off - n - 1:off - n + a])
             emitted = out.tokens[0, : a + 1].tolist()

@@ -17,8 +17,7 @@ import torch
 
 from specdec.heads.eagle import EagleHead
 from specdec.models.gguf_weights import QTensor, planes
-
-KV_BLOCK = 64  # positions per key block of the native cache (kernels/common.h KB)
+from specdec.models.transformer import CHUNK
 
 
 def q8_0(w: torch.Tensor) -> QTensor:
@@ -58,15 +57,15 @@ class KernelHead:
         self.lm_head = matrix(head.lm_head.weight)
         self.norms = [t.detach().float().contiguous() for t in
                       (head.input_layernorm, head.hidden_norm, head.post_attention_layernorm, head.norm)]
+        self.inv_freq = head.inv_freq.detach().float()  # [d]
         self.k = self.v = self.cos = self.sin = None
 
     def reserve(self, slots: int, capacity: int) -> None:
         c = self.cfg
-        cap = math.ceil(capacity / KV_BLOCK) * KV_BLOCK
-        self.k = torch.zeros(slots, c.kv_heads, cap // KV_BLOCK, c.head_dim, KV_BLOCK, dtype=torch.float16)
+        cap = math.ceil(capacity / CHUNK) * CHUNK  # the target's native cache layout (models/transformer.KVCache)
+        self.k = torch.zeros(slots, c.kv_heads, cap // CHUNK, c.head_dim, CHUNK, dtype=torch.float16)
         self.v = torch.zeros(slots, c.kv_heads, cap, c.head_dim, dtype=torch.float16)
-        inv = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.float32) / c.head_dim))
-        ang = torch.arange(cap, dtype=torch.float32)[:, None] * torch.cat([inv, inv])[None, :]  # [cap, d]
+        ang = torch.arange(cap, dtype=torch.float32)[:, None] * self.inv_freq[None, :]  # [cap, d]
         self.cos, self.sin = ang.cos().contiguous(), ang.sin().contiguous()
 
     def fc(self, feats: torch.Tensor) -> torch.Tensor:
