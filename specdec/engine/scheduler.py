@@ -251,26 +251,26 @@ class Scheduler:
         confidence: list[list[float]] | None = None  # per row, the kept drafts' confidences (trimmed rounds)
         steps = None  # drafting steps run, where more were drafted than kept
         probs = None
-        if self.drafter.free and self.policy.max_k > 0:
-            # free drafts first: the plan then knows which rows have any, and unverified drafts are shadow-scored
+        trims = self._trims and any(caps) and all(s.cfg.sampling.greedy for s in rows)
+        if (self.drafter.free and self.policy.max_k > 0) or trims:
+            # drafts first, then the plan. A free drafter's cost nothing, and the ones not verified are
+            # shadow-scored. A confident drafter's come with how sure it is of each token (it stops itself where
+            # unsure), and the planner keeps the prefix of each draft that pays at the measured pass costs.
+            # (Sampled rows' drafts come without confidences: they are planned before drafting, below.)
             d = self.drafter.propose(slots, contexts, caps)
             offered = [[t for t in row if t != PAD] for row in d.tokens.tolist()]
-            ks = self.policy.plan([RowView(s.judged, s.hits, len(o)) for s, o in zip(rows, offered)])
-            for i, (s, o) in enumerate(zip(rows, offered)):
-                drafts[i] = o[:ks[i]]
-                if ks[i] < len(o):
-                    s.set_shadow(o, verified=ks[i])
-        elif self._trims and any(caps) and all(s.cfg.sampling.greedy for s in rows):
-            # a drafter that knows how sure it is drafts all the room it has (stopping itself where unsure);
-            # the planner keeps the prefix of each draft that pays at the measured pass costs. (Sampled rows'
-            # drafts come without confidences: they are planned before drafting, below.)
-            d = self.drafter.propose(slots, contexts, caps)
-            offered = [[t for t in row if t != PAD] for row in d.tokens.tolist()]
-            steps = max(len(o) for o in offered)
-            conf = d.confidence.tolist() if d.confidence is not None else [[math.nan] * steps for _ in rows]
-            ks = self.policy.trim([RowView(s.judged, s.hits, len(o)) for s, o in zip(rows, offered)], conf)
+            views = [RowView(s.judged, s.hits, len(o)) for s, o in zip(rows, offered)]
+            if self.drafter.free:
+                ks = self.policy.plan(views)
+                for s, o, k in zip(rows, offered, ks):
+                    if k < len(o):
+                        s.set_shadow(o, verified=k)
+            else:
+                steps = max(len(o) for o in offered)
+                conf = d.confidence.tolist() if d.confidence is not None else [[math.nan] * steps for _ in rows]
+                ks = self.policy.trim(views, conf)
+                confidence = [c[:k] for c, k in zip(conf, ks)]
             drafts = [o[:k] for o, k in zip(offered, ks)]
-            confidence = [c[:k] for c, k in zip(conf, ks)]
             probs = d.probs  # [n, max k, vocab] or None
         else:
             ks = self.policy.plan([RowView(s.judged, s.hits, c) for s, c in zip(rows, caps)])
