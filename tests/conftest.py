@@ -22,17 +22,19 @@ torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "1")))
 # ---- tiny models -----------------------------------------------------------------------------------------------
 
 def write_tiny_model(path: Path, vocab: int = 64, seed: int = 0, max_pos: int = 256, std: float = 0.02,
-                     arch: str = "llama", layers: int = 2, perturb: float = 0.0) -> Path:
+                     arch: str = "llama", layers: int = 2, perturb: float = 0.0, hidden: int = 64,
+                     heads: int = 4) -> Path:
     """A random-weight model folder (config.json + model.safetensors) in transformers' own layout.
 
     std: the weights' init scale; larger values give peakier, more varied next-token distributions.
     perturb: add this much relative noise to every weight (from another seed): a close relative of the
-    seed's model, which makes a draft that agrees with it often but not always."""
+    seed's model, which makes a draft that agrees with it often but not always.
+    hidden, heads: the hidden size and query heads (2 KV heads); their ratio is the head dimension."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
-    cfg = config_cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_pos,
+    cfg = config_cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=128, num_hidden_layers=layers,
+                     num_attention_heads=heads, num_key_value_heads=2, max_position_embeddings=max_pos,
                      initializer_range=std, tie_word_embeddings=False)
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()

@@ -10,6 +10,7 @@ import torch
 
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.errors import SpecdecError
+from tests.conftest import prefill_rows
 from tests.test_engine_model import mismatch_report, verify_vs_one_token
 
 VOCAB = 96
@@ -34,6 +35,32 @@ def test_verify_pass_equals_one_token_passes_at_2k_to_8k_positions(long_model):
     drafts = [tokens(5, 10 + s) for s in range(3)]
     verify, single = verify_vs_one_token(long_model, prompts, drafts, capacity=MAX_POS)
     assert torch.equal(verify, single), mismatch_report(verify, single)
+
+
+@pytest.mark.parametrize("hidden,heads", [(64, 4), (96, 2), (128, 2)], ids=["d16", "d48", "d64"])
+def test_the_avx512_attention_gives_the_avx2_bits(tiny_model, hidden, heads):
+    """Attention's 512-bit tiles (16 keys or value dims a vector; at d = 48 two AVX2 vectors finish each row) run
+    every lane's chain as the AVX2 tiles do, so a CPU's ISA never changes an output: a ragged verify pass over
+    two partitions of keys, and a prefill, give the same bits either way."""
+    model = tiny_model("fp16", vocab=VOCAB, std=0.1, max_pos=1024, hidden=hidden, heads=heads)
+    if model.kernels is None or not model.kernels.cpu_has_vnni():
+        pytest.skip("needs the native kernels on a CPU with AVX-512")
+    prompts = [tokens(n, s) for n, s in ((600, 6), (300, 7))]
+    drafts = [tokens(5, 16), tokens(2, 17)]
+    out = {}
+    for isa in ("avx2", "vnni"):
+        before = model.kernels.set_isa(isa)
+        try:
+            cache, prefill = prefill_rows(model, [p[:-1] for p in prompts], capacity=700)
+            rows = [[p[-1]] + d for p, d in zip(prompts, drafts)]
+            pos = [len(p) - 1 + i for p, r in zip(prompts, rows) for i in range(len(r))]
+            verify = model.forward_ragged(torch.tensor(sum(rows, [])), torch.tensor([0] * 6 + [1] * 3),
+                                          torch.tensor(pos), cache)
+            out[isa] = (prefill, verify)
+        finally:
+            model.kernels.set_isa(before)
+    assert torch.equal(out["avx2"][0], out["vnni"][0]), "prefill"
+    assert torch.equal(out["avx2"][1], out["vnni"][1]), "verify"
 
 
 def test_long_context_attention_agrees_with_the_fp32_torch_path(tiny_model, long_model):

@@ -22,6 +22,12 @@
 
 namespace specdec {
 
+bool cpu_has_avx512() {
+  __builtin_cpu_init();  // `wide` is set while the module loads, maybe before libgcc's own constructor
+  return __builtin_cpu_supports("avx512f");
+}
+bool wide = cpu_has_avx512();
+
 #ifndef SPLIT_KEYS
 #define SPLIT_KEYS 256
 #endif
@@ -29,6 +35,7 @@ constexpr int64_t SPLIT = SPLIT_KEYS;  // keys per partition: the unit of memory
 constexpr int64_t ROWS = 16;    // rows of one slot per unit (bounds the score buffer)
 constexpr int SV = 2;        // key vectors (8 keys each) per score tile
 constexpr int VV = 2;        // value vectors (8 dims each) per value tile
+static_assert(KB % (16 * SV) == 0, "a key block is whole tiles of the AVX-512 scores");
 
 namespace {
 
@@ -76,23 +83,78 @@ void block_values(const float* const* e, const at::Half* vb, int64_t n, int64_t 
     for (int v = 0; v < NV; ++v) _mm256_storeu_ps(acc[h] + c + 8 * v, a[h][v]);
 }
 
+// The same two tiles in 512-bit registers, for CPUs with AVX-512 (`wide`): 16 keys (or value dims) a vector where
+// AVX2 holds 8. Each lane still runs its key's FMA chain over d (or its dim's over the keys) in ascending order with
+// the same operands, so the results are the AVX2 tiles' bits; only the instructions issued halve.
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+inline __m512 load16_w(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <int NH, int NV>
+void block_scores16(const float* const* q, const at::Half* kb, int64_t d, float scale, float* const* s) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t j = 0; j < KB; j += 16 * NV) {
+    __m512 acc[NH][NV];
+    for (int h = 0; h < NH; ++h)
+      for (int v = 0; v < NV; ++v) acc[h][v] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < d; ++i) {
+      __m512 k[NV];
+      for (int v = 0; v < NV; ++v) k[v] = load16_w(kb + i * KB + j + 16 * v);
+      for (int h = 0; h < NH; ++h) {
+        const __m512 b = _mm512_set1_ps(q[h][i]);
+        for (int v = 0; v < NV; ++v) acc[h][v] = _mm512_fmadd_ps(b, k[v], acc[h][v]);
+      }
+    }
+    for (int h = 0; h < NH; ++h)
+      for (int v = 0; v < NV; ++v) _mm512_storeu_ps(s[h] + j + 16 * v, _mm512_mul_ps(acc[h][v], sc));
+  }
+}
+
+template <int NH, int NV>
+void block_values16(const float* const* e, const at::Half* vb, int64_t n, int64_t d, int64_t c, float* const* acc) {
+  __m512 a[NH][NV];
+  for (int h = 0; h < NH; ++h)
+    for (int v = 0; v < NV; ++v) a[h][v] = _mm512_loadu_ps(acc[h] + c + 16 * v);
+  for (int64_t j = 0; j < n; ++j) {
+    __m512 x[NV];
+    for (int v = 0; v < NV; ++v) x[v] = load16_w(vb + j * d + c + 16 * v);
+    for (int h = 0; h < NH; ++h) {
+      const __m512 b = _mm512_set1_ps(e[h][j]);
+      for (int v = 0; v < NV; ++v) a[h][v] = _mm512_fmadd_ps(b, x[v], a[h][v]);
+    }
+  }
+  for (int h = 0; h < NH; ++h)
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(acc[h] + c + 16 * v, a[h][v]);
+}
+#pragma GCC pop_options
+
 template <int NH>
 void values_all(const float* const* e, const at::Half* vb, int64_t n, int64_t d, float* const* acc) {
   int64_t c = 0;
+  if (wide)
+    for (; c + 16 * VV <= d; c += 16 * VV) block_values16<NH, VV>(e, vb, n, d, c, acc);
   for (; c + 8 * VV <= d; c += 8 * VV) block_values<NH, VV>(e, vb, n, d, c, acc);
   for (; c < d; c += 8) block_values<NH, 1>(e, vb, n, d, c, acc);
+}
+
+template <int NH>
+void scores_tile(const float* const* q, const at::Half* kb, int64_t d, float scale, float* const* s) {
+  if (wide) block_scores16<NH, SV>(q, kb, d, scale, s);  // KB = 64 keys: two tiles of 32
+  else block_scores<NH, SV>(q, kb, d, scale, s);
 }
 
 // Queries in tiles of up to 6 (the tile only decides which chains run side by side).
 void scores_tiles(const float* const* q, int64_t nq, const at::Half* kb, int64_t d, float scale, float* const* s) {
   for (int64_t h = 0; h < nq; h += 6) {
     switch (std::min<int64_t>(6, nq - h)) {
-      case 1: block_scores<1, SV>(q + h, kb, d, scale, s + h); break;
-      case 2: block_scores<2, SV>(q + h, kb, d, scale, s + h); break;
-      case 3: block_scores<3, SV>(q + h, kb, d, scale, s + h); break;
-      case 4: block_scores<4, SV>(q + h, kb, d, scale, s + h); break;
-      case 5: block_scores<5, SV>(q + h, kb, d, scale, s + h); break;
-      default: block_scores<6, SV>(q + h, kb, d, scale, s + h); break;
+      case 1: scores_tile<1>(q + h, kb, d, scale, s + h); break;
+      case 2: scores_tile<2>(q + h, kb, d, scale, s + h); break;
+      case 3: scores_tile<3>(q + h, kb, d, scale, s + h); break;
+      case 4: scores_tile<4>(q + h, kb, d, scale, s + h); break;
+      case 5: scores_tile<5>(q + h, kb, d, scale, s + h); break;
+      default: scores_tile<6>(q + h, kb, d, scale, s + h); break;
     }
   }
 }

@@ -82,6 +82,10 @@ double steps_per_second(double seconds, int64_t batch, Step step) {
 
 // attention.cpp: the fp16 KV cache and attention over it (layout and invariance described there).
 constexpr int64_t KB = 64;  // positions per key block (the Python side's KV_BLOCK)
+// Whether attention's tiles run in 512-bit registers (bit-identical to the AVX2 tiles): where the CPU has AVX-512F,
+// unless gguf.cpp's set_isa("avx2") asks for the AVX2 builds throughout.
+extern bool wide;
+bool cpu_has_avx512();
 void store_kv(const float* k, const float* v, at::Half* kc, at::Half* vc, int64_t slot, int64_t g, int64_t p,
               int64_t hk, int64_t cap, int64_t d);
 void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int64_t* pos, int64_t R,

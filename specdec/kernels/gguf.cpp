@@ -366,7 +366,8 @@ double int8_peak(double seconds) {
 }
 
 // Which build of the q8 kernel runs: "vnni" (where the CPU has AVX512-VNNI), "avx2", or "auto" (the best the CPU
-// has). Returns the build that ran before, so a caller can put it back.
+// has); attention's tiles follow (AVX-512 with "vnni", AVX2 with "avx2"). Returns the q8 kernel's build that ran
+// before, so a caller can put it back.
 std::string isa() { return use_vnni ? "vnni" : "avx2"; }
 
 std::string set_isa(const std::string& want) {
@@ -374,6 +375,7 @@ std::string set_isa(const std::string& want) {
   TORCH_CHECK(want == "auto" || want == "avx2" || want == "vnni", "isa must be auto, avx2 or vnni, not ", want);
   TORCH_CHECK(want != "vnni" || cpu_has_vnni(), "this CPU has no AVX512-VNNI");
   use_vnni = want == "vnni" || (want == "auto" && cpu_has_vnni());
+  specdec::wide = want == "vnni" || (want == "auto" && specdec::cpu_has_avx512());
   return before;
 }
 
@@ -398,6 +400,6 @@ void specdec::register_gguf(pybind11::module& m) {
   m.def("eagle_block_gguf", &eagle_block_gguf, "an EAGLE-3 draft head's layer on GGUF blocks, in place");
   m.def("int8_peak", &int8_peak, "int8 multiply-adds per second over all threads, as the q8 path issues them");
   m.def("isa", &isa, "the q8 kernel's build in use: avx2 or vnni");
-  m.def("set_isa", &set_isa, "the q8 kernel's build: auto, avx2 or vnni; returns the one before");
+  m.def("set_isa", &set_isa, "the kernels' build: auto, avx2 or vnni (AVX-512 attention too); returns the one before");
   m.def("cpu_has_vnni", &cpu_has_vnni, "whether this CPU has AVX512-VNNI (and the AVX-512 it needs)");
 }
