@@ -37,11 +37,11 @@ def test_verify_pass_equals_one_token_passes_at_2k_to_8k_positions(long_model):
     assert torch.equal(verify, single), mismatch_report(verify, single)
 
 
-@pytest.mark.parametrize("hidden,heads", [(64, 4), (96, 2), (128, 2)], ids=["d16", "d48", "d64"])
+@pytest.mark.parametrize("hidden,heads", [(64, 4), (128, 2), (160, 2)], ids=["d16", "d64", "d80"])
 def test_the_avx512_attention_gives_the_avx2_bits(tiny_model, hidden, heads):
-    """Attention's 512-bit tiles (16 keys or value dims a vector; at d = 48 two AVX2 vectors finish each row) run
-    every lane's chain as the AVX2 tiles do, so a CPU's ISA never changes an output: a ragged verify pass over
-    two partitions of keys, and a prefill, give the same bits either way."""
+    """Attention's 512-bit tiles (a key block's 64 keys, or 64 value dims; at d = 80 an AVX2 tile finishes each
+    value row) run every lane's chain as the AVX2 tiles do, so a CPU's ISA never changes an output: a ragged
+    verify pass over two partitions of keys, and a prefill, give the same bits either way."""
     model = tiny_model("fp16", vocab=VOCAB, std=0.1, max_pos=1024, hidden=hidden, heads=heads)
     if model.kernels is None or not model.kernels.cpu_has_vnni():
         pytest.skip("needs the native kernels on a CPU with AVX-512")

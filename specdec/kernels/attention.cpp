@@ -35,7 +35,8 @@ constexpr int64_t SPLIT = SPLIT_KEYS;  // keys per partition: the unit of memory
 constexpr int64_t ROWS = 16;    // rows of one slot per unit (bounds the score buffer)
 constexpr int SV = 2;        // key vectors (8 keys each) per score tile
 constexpr int VV = 2;        // value vectors (8 dims each) per value tile
-static_assert(KB % (16 * SV) == 0, "a key block is whole tiles of the AVX-512 scores");
+constexpr int WV = 4;        // 512-bit vectors per AVX-512 tile: a key block's 64 keys, or 64 value dims
+static_assert(KB == 16 * WV, "an AVX-512 score tile is one key block");
 
 namespace {
 
@@ -85,7 +86,10 @@ void block_values(const float* const* e, const at::Half* vb, int64_t n, int64_t 
 
 // The same two tiles in 512-bit registers, for CPUs with AVX-512 (`wide`): 16 keys (or value dims) a vector where
 // AVX2 holds 8. Each lane still runs its key's FMA chain over d (or its dim's over the keys) in ascending order with
-// the same operands, so the results are the AVX2 tiles' bits; only the instructions issued halve.
+// the same operands, so the results are the AVX2 tiles' bits; only the instructions issued halve. A tile spans a
+// whole key block (or 64 value dims), so it reads each of the block's rows whole, front to back: tiles of 32 keys
+// read every other 64 bytes of the fp16 rows in two sweeps, and a 1-row pass at 1,024 positions spent most of its
+// score time waiting on those loads.
 #pragma GCC push_options
 #pragma GCC target("avx512f")
 inline __m512 load16_w(const at::Half* p) {
@@ -134,14 +138,14 @@ template <int NH>
 void values_all(const float* const* e, const at::Half* vb, int64_t n, int64_t d, float* const* acc) {
   int64_t c = 0;
   if (wide)
-    for (; c + 16 * VV <= d; c += 16 * VV) block_values16<NH, VV>(e, vb, n, d, c, acc);
+    for (; c + 16 * WV <= d; c += 16 * WV) block_values16<NH, WV>(e, vb, n, d, c, acc);
   for (; c + 8 * VV <= d; c += 8 * VV) block_values<NH, VV>(e, vb, n, d, c, acc);
   for (; c < d; c += 8) block_values<NH, 1>(e, vb, n, d, c, acc);
 }
 
 template <int NH>
 void scores_tile(const float* const* q, const at::Half* kb, int64_t d, float scale, float* const* s) {
-  if (wide) block_scores16<NH, SV>(q, kb, d, scale, s);  // KB = 64 keys: two tiles of 32
+  if (wide) block_scores16<NH, WV>(q, kb, d, scale, s);
   else block_scores<NH, SV>(q, kb, d, scale, s);
 }
 
