@@ -36,6 +36,7 @@ constexpr int64_t ROWS = 16;    // rows of one slot per unit (bounds the score b
 constexpr int SV = 2;        // key vectors (8 keys each) per score tile
 constexpr int VV = 2;        // value vectors (8 dims each) per value tile
 constexpr int WV = 4;        // 512-bit vectors per AVX-512 tile: a key block's 64 keys, or 64 value dims
+constexpr int64_t AHEAD = 8192;  // bytes: how far ahead of its loads an AVX-512 tile prefetches (one key block)
 static_assert(KB == 16 * WV, "an AVX-512 score tile is one key block");
 
 namespace {
@@ -96,6 +97,13 @@ inline __m512 load16_w(const at::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
+// The two cache lines of a tile's fp16 row (64 keys or dims), AHEAD bytes further down its stream: the hardware's
+// own prefetch left the tiles waiting on their first touch of each line.
+inline void prefetch_row(const at::Half* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(p + 32), _MM_HINT_T0);
+}
+
 template <int NH, int NV>
 void block_scores16(const float* const* q, const at::Half* kb, int64_t d, float scale, float* const* s) {
   const __m512 sc = _mm512_set1_ps(scale);
@@ -104,6 +112,7 @@ void block_scores16(const float* const* q, const at::Half* kb, int64_t d, float 
     for (int h = 0; h < NH; ++h)
       for (int v = 0; v < NV; ++v) acc[h][v] = _mm512_setzero_ps();
     for (int64_t i = 0; i < d; ++i) {
+      prefetch_row(kb + (i + AHEAD / (2 * KB)) * KB);
       __m512 k[NV];
       for (int v = 0; v < NV; ++v) k[v] = load16_w(kb + i * KB + j + 16 * v);
       for (int h = 0; h < NH; ++h) {
@@ -118,10 +127,12 @@ void block_scores16(const float* const* q, const at::Half* kb, int64_t d, float 
 
 template <int NH, int NV>
 void block_values16(const float* const* e, const at::Half* vb, int64_t n, int64_t d, int64_t c, float* const* acc) {
+  const int64_t ahead = AHEAD / (2 * d);  // value rows
   __m512 a[NH][NV];
   for (int h = 0; h < NH; ++h)
     for (int v = 0; v < NV; ++v) a[h][v] = _mm512_loadu_ps(acc[h] + c + 16 * v);
   for (int64_t j = 0; j < n; ++j) {
+    prefetch_row(vb + (j + ahead) * d + c);
     __m512 x[NV];
     for (int v = 0; v < NV; ++v) x[v] = load16_w(vb + j * d + c + 16 * v);
     for (int h = 0; h < NH; ++h) {
