@@ -221,8 +221,6 @@ inline void rope(float* v, const float* cos, const float* sin, int64_t d) {
 // A ragged pass: token-row r belongs to cache slot slot[r] and sits at position pos[r].
 // x [R, H] (updated in place); slot, pos [R] int64; fp16 caches as attention.cpp lays them out; cos/sin
 // [max_pos, d]. A slot's rows are contiguous. The four matrix products go through `lin`, whatever the weights.
-double g_ph[16]; static std::chrono::steady_clock::time_point g_t0; static int g_last=-1;
-#define PH(i) do { auto _n = std::chrono::steady_clock::now(); if (g_last >= 0) g_ph[g_last] += std::chrono::duration<double>(_n - g_t0).count(); g_t0 = _n; g_last = (i) == 9 ? -1 : (i); } while (0)
 void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1,
                             torch::Tensor norm2, int64_t inter, torch::Tensor k_cache, torch::Tensor v_cache,
                             torch::Tensor cos, torch::Tensor sin, int64_t hq, int64_t hk, double eps,
@@ -263,11 +261,8 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
     TORCH_CHECK(sl[r] >= 0 && sl[r] < slots, "slot outside the cache");
   }
 
-  PH(0);
   rms_norm_rows(xp, norm1.data_ptr<float>(), hp, R, H, float(eps));
-  PH(1);
   lin(QKV, hp, qp, R);
-  PH(2);
   over_rows(R, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {  // rotate q and k; write k and v (fp16) at their positions
       const int64_t p = pp[r];
@@ -277,20 +272,15 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
         specdec::store_kv(row + (hq + g) * d, row + (hq + hk + g) * d, kc, vc, sl[r], g, p, hk, cap, d);
     }
   });
-  PH(3);
   specdec::attention(qp, qkv_n, sl, pp, R, kc, vc, hq, hk, cap, d, ap);
-  PH(4);
   lin(O, ap, o, R);
-  PH(5);
   const float* op = o;
   const auto add_residual = [&](int64_t r0, int64_t r1) {
     for (int64_t i = r0 * H; i < r1 * H; ++i) xp[i] += op[i];
   };
   over_rows(R, add_residual);
   rms_norm_rows(xp, norm2.data_ptr<float>(), hp, R, H, float(eps));
-  PH(6);
   lin(GATE_UP, hp, gp, R);
-  PH(7);
   const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
   over_rows(R, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
@@ -301,10 +291,8 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
         _mm256_storeu_ps(actp + r * inter + i, _mm256_mul_ps(_mm256_mul_ps(gate, sig), up));
       }
   });
-  PH(8);
   lin(DOWN, actp, o, R);
   over_rows(R, add_residual);
-  PH(9);
 }
 
 // The block on fp16 weights (fused [q; k; v] and [gate; up] matrices).
@@ -356,7 +344,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fma_peak", &fma_peak, "fp32 multiply-adds per second over all threads (12 FMA chains a thread)");
   m.def("gemv_f16", &gemv_f16, "fp16-weight GEMV for a few rows");
   m.def("decode_block", &decode_block, "one decoder block for a decode/verify pass, in place");
-  m.def("phases", []() { std::vector<double> v(g_ph, g_ph + 10); for (auto& x : g_ph) x = 0; return v; });
   m.def("rms_norm", &rms_norm, "RMSNorm over rows");
   specdec::register_gguf(m);
 }
