@@ -7,8 +7,10 @@ are exact either way, so the outputs are bit-identical.
 `decode_f16.cpp` runs a whole decoder block of a decode, verify or prefill pass in one call, with fp16
 weights read once per call whatever the number of rows, and every result computed per row in a fixed order
 (batch invariance by construction). `attention.cpp` keeps the KV cache in fp16 and reads a sequence's
-keys and values once per pass for all of its rows. Without a compiler, or on a CPU without AVX2, specdec
-falls back to the torch path (fbgemm), which is slower but equally exact.
+keys and values once per pass for all of its rows; where the CPU has AVX-512F its tiles run in 512-bit
+registers, with the AVX2 tiles' bits (`set_isa("avx2")` turns them off with the integer kernel's build).
+Without a compiler, or on a CPU without AVX2, specdec falls back to the torch path (fbgemm), which is slower
+but equally exact.
 """
 
 from __future__ import annotations
