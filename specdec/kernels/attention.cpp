@@ -46,7 +46,10 @@ static_assert(KB == 16 * WV, "an AVX-512 score tile is one key block");
 
 namespace {
 
-inline void prefetch_line(const at::Half* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+// The cache line `bytes` past p (an address, never dereferenced: it may lie past the cache's end).
+inline void prefetch_line(const at::Half* p, int64_t bytes) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + bytes), _MM_HINT_T0);
+}
 
 struct Unit {
   int64_t slot, g, part, r0, r1;
@@ -62,7 +65,7 @@ void block_scores(const float* const* q, const at::Half* kb, int64_t d, float sc
     for (int h = 0; h < NH; ++h)
       for (int v = 0; v < NV; ++v) acc[h][v] = _mm256_setzero_ps();
     for (int64_t i = 0; i < d; ++i) {
-      if (j % 32 == 0) prefetch_line(kb + (i + AHEAD / (2 * KB)) * KB + j);  // the tile that first touches the line
+      if (j % 32 == 0) prefetch_line(kb + i * KB + j, AHEAD);  // from the tile that first touches the line
       __m256 k[NV];
       for (int v = 0; v < NV; ++v) k[v] = load_w(kb + i * KB + j + 8 * v);
       for (int h = 0; h < NH; ++h) {
@@ -82,7 +85,7 @@ void block_values(const float* const* e, const at::Half* vb, int64_t n, int64_t 
   for (int h = 0; h < NH; ++h)
     for (int v = 0; v < NV; ++v) a[h][v] = _mm256_loadu_ps(acc[h] + c + 8 * v);
   for (int64_t j = 0; j < n; ++j) {
-    if (c % 32 == 0) prefetch_line(vb + (j + AHEAD / (2 * d)) * d + c);
+    if (c % 32 == 0) prefetch_line(vb + j * d + c, AHEAD / (2 * d) * 2 * d);  // the same dims, rows ahead
     __m256 x[NV];
     for (int v = 0; v < NV; ++v) x[v] = load_w(vb + j * d + c + 8 * v);
     for (int h = 0; h < NH; ++h) {
@@ -106,10 +109,10 @@ inline __m512 load16_w(const at::Half* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
-// The two cache lines of an AVX-512 tile's fp16 row (64 keys or dims), AHEAD bytes further down its stream.
-inline void prefetch_row(const at::Half* p) {
-  prefetch_line(p);
-  prefetch_line(p + 32);
+// The two cache lines of an AVX-512 tile's fp16 row (64 keys or dims at p), `bytes` further down its stream.
+inline void prefetch_row(const at::Half* p, int64_t bytes) {
+  prefetch_line(p, bytes);
+  prefetch_line(p, bytes + 64);
 }
 
 template <int NH, int NV>
@@ -120,7 +123,7 @@ void block_scores16(const float* const* q, const at::Half* kb, int64_t d, float 
     for (int h = 0; h < NH; ++h)
       for (int v = 0; v < NV; ++v) acc[h][v] = _mm512_setzero_ps();
     for (int64_t i = 0; i < d; ++i) {
-      prefetch_row(kb + (i + AHEAD / (2 * KB)) * KB);
+      prefetch_row(kb + i * KB, AHEAD);
       __m512 k[NV];
       for (int v = 0; v < NV; ++v) k[v] = load16_w(kb + i * KB + j + 16 * v);
       for (int h = 0; h < NH; ++h) {
@@ -135,12 +138,12 @@ void block_scores16(const float* const* q, const at::Half* kb, int64_t d, float 
 
 template <int NH, int NV>
 void block_values16(const float* const* e, const at::Half* vb, int64_t n, int64_t d, int64_t c, float* const* acc) {
-  const int64_t ahead = AHEAD / (2 * d);  // value rows
+  const int64_t ahead = AHEAD / (2 * d) * 2 * d;  // bytes: whole value rows, so the same dims
   __m512 a[NH][NV];
   for (int h = 0; h < NH; ++h)
     for (int v = 0; v < NV; ++v) a[h][v] = _mm512_loadu_ps(acc[h] + c + 16 * v);
   for (int64_t j = 0; j < n; ++j) {
-    prefetch_row(vb + (j + ahead) * d + c);
+    prefetch_row(vb + j * d + c, ahead);
     __m512 x[NV];
     for (int v = 0; v < NV; ++v) x[v] = load16_w(vb + j * d + c + 16 * v);
     for (int h = 0; h < NH; ++h) {
