@@ -154,6 +154,38 @@ void block_values16(const float* const* e, const at::Half* vb, int64_t n, int64_
   for (int h = 0; h < NH; ++h)
     for (int v = 0; v < NV; ++v) _mm512_storeu_ps(acc[h] + c + 16 * v, a[h][v]);
 }
+
+// exp256's instruction sequence on 16 lanes (the same operations, so each lane's bits are exp256's).
+inline __m512 exp512(__m512 x) {
+  const __m512 hi = _mm512_set1_ps(88.3762626647949f), lo = _mm512_set1_ps(-87.3365447505531f);
+  x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+  __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                   _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500E-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507E-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073E-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894E-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459E-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201E-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+  const __m512i pow2 = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(fx), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(pow2));
+}
+
+// softmax_part's exponentials over s[0, n16) (n16 a multiple of 16), 16 at a time, added to acc 8 lanes at a time
+// in ascending order: the AVX2 loop's sums.
+inline __m256 exp_sum16(float* s, int64_t n16, float mx, __m256 acc) {
+  const __m512 mxv = _mm512_set1_ps(mx);
+  for (int64_t j = 0; j < n16; j += 16) {
+    const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(s + j), mxv));
+    _mm512_storeu_ps(s + j, e);
+    acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+    acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+  }
+  return acc;
+}
 #pragma GCC pop_options
 
 template <int NH>
@@ -204,7 +236,9 @@ void values_tiles(const float* const* e, const int64_t* n, int64_t nq, const at:
 }
 
 // exp(s - max) over the first n scores in place (the rest of the 8-lane group zeroed); returns the max and the
-// sum, accumulated in ascending groups of 8 and then across lanes.
+// sum, accumulated in ascending groups of 8 and then across lanes. With AVX-512 the exponentials of whole groups of
+// 16 come from exp512, with the same bits and sums; alternated per pass on gguf-q16 at 2,048 positions, a 6-row pass
+// took 0.95x the time (1 row 0.99x; at 512 positions no change).
 void softmax_part(float* s, int64_t n, float* mx_out, float* sum_out) {
   __m256 m8 = _mm256_set1_ps(-INFINITY);  // the max is exact, so its order does not matter
   int64_t j0 = 0;
@@ -216,7 +250,12 @@ void softmax_part(float* s, int64_t n, float* mx_out, float* sum_out) {
   for (; j0 < n; ++j0) mx = std::max(mx, s[j0]);
   const __m256 mxv = _mm256_set1_ps(mx);
   __m256 acc = _mm256_setzero_ps();
-  for (int64_t j = 0; j < n; j += 8) {
+  int64_t j = 0;
+  if (wide) {
+    j = n / 16 * 16;
+    acc = exp_sum16(s, j, mx, acc);
+  }
+  for (; j < n; j += 8) {
     __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), mxv));
     if (j + 8 > n) {
       alignas(32) float tmp[8];
