@@ -3,7 +3,8 @@
     .venv/bin/python scripts/long_context.py            # the full run: about 10 minutes
     .venv/bin/python scripts/long_context.py --quick    # a smoke test: contexts 512 and 3072, fewer repetitions
 
-1. This machine: read bandwidth (a sum over 1 GiB) and the fp32 multiply-add peak of the native kernels' FMA.
+1. This machine: read bandwidth (a sum over 1 GiB), the fp32 multiply-add peak of the native kernels' FMA and the rate
+   the matrix products are issued at (int8 blocks on the gguf-q16 default, as `profile` measures it).
 2. Per context (512, 2k, 3k, 4k, 8k): the one-row decode pass against its memory floor (weight bytes plus the KV
    bytes of the context, at the measured bandwidth), and the verify cost curve T(n)/T(1) for 1 to 9 rows.
 3. Time to first token of `Engine.generate` at 3k and 8k prompt tokens against the compute floor (the pass's
@@ -36,7 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specdec.bench.profile import measure_bandwidth, time_passes  # noqa: E402
+from specdec.bench.profile import compute_floor, measure_bandwidth, time_passes  # noqa: E402
 from specdec.bench.prompts import load_prompts, select  # noqa: E402
 from specdec.drafters.ngram import NgramDrafter  # noqa: E402
 from specdec.engine.generate import Engine, GenerationConfig  # noqa: E402
@@ -52,21 +53,21 @@ def log(*a) -> None:
     print(*a, file=sys.stderr, flush=True)
 
 
-def macs_per_token(model, position: int, lm_head: bool = True) -> float:
-    """Multiply-adds of one token-row at `position`: every linear, plus attention over position + 1 keys."""
+def pass_floor(model, rates: tuple[float, float], position: int) -> float:
+    """Seconds of arithmetic in one token-row's pass at `position`: the matrix products (LM head included) at the
+    rate the model's kernels issue them, attention over position + 1 keys at the fp32 FMA rate. rates: (products,
+    fp32 FMA) multiply-adds per second."""
     cfg = model.cfg
-    lin = sum(lin.out_features * lin.in_features for b in model.blocks for lin in b.linears)
-    head = model.lm_head.out_features * model.lm_head.in_features if lm_head else 0
     att = cfg.num_layers * cfg.num_heads * cfg.head_dim * 2 * (position + 1)
-    return lin + head + att
+    return model.macs_per_token / rates[0] + att / rates[1]
 
 
-def prefill_macs(model, n: int) -> float:
-    """A prompt of n tokens: every position's linears and attention, the LM head once."""
+def prefill_floor(model, rates: tuple[float, float], n: int) -> float:
+    """The same for a prompt of n tokens: every position's products and attention, the LM head once."""
     cfg = model.cfg
-    lin = sum(lin.out_features * lin.in_features for b in model.blocks for lin in b.linears)
+    head = cfg.vocab_size * cfg.hidden_size
     att = cfg.num_layers * cfg.num_heads * cfg.head_dim * 2 * n * (n + 1) / 2
-    return n * lin + att + model.lm_head.out_features * model.lm_head.in_features
+    return (n * (model.macs_per_token - head) + head) / rates[0] + att / rates[1]
 
 
 def long_prompts(tokenizer, target: int) -> dict[str, str]:
@@ -176,6 +177,8 @@ def main() -> int:
     log("bandwidth and multiply-add peak")
     bw = measure_bandwidth(1 << 30, 7)["read_GBps"] * 1e9
     peak = model.kernels.fma_peak(0.5) if model.kernels is not None else float("nan")
+    products = compute_floor(model, 0.0)  # the rate the matrix products are issued at (int8 blocks on gguf-q16)
+    rates = (products["macs_per_s"] if products else peak, peak)
     weights, kv = model.weight_bytes_per_token, model.kv_bytes_per_token()
 
     passes = []
@@ -184,7 +187,7 @@ def main() -> int:
         t = time_passes(model, ctx, ROWS, reps)
         med = {n: statistics.median(v) for n, v in t.items()}
         passes.append({"context": ctx, "step_s": med[1], "floor_s": (weights + kv * ctx) / bw,
-                       "compute_floor_s": macs_per_token(model, ctx) / peak,
+                       "compute_floor_s": pass_floor(model, rates, ctx),
                        "verify_cost": {str(n): med[n] / med[1] for n in ROWS}})
     at3k = next(p for p in passes if p["context"] == 3072)
     cost = PassCost(tuple((n, at3k["verify_cost"][str(n)] * at3k["step_s"]) for n in ROWS))  # the auto policy's input
@@ -194,7 +197,7 @@ def main() -> int:
         log(f"time to first token at {n}")
         ids = torch.randint(0, model.cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist()
         r = Engine(model, tok).generate([ids], GenerationConfig(1), None, 1)[0]
-        ttft.append({"prompt_tokens": n, "ttft_s": r.stats.ttft_s, "compute_floor_s": prefill_macs(model, n) / peak})
+        ttft.append({"prompt_tokens": n, "ttft_s": r.stats.ttft_s, "compute_floor_s": prefill_floor(model, rates, n)})
 
     prompts = long_prompts(tok, 3100)
     ngram = measure_ngram(model, tok, prompts, args.new_tokens, cost)
@@ -203,7 +206,8 @@ def main() -> int:
     log("llama.cpp")
     llama = measure_llamacpp(bundled_gguf_path(), prompts["summarization"], args.new_tokens)
 
-    result = {"bandwidth_gb_s": bw / 1e9, "fma_peak_gmac_s": peak / 1e9, "weight_bytes": weights,
+    result = {"bandwidth_gb_s": bw / 1e9, "fma_peak_gmac_s": peak / 1e9, "products_gmac_s": rates[0] / 1e9,
+              "products_arithmetic": products["arithmetic"] if products else "torch", "weight_bytes": weights,
               "kv_bytes_per_position": kv, "passes": passes, "ttft": ttft, "ngram": ngram, "prefix": prefix,
               "llamacpp": llama, "threads": torch.get_num_threads()}
     report = render(result)
@@ -224,7 +228,8 @@ def render(r: dict) -> str:
     lines = ["# Long contexts on the bundled model", "",
              "Measured by `scripts/long_context.py` (`make long-context`) in one run; greedy; 2 threads.", "",
              f"Machine: read bandwidth {r['bandwidth_gb_s']:.1f} GB/s, fp32 multiply-add peak "
-             f"{r['fma_peak_gmac_s']:.0f} G/s ({r['threads']} threads); weights {r['weight_bytes'] / 1e6:.0f} MB "
+             f"{r['fma_peak_gmac_s']:.0f} G/s, the matrix products' {r['products_gmac_s']:.0f} G/s "
+             f"({r['products_arithmetic']}; {r['threads']} threads); weights {r['weight_bytes'] / 1e6:.0f} MB "
              f"a pass, KV cache {r['kv_bytes_per_position'] / 1e3:.1f} KB a position.", "",
              "| context | decode ms/token | tok/s | vs 512 | memory floor ms | of floor | compute floor ms | "
              + " | ".join(f"{n} rows" for n in ROWS[1:]) + " |",
