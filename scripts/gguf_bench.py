@@ -189,8 +189,8 @@ def render(r: dict) -> str:
     isa_paths = [p for p in r["paths"] if "isa" in p]
     if isa_paths:
         lines += ["", "The integer kernel on AVX512-VNNI (vpdpbusd, chosen at run time where the CPU has it) against "
-                  "its AVX2 build (vpmaddubsw), bit-identical outputs, the two builds alternated on the same model:",
-                  ""]
+                  "its AVX2 build (vpmaddubsw), attention's 512-bit tiles against its AVX2 ones with them, "
+                  "bit-identical outputs, the two builds alternated on the same model:", ""]
         for p in isa_paths:
             a, v = p["isa"]["avx2"], p["isa"]["vnni"]
             lines.append(f"- {p['precision']}: 1-row pass {a['pass_1_row_s'] * 1e3:.2f} -> "
