@@ -26,7 +26,8 @@ inline __m256 load_w(const at::Half* p) {
 }
 
 // e^x for 8 floats: range reduction by ln 2 and a degree-5 polynomial (Cephes' expf), ~1 ulp. The same
-// instruction sequence for every lane and call, so results depend only on x.
+// instruction sequence for every lane and call, so results depend only on x. attention.cpp's exp512 repeats it on 16
+// lanes for the AVX-512 softmax: a change here is made there too, or the two builds' bits part.
 inline __m256 exp256(__m256 x) {
   const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-87.3365447505531f);
   x = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
