@@ -11,6 +11,7 @@ target pass, identical output; and the head's cost per drafting step against a t
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -23,8 +24,9 @@ from specdec.bench.render import markdown
 from specdec.bench.report import build_report
 from specdec.bench.runner import engine_method, mark_identity, run_bench
 from specdec.drafters.base import NoDrafter
-from specdec.engine.calibrate import parse_k, policy_for
+from specdec.engine.calibrate import AUTO_MAX_K, calibrate, parse_k
 from specdec.engine.generate import Engine
+from specdec.engine.policy import Auto
 from specdec.heads.data import HOLDOUT
 from specdec.runtime import ModelSpec, build
 
@@ -70,7 +72,8 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--drafters", default="ngram,suffix,eagle,ngram+eagle,suffix+eagle",
                     help="comma-separated; a cascade joins its members with +; a trailing ! drafts all k tokens "
-                         "whatever the head's confidence")
+                         "whatever the head's confidence; a trailing ~ drops prompt lookup's confidences (the "
+                         "planner then goes by each row's record)")
     ap.add_argument("--k", default="5", help="an integer, or auto (the planner over pass costs measured now)")
     ap.add_argument("--head-k", default=None, help="k for methods that end in the head (default --k)")
     ap.add_argument("--temperature", type=float, default=0.0,
@@ -88,20 +91,24 @@ def main() -> int:
     target, _ = build(ModelSpec(drafter="none", precision=args.precision))
     method = engine_method if not args.temperature else sampled_method(args.temperature)
     methods = [method("plain", Engine(target.model, target.tokenizer), NoDrafter(), 1)]
-    costs = None
+    costs = pass_cost = None
     names = args.drafters.split(",") + (["draft-model"] if args.temperature else [])
     for name in names:
-        spec = ModelSpec(drafter=name.rstrip("!").replace("+", ","), draft_model="default", draft_precision="int8",
+        spec = ModelSpec(drafter=name.rstrip("!~").replace("+", ","), draft_model="default", draft_precision="int8",
                          precision=args.precision)
         _, drafter = build(spec)
-        if name.endswith("!"):  # the head drafts all k tokens, whatever its confidence
-            for m in getattr(drafter, "members", [drafter]):
-                if hasattr(m, "min_confidence"):
-                    m.min_confidence = 0.0
-        k = parse_k(args.head_k if args.head_k and name.endswith("eagle") else args.k)
+        for m in getattr(drafter, "members", [drafter]):
+            if name.endswith("!") and hasattr(m, "min_confidence"):  # the head drafts all k, however unsure
+                m.min_confidence = 0.0
+            if name.endswith("~") and hasattr(m, "rated"):
+                m.rated = False
+        k = parse_k(args.head_k if args.head_k and name.rstrip("!~").endswith("eagle") else args.k)
         if "eagle" in name and costs is None:
             costs = head_cost(target, drafter)
-        policy = policy_for(k, target.model, drafter)  # its own planner per method: each learns its acceptance
+        if k == "auto" and pass_cost is None:  # measured once: every method plans over the same costs
+            pass_cost = calibrate(target.model, AUTO_MAX_K + 1, 1)
+        # its own planner per method: each learns its acceptance
+        policy = Auto(copy.deepcopy(pass_cost), max_k=AUTO_MAX_K, explore=not drafter.free) if k == "auto" else k
         methods.append(method(f"{name} k={k}", Engine(target.model, target.tokenizer), drafter, policy, "plain", k))
     samples = run_bench(prompts, methods, target.tokenizer, args.max_new_tokens)
     if not args.temperature:

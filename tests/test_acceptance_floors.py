@@ -14,8 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.base import Draft
+from specdec.drafters.ngram import LONGEST, NgramDrafter, bucket
 from specdec.engine.generate import Engine, GenerationConfig
+from specdec.engine.policy import Auto, PassCost
 
 PERIOD = 12  # the target's text cycles 0, 1, ..., 11, 0, 1, ...
 OUTSIDE = 12  # a token the cycle never produces
@@ -131,3 +133,41 @@ def test_a_batch_of_copies_keeps_each_rows_counts():
     lone = rounds_of(results[2])
     assert lone[:PERIOD] == [(0, 0, 1)] * PERIOD and lone[PERIOD] == (5, 5, 6)
     assert all(a == d for d, a, _ in lone)
+
+
+def _rated(short: float, long: float) -> NgramDrafter:
+    """A drafter whose table has seen 200 first tokens after one-token matches right at rate `short`, and 200
+    draft tokens at every position after the longest matches right at rate `long`."""
+    d = NgramDrafter(4, 1)
+    for i in range(200):
+        d.table.add(0, 0, i < 200 * short)
+        for j in range(8):
+            d.table.add(bucket(LONGEST), j, i < 200 * long)
+    return d
+
+
+class Unrated(NgramDrafter):
+    """The same lookup with its confidences dropped: the planner falls back on the row's own record."""
+
+    def propose(self, slots, contexts, ks):
+        return Draft(super().propose(slots, contexts, ks).tokens)
+
+
+def test_auto_verifies_the_drafts_its_lookup_rates_say_pay():
+    """With each extra token-row costing 0.3 passes, a draft token pays where it is right more than about 30% of
+    the time. After a one-token match (the prefill's 6 was once followed by 9 in the prompt; the target follows it
+    with 7) the lookup's rate of 5% keeps the first round from verifying anything; after a long one (a clean
+    cycle) its rate of 99% has every round verify the whole draft. Without the rates, the row's prior (a = 0.5)
+    verifies the wrong draft: the test sees the difference."""
+    cost = PassCost(((1, 1.0), (2, 1.3), (9, 3.4)))
+    short = Engine(CyclingTarget(), None).generate([[6, 9, 5]], GenerationConfig(3), _rated(0.05, 0.99),
+                                                   Auto(cost, max_k=8, explore=False))[0]
+    assert rounds_of(short)[0] == (0, 0, 1)
+    unrated = Engine(CyclingTarget(), None).generate([[6, 9, 5]], GenerationConfig(3), Unrated(4, 1),
+                                                     Auto(cost, max_k=8, explore=False))[0]
+    assert rounds_of(unrated)[0][0] > 0
+    prompt = cycle(0, 3 * PERIOD + 3)
+    clean = Engine(CyclingTarget(), None).generate([prompt], GenerationConfig(1 + 3 * 9), _rated(0.05, 0.99),
+                                                   Auto(cost, max_k=8, explore=False))[0]
+    assert rounds_of(clean) == [(8, 8, 9)] * 3
+    assert short.token_ids == [6, 7, 8] and clean.token_ids == cycle(3, 28)

@@ -1,4 +1,5 @@
-"""Prompt lookup (n-gram drafter): what it proposes, and that its index stays incremental."""
+"""Prompt lookup (n-gram drafter): what it proposes, that its index stays incremental, and the acceptance rates
+per match length that its confidences come from."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 import pytest
 import torch
 
-from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.ngram import LONGEST, NgramDrafter, bucket
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.errors import SpecdecError
 from specdec.sampling.verify import PAD
@@ -160,3 +161,82 @@ class _Tail:
         if not 0 <= i < self.n:
             raise IndexError(i)
         return self.ctx[i]
+
+
+def test_match_length_is_measured_past_max_n():
+    """The match's length counts every token before the n-gram that also agrees, up to LONGEST."""
+    d = NgramDrafter(4, 1)
+    #      the span 3..9 (7 tokens) recurs at the end; what came before it differs (0 against 8)
+    ctx = [0, 3, 4, 5, 6, 7, 8, 9, 1, 2, 8, 3, 4, 5, 6, 7, 8, 9]
+    d.open(0, ctx, SamplingConfig())
+    assert d.match(0, ctx, 2) == ([1, 2], 7)
+    d.open(2, [5, 1, 7, 1], SamplingConfig())
+    assert d.match(2, [5, 1, 7, 1], 2) == ([7, 1], 1)
+    long = list(range(40)) + [99] + list(range(40))
+    d.open(1, long, SamplingConfig())
+    assert d.match(1, long, 1) == ([99], LONGEST)
+    assert [bucket(n) for n in (1, 2, 3, 4, 5, 6, 9, 10, 15, 16, 32)] == [0, 1, 2, 3, 3, 4, 4, 5, 5, 6, 6]
+
+
+def test_every_offer_is_scored_against_what_followed(monkeypatch):
+    """The table's counts equal a brute-force scoring of every draft offered (each position up to its first
+    wrong token, whether or not it was verified), per match-length bucket and position, and its confidences are
+    the rates of the draft's bucket. The context grows by 1 to 3 tokens a round, as rounds accept them."""
+    import specdec.drafters.ngram as ngram
+
+    monkeypatch.setattr(ngram, "DECAY", 1.0)  # plain counts
+    g = torch.Generator().manual_seed(3)
+    text = (torch.randint(0, 5, (60,), generator=g).tolist() + list(range(10, 30))) * 3
+    d = NgramDrafter(4, 1)
+    d.open(0, text[:1], SamplingConfig())
+    judged = [[0] * ngram.DEPTH for _ in ngram.BUCKETS]
+    right = [[0] * ngram.DEPTH for _ in ngram.BUCKETS]
+    n, step = 1, 0
+    while n < len(text) - 6:
+        draft = d.propose([0], [text[:n]], [4])
+        toks = [t for t in draft.tokens[0].tolist() if t != PAD]
+        if toks:
+            b = bucket(d.match(0, text[:n], 4)[1])
+            assert draft.confidence[0, :len(toks)].tolist() == pytest.approx([d.table.rate(b, j) for j in
+                                                                              range(len(toks))])
+            for j, t in enumerate(toks):  # brute force: against the text that follows
+                judged[b][j] += 1
+                right[b][j] += t == text[n + j]
+                if t != text[n + j]:
+                    break
+        n += 1 + step % 3
+        step += 1
+    d.propose([0], [text], [0])  # scores the last offers (the text holds their every position)
+    assert d.table.judged == judged and d.table.right == right
+    assert sum(map(sum, judged)) > 100
+
+
+def test_confidence_separates_short_matches_from_long_ones():
+    """A text of random tokens with a long passage repeated: one-token matches copy noise and are rarely right,
+    matches of 16 tokens or more copy the passage and are right; the learned rates say so."""
+    g = torch.Generator().manual_seed(4)
+    passage = list(range(100, 160))
+    text = []
+    for _ in range(4):
+        text += torch.randint(0, 8, (80,), generator=g).tolist() + passage
+    d = NgramDrafter(4, 1)
+    d.open(0, text[:1], SamplingConfig())
+    for n in range(1, len(text) + 1):
+        d.propose([0], [text[:n]], [3])
+    assert d.table.rate(0, 0) < 0.3
+    assert d.table.rate(bucket(LONGEST), 0) > 0.9
+
+
+def test_a_cascade_passes_on_the_lookups_confidences():
+    """In a cascade, a row prompt lookup drafted carries its confidences; a row another member drafted without
+    any carries NaN (the planner then goes by the row's record)."""
+    from specdec.drafters.cascade import CascadeDrafter
+
+    d = CascadeDrafter([NgramDrafter(), SuffixDrafter()])
+    ctxs = [[1, 2, 3, 4, 1, 2], [7, 7, 7, 7]]  # lookup: 3, 4, 1 / only one 7 after the latest (7, 7, 7)
+    for s, c in enumerate(ctxs):
+        d.open(s, c, SamplingConfig())
+    draft = d.propose([0, 1], ctxs, [3, 3])
+    assert draft.tokens[0].tolist() == [3, 4, 1] and draft.confidence is not None
+    assert draft.confidence[0].tolist() == pytest.approx([0.5, 0.5, 0.5])  # Laplace, before any evidence
+    assert draft.tokens[1].tolist() == [7, 7, 7] and torch.isnan(draft.confidence[1]).all()

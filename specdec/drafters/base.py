@@ -5,7 +5,8 @@ it; each round `propose` drafts up to ks[i] tokens for slots[i] (rows with fewer
 PAD-padded) and `accepted` reports how many of them the target kept. A deterministic drafter returns
 probs=None (q is one-hot on its tokens) and sets `free = True` when proposing costs next to nothing. A drafter
 that knows how sure it is of each token sets `confident = True` and returns `Draft.confidence`: at temperature 0
-it is then asked for as many tokens as the row has room for, and the planner keeps the prefix that pays.
+it is then asked for as many tokens as the row has room for, and the planner keeps the prefix that pays. A free
+drafter is always asked for that many, and may return confidences too (prompt lookup does, at any temperature).
 
 A drafter that reads the target's hidden states (a trained head, drafters/eagle.py) also has `taps` (the target
 layers it reads) and `features(slot, start, feats)`: the scheduler passes it the target's features at every

@@ -5,7 +5,7 @@ The cheap drafters come first (prompt lookup and suffix decoding copy text at no
 right more often than a model), a trained head last. Every member sees every sequence open and close, and the
 ones that read the target's hidden states get them for every position, so a head that sat out some rounds
 catches up when it is asked again. A row drafted by a deterministic member gets a one-hot q, and a row's
-confidence is its member's (NaN from a member that gives none).
+confidence is its member's (NaN from a member that gives none; none at all when no member gave any).
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ class CascadeDrafter:
         probs = None  # [n, k, vocab] once a member gives probabilities
         conf = torch.full((len(slots), width), float("nan"))  # [n, k]: NaN where the member gave none
         given: set[int] = set()  # rows whose q came from a member
+        rated = self.confident  # whether any row's member gave confidences
         todo = [i for i, k in enumerate(ks) if k > 0]
         for j, m in enumerate(self.members):
             if not todo:
@@ -74,6 +75,7 @@ class CascadeDrafter:
                 self.counts[m.name] += 1
                 if d.confidence is not None:
                     conf[i, :len(row)] = d.confidence[r, :len(row)]
+                    rated = True
                 if d.probs is not None:
                     if probs is None:
                         probs = torch.zeros(len(slots), width, d.probs.shape[-1])
@@ -85,7 +87,7 @@ class CascadeDrafter:
                 real = tokens[i] != PAD
                 if i not in given and real.any():
                     probs[i, real] = torch.nn.functional.one_hot(tokens[i, real], probs.shape[-1]).float()
-        return Draft(tokens, probs, conf if self.confident else None)
+        return Draft(tokens, probs, conf if rated else None)
 
     def accepted(self, slots, num_accepted) -> None:
         by: dict[int, tuple[list, list]] = {}

@@ -5,10 +5,12 @@
     sum_r E_r(k_r) / (pass_seconds(sum_r (k_r + 1)) + draft_seconds(k))
 
 with E_r(k) = 1 + sum_{j<=k} prod_{i<=j} a_r,i from the row's own per-position acceptance estimates (a Beta
-posterior whose prior is the server's running per-position rate) and pass_seconds the measured cost of a
-target pass over that many token-rows. Nothing about batch size is hard-coded: while a pass is memory-bound
-extra rows cost almost nothing and every row drafts; once compute binds, each extra row costs a share of a
-pass and only rows whose drafts are accepted often enough keep drafting.
+posterior whose prior is the server's running per-position rate), or from the drafter's own confidence in
+each drafted token where it gives one (`trim`: a trained head's probabilities, prompt lookup's measured rate for
+matches as long), and pass_seconds the measured cost of a target pass over that many token-rows. Nothing about
+batch size is hard-coded: while a pass is memory-bound extra rows cost almost nothing and every row drafts; once
+compute binds, each extra row costs a share of a pass and only rows whose drafts are accepted often enough keep
+drafting.
 """
 
 from __future__ import annotations

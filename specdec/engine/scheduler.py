@@ -261,7 +261,12 @@ class Scheduler:
             offered = [[t for t in row if t != PAD] for row in d.tokens.tolist()]
             views = [RowView(s.judged, s.hits, len(o)) for s, o in zip(rows, offered)]
             if self.drafter.free:
-                ks = self.policy.plan(views)
+                # a lookup's confidences (its measured rate for matches as long) stand for the row's estimates
+                # at any temperature: its q is one-hot, so they estimate acceptance there too
+                if d.confidence is not None and hasattr(self.policy, "trim"):
+                    ks = self.policy.trim(views, d.confidence.tolist())
+                else:
+                    ks = self.policy.plan(views)
                 for s, o, k in zip(rows, offered, ks):
                     if k < len(o):
                         s.set_shadow(o, verified=k)
