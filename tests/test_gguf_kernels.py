@@ -39,8 +39,8 @@ def isa(request, kernels):
 
 @pytest.fixture(params=[False, True], ids=["groups", "pairs"])
 def paired(request):
-    """The integer paths' two layouts of 4-bit weights: group after group (the AVX2 build's), or groups side by side
-    in pairs (the VNNI build's). Every build computes both, with the same results."""
+    """The integer paths' two layouts: group after group (the AVX2 build's), or groups side by side in pairs (the
+    VNNI build's). Every build computes both, with the same results."""
     return request.param
 
 
@@ -175,13 +175,15 @@ def test_the_vnni_build_gives_the_avx2_builds_bits(kernels, kinds, act_bits, pai
         assert all(torch.equal(g, w) for g, w in zip(got, want)), f"{n} rows"
 
 
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("act_bits", [8, 16], ids=["q8", "q16"])
-def test_pairs_of_groups_give_the_group_layouts_bits(kernels, act_bits, isa):
-    """The layout is the machine's choice, never the output's: 4-bit weights stored in pairs of groups give the bits
-    of the same weights stored group by group, at every number of rows, an odd number of groups included."""
+def test_pairs_of_groups_give_the_group_layouts_bits(kernels, act_bits, isa, kind):
+    """The layout is the machine's choice, never the output's: weights stored in pairs of groups (4-bit and 8-bit)
+    give the bits of the same weights stored group by group, at every number of rows, an odd number of groups
+    included."""
     x = torch.randn(19, 256, generator=torch.Generator().manual_seed(11))
     for n in (40, 37, 13):
-        parts = [random_qtensor("Q4_1", n, 256, seed=30)]
+        parts = [random_qtensor(kind, n, 256, seed=30)]
         groups, pairs = (kernels.QMatrix(*planes(parts, True, act_bits, paired=p)) for p in (False, True))
         assert pairs.paired and not groups.paired
         for m in range(1, 20):

@@ -42,13 +42,14 @@ constexpr int64_t QB = 32;  // weights per block
 //          and a pass that takes two groups at a time reads one stream. The VNNI build, which does, runs on it (the
 //          model asks for it where that build runs); the AVX2 build, a group at a time, ran 7 to 25% slower on it
 //          than on its own layout. Both builds compute either layout, with the same results;
-//   8-bit: q int8 [N/8, K/32, 8, 32], d fp16 [N/8, K/32, 8]; w = d q.
+//   8-bit: q int8 [N/8, K/32, 8, 32], d fp16 [N/8, K/32, 8]; w = d q. `paired` as for 4-bit: q [G/2, K/32, 8, 2, 32]
+//          (a pair's block 512 bytes, chunk c register c of both groups), d [G/2, K/32, 2, 8].
 // models/gguf_weights.py writes these planes from the file's blocks.
 struct QMatrix {
   int64_t bits, N, K, G, B;  // G groups of 8 rows, B blocks a row
   bool rows;  // the exact path's layout instead: row by row, q [N, K/32, 16 or 32], d and m [N, K/32]
   int64_t act_bits;  // interleaved layout: activation blocks of 8 bits (q8) or 15 bits in two planes (q16)
-  bool paired;  // interleaved 4-bit only: groups stored in pairs (see above)
+  bool paired;  // interleaved only: groups stored in pairs (see above)
   torch::Tensor q, d, m;
   QMatrix(int64_t bits, int64_t N, int64_t K, torch::Tensor q, torch::Tensor d, c10::optional<torch::Tensor> m,
           bool rows, int64_t act_bits, bool paired)
@@ -57,7 +58,7 @@ struct QMatrix {
     TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
     TORCH_CHECK(act_bits == 8 || act_bits == 16, "act_bits must be 8 or 16");
     TORCH_CHECK(K % QB == 0 && N > 0, "K must be a multiple of 32");
-    TORCH_CHECK(!paired || (!rows && bits == 4), "only interleaved 4-bit blocks are stored in pairs");
+    TORCH_CHECK(!paired || !rows, "only interleaved blocks are stored in pairs");
     const int64_t per = rows ? 1 : 8;  // rows per group
     const int64_t stored = paired ? G + G % 2 : G;  // groups held, the pair's padding included
     TORCH_CHECK(this->q.numel() == stored * B * per * (bits == 4 ? 16 : 32), "q: 16 or 32 bytes a row and block");
@@ -81,7 +82,8 @@ struct QMatrix {
   // of its quants at qblock + c * (PAIRED ? 64 : 32), its 8 scales (and minimums) at dblock (mblock).
   template <bool PAIRED>
   const uint8_t* qblock(int64_t g, int64_t b) const {
-    return PAIRED ? qp_ + ((g / 2) * B + b) * 256 + 32 * (g % 2) : qp_ + (g * B + b) * (bits == 4 ? 128 : 256);
+    const int64_t block = bits == 4 ? 128 : 256;  // one group's bytes a block
+    return PAIRED ? qp_ + ((g / 2) * B + b) * 2 * block + 32 * (g % 2) : qp_ + (g * B + b) * block;
   }
   template <bool PAIRED>
   int64_t scale_at(int64_t g, int64_t b) const {
@@ -110,7 +112,7 @@ inline void load_group(const QMatrix& W, int64_t g, int64_t b, __m256i r[8]) {
       r[c + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
     }
   } else {
-    for (int c = 0; c < 8; ++c) r[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * c));
+    for (int c = 0; c < 8; ++c) r[c] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + (PAIRED ? 64 : 32) * c));
   }
 }
 
@@ -208,11 +210,15 @@ void exact_rows(const float* x, const QMatrix& W, float* y, int64_t M, int64_t n
 
 // ---- q8: int8 activation blocks, integer dot products ----------------------------------------------------
 
-struct Q8Rows {  // x [M, K] quantized per row in blocks of 32
-  int64_t M, K, B;
-  std::vector<int8_t> q, q2;  // [M, K]: q8's quants; q16: Q = 128 q + q2
-  std::vector<float> d, s;  // [M, B]: scale of a unit of Q (q8: of q), and that scale * sum of the block's Q
-  std::vector<int32_t> qsum;  // [M, B]: the sum of the block's Q, at most 32 (128 * 127 + 64) in size
+// x [M, K] quantized per row in blocks of 32, block-major: a tile's rows of one block lie side by side, so it reaches
+// them from one pointer at fixed offsets. Row-major, the tile kept a pointer per row and plane, more than the
+// registers hold, and reloaded them from the stack every block; block-major ran a 6-row gguf-q16 pass in 0.95x the
+// time (1 row 0.99x), alternated in one process.
+struct Q8Rows {
+  int64_t M, K, B, P;  // P planes: 1 (q8) or 2 (q16)
+  std::vector<int8_t> q;  // [B, M, P, 32]: q8's quants; q16: plane 0 q and plane 1 q2, Q = 128 q + q2
+  std::vector<float> d, s;  // [B, M]: scale of a unit of Q (q8: of q), and that scale * sum of the block's Q
+  std::vector<int32_t> qsum;  // [B, M]: the sum of the block's Q, at most 32 (128 * 127 + 64) in size
 };
 
 void quantize_range(const float* x, int64_t r0, int64_t r1, int64_t K, bool q16, Q8Rows& a);
@@ -220,9 +226,8 @@ void quantize_range(const float* x, int64_t r0, int64_t r1, int64_t K, bool q16,
 // Each row and block of 32: d = max|x| / 127, v = x (127 / max|x|) in fp32, q = round(v) (half to even); q16
 // also Q = round(128 v) = 128 q + q2 (128 v - 128 q is exact, so q2 = round(128 (v - q)), |q2| <= 64).
 void quantize_rows(const float* x, int64_t M, int64_t K, bool q16, Q8Rows& a) {
-  a.M = M; a.K = K; a.B = K / QB;
-  a.q.resize(M * K); a.d.resize(M * a.B); a.s.resize(M * a.B); a.qsum.resize(M * a.B);
-  if (q16) a.q2.resize(M * K);
+  a.M = M; a.K = K; a.B = K / QB; a.P = q16 ? 2 : 1;
+  a.q.resize(M * K * a.P); a.d.resize(M * a.B); a.s.resize(M * a.B); a.qsum.resize(M * a.B);
   specdec::over_rows(M, [&](int64_t r0, int64_t r1) { quantize_range(x, r0, r1, K, q16, a); });
 }
 
@@ -260,17 +265,17 @@ void quantize_range(const float* x, int64_t r0, int64_t r1, int64_t K, bool q16,
       s4 = _mm_hadd_epi32(s4, s4);
       s4 = _mm_hadd_epi32(s4, s4);
       const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q.data() + r * K + b * QB),
-                          _mm256_permutevar8x32_epi32(packed, perm));
+      int8_t* out = a.q.data() + (b * a.M + r) * a.P * QB;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutevar8x32_epi32(packed, perm));
       if (q16) {
         const __m256i p2 = _mm256_packs_epi16(_mm256_packs_epi32(q2[0], q2[1]), _mm256_packs_epi32(q2[2], q2[3]));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.q2.data() + r * K + b * QB),
-                            _mm256_permutevar8x32_epi32(p2, perm));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + QB), _mm256_permutevar8x32_epi32(p2, perm));
       }
       const float unit = q16 ? d * (1.0f / 128.0f) : d;  // exact: a power of two
-      a.d[r * a.B + b] = unit;
-      a.qsum[r * a.B + b] = _mm_cvtsi128_si32(s4);
-      a.s[r * a.B + b] = unit * float(a.qsum[r * a.B + b]);
+      const int64_t at = b * a.M + r;
+      a.d[at] = unit;
+      a.qsum[at] = _mm_cvtsi128_si32(s4);
+      a.s[at] = unit * float(a.qsum[at]);
     }
 }
 

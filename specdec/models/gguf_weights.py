@@ -105,8 +105,8 @@ def planes(parts: list[QTensor], interleave: bool, act_bits: int = 8, paired: bo
     groups of 8, padded with zero rows to a multiple of 8. 4-bit: q uint8 [G, K/32, 4, 32] (chunk c: register c in
     the low nibbles, c + 4 in the high ones), d and m fp16 [G, K/32, 8]; with `paired` (what the AVX512-VNNI build
     reads fastest: it takes two groups at a time), groups side by side in pairs, a zero group padding an odd count:
-    q [G/2, K/32, 4, 2, 32], d and m [G/2, K/32, 2, 8]. 8-bit (never paired): q int8 [G, K/32, 8, 32], d fp16
-    [G, K/32, 8]."""
+    q [G/2, K/32, 4, 2, 32], d and m [G/2, K/32, 2, 8]. 8-bit: q int8 [G, K/32, 8, 32], d fp16 [G, K/32, 8]; in
+    pairs q [G/2, K/32, 8, 2, 32], d [G/2, K/32, 2, 8]."""
     bits = {8 if p.kind == "Q8_0" else 4 for p in parts}
     if len(bits) != 1 or len({p.cols for p in parts}) != 1:
         raise SpecdecError("a fused matrix mixes 4-bit and 8-bit blocks; use --precision fp16 for this file")
@@ -130,11 +130,11 @@ def planes(parts: list[QTensor], interleave: bool, act_bits: int = 8, paired: bo
     r = interleave(q.reshape(n, blocks, 8, 4))  # [G, blocks, j, k, t]
     r = np.ascontiguousarray(r.swapaxes(2, 3)).reshape(groups, blocks, 8, 32)  # register k: bytes [4 j + t]
     d, m = interleave(d), None if m is None else interleave(m)  # [G, blocks, 8]
-    paired = paired and bits == 4
     if bits == 4:
         r = (r[:, :, :4] | (r[:, :, 4:] << 4)).astype(np.uint8)  # [G, blocks, 4, 32]
     if paired:
-        r, d, m = _pairs(r), _pairs(d), _pairs(m)  # [G/2, blocks, 4, 2, 32], [G/2, blocks, 2, 8]
+        r, d = _pairs(r), _pairs(d)  # [G/2, blocks, 4 or 8, 2, 32], [G/2, blocks, 2, 8]
+        m = None if m is None else _pairs(m)
     return bits, n, k, _tensor(r), _tensor(d), _tensor(m), False, act_bits, paired
 
 

@@ -185,8 +185,9 @@ class Transformer:
         if quantized is not None:
             name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
             head_q = quantized.get(name, quantized["model.embed_tokens.weight"])
-            self.lm_head_q = self.kernels.QMatrix(*placed(planes([head_q], self.act_bits is not None,
-                                                                 self.act_bits or 8), arena))
+            integer = self.act_bits is not None
+            self.lm_head_q = self.kernels.QMatrix(*placed(planes([head_q], integer, self.act_bits or 8,
+                                                                 integer and self.kernels.isa() == "vnni"), arena))
         else:
             self.lm_head = Linear(head, None, precision)
             self.lm_head_half = arena.put(head.half()) if native else None
