@@ -1,0 +1,123 @@
+"""The native kernels of a git revision against the working tree's, side by side in one process.
+
+    .venv/bin/python scripts/kernel_ab.py [--rev HEAD~1] [--precision gguf-q16] [--rows 1,2,4,6,8] [--context 512]
+                                          [--reps 60]
+
+Builds `specdec/kernels/` as it is at --rev (a module of its own, cached under the specdec cache like the
+working tree's build), loads the bundled model once on each build, checks that every pass's logits are bit for bit
+the same on both, then alternates passes (the order flipped every repetition, so drift falls on both alike) and
+prints per number of rows the median time of each and their ratio, and each build's cost of a pass in one-row
+passes. Python stays the working tree's: a revision whose kernel refuses a layout the working tree asks for (8-bit
+weights in pairs, before they had them) gets its matrices in the layout it had then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+import specdec.kernels as kernels_pkg
+import specdec.models.transformer as transformer
+from specdec.errors import SpecdecError
+from specdec.models.gguf_convert import cache_root
+from specdec.models.loader import load_model
+
+ROOT = Path(__file__).resolve().parent.parent
+NAMES = [p.name for p in kernels_pkg.SOURCES + kernels_pkg.HEADERS]
+
+
+def build_at(rev: str):
+    """The kernels module as the sources were at `rev`."""
+    texts = {n: subprocess.run(["git", "show", f"{rev}:specdec/kernels/{n}"], cwd=ROOT, check=True,
+                               capture_output=True).stdout for n in NAMES}
+    digest = hashlib.sha256(b"".join(texts[n] for n in NAMES)).hexdigest()[:12]
+    src = cache_root() / "kernels-ab" / digest
+    src.mkdir(parents=True, exist_ok=True)
+    for n, t in texts.items():
+        (src / n).write_bytes(t)
+    from torch.utils.cpp_extension import load
+
+    print(f"kernel_ab: building {rev} ({digest}), about a minute the first time", file=sys.stderr)
+    return load(f"specdec_ab_{digest}", [str(src / p.name) for p in kernels_pkg.SOURCES],
+                extra_cflags=kernels_pkg.FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(src), verbose=False)
+
+
+def load_on(module, precision: str):
+    """The bundled model on `module`'s kernels; 8-bit matrices unpaired if that build refuses them in pairs."""
+    planes = transformer.planes
+    kernels_pkg.decode_kernels = lambda: module
+    try:
+        try:
+            return load_model("default", precision).model
+        except SpecdecError as e:  # the loader's wrapping of the kernel's refusal
+            if "stored in pairs" not in str(e):
+                raise
+            transformer.planes = lambda parts, inter, act=8, paired=False: planes(
+                parts, inter, act, paired and parts[0].kind != "Q8_0")
+            return load_model("default", precision).model
+    finally:
+        transformer.planes = planes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rev", default="HEAD~1")
+    ap.add_argument("--precision", default="gguf-q16")
+    ap.add_argument("--rows", default="1,2,4,6,8")
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=60)
+    args = ap.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    here = kernels_pkg.decode_kernels()
+    if here is None:
+        print("kernel_ab: the native kernels cannot be built here", file=sys.stderr)
+        return 2
+    try:
+        then = build_at(args.rev)
+    except subprocess.CalledProcessError as e:
+        print(f"kernel_ab: cannot read the kernels at {args.rev}: {e.stderr.decode().strip()}", file=sys.stderr)
+        return 2
+    models = {"rev": load_on(then, args.precision), "tree": load_on(here, args.precision)}
+    vocab = models["tree"].cfg.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (1, args.context), generator=g)
+    toks = {n: torch.randint(0, vocab, (1, n), generator=g) for n in rows}
+    start = torch.tensor([args.context])
+    caches = {}
+    for name, m in models.items():
+        caches[name] = m.new_cache(1, args.context + max(rows) + 1)
+        m.forward(prompt, torch.zeros(1, dtype=torch.long), caches[name], last_only=torch.tensor([args.context - 1]),
+                  prefill=True)
+    for n in rows:
+        a, b = (models[k].forward(toks[n], start, caches[k]) for k in ("rev", "tree"))
+        if not torch.equal(a, b):
+            print(f"kernel_ab: the builds' logits differ at {n} rows", file=sys.stderr)
+            return 1
+    times = {(k, n): [] for k in models for n in rows}
+    for rep in range(args.reps):
+        for n in rows:
+            for k in (("rev", "tree") if rep % 2 == 0 else ("tree", "rev")):
+                t0 = time.perf_counter()
+                models[k].forward(toks[n], start, caches[k])
+                times[(k, n)].append(time.perf_counter() - t0)
+    med = {key: statistics.median(v) for key, v in times.items()}
+    print(f"{args.precision}, context {args.context}, {args.reps} alternated repetitions; logits bit-identical")
+    print(f"{'rows':>4}  {args.rev + ' ms':>12}  {'tree ms':>9}  tree/rev")
+    for n in rows:
+        print(f"{n:>4}  {med[('rev', n)] * 1e3:>12.2f}  {med[('tree', n)] * 1e3:>9.2f}  "
+              f"{med[('tree', n)] / med[('rev', n)]:.3f}")
+    for k in models:
+        curve = ", ".join(f"{n}: {med[(k, n)] / med[(k, rows[0])]:.2f}" for n in rows)
+        print(f"{args.rev if k == 'rev' else 'tree'} in {rows[0]}-row passes: {curve}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
