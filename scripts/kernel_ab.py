@@ -42,11 +42,8 @@ def build_at(rev: str):
     src.mkdir(parents=True, exist_ok=True)
     for n, t in texts.items():
         (src / n).write_bytes(t)
-    from torch.utils.cpp_extension import load
-
     print(f"kernel_ab: building {rev} ({digest}), about a minute the first time", file=sys.stderr)
-    return load(f"specdec_ab_{digest}", [str(src / p.name) for p in kernels_pkg.SOURCES],
-                extra_cflags=kernels_pkg.FLAGS, extra_ldflags=["-fopenmp"], build_directory=str(src), verbose=False)
+    return kernels_pkg.compile_module(f"specdec_ab_{digest}", [src / p.name for p in kernels_pkg.SOURCES], src)
 
 
 def load_on(module, precision: str):
@@ -70,11 +67,31 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rev", default="HEAD~1")
     ap.add_argument("--precision", default="gguf-q16")
-    ap.add_argument("--rows", default="1,2,4,6,8")
+    ap.add_argument("--rows", type=row_counts, default="1,2,4,6,8")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--reps", type=int, default=60)
     args = ap.parse_args()
-    rows = [int(r) for r in args.rows.split(",")]
+    try:
+        return compare(args)
+    except SpecdecError as e:
+        print(f"kernel_ab: {e}", file=sys.stderr)
+        return 2
+
+
+def row_counts(text: str) -> list[int]:
+    try:
+        rows = [int(r) for r in text.split(",")]
+    except ValueError:
+        rows = []
+    if not rows or min(rows) < 1:
+        raise argparse.ArgumentTypeError(f"rows: positive integers, comma-separated, not {text!r}")
+    return rows
+
+
+def compare(args) -> int:
+    rows = args.rows
+    if args.reps < 1 or args.context < 1:
+        raise SpecdecError(f"--reps and --context must be at least 1, not {args.reps} and {args.context}")
     here = kernels_pkg.decode_kernels()
     if here is None:
         print("kernel_ab: the native kernels cannot be built here", file=sys.stderr)
@@ -85,7 +102,9 @@ def main() -> int:
         print(f"kernel_ab: cannot read the kernels at {args.rev}: {e.stderr.decode().strip()}", file=sys.stderr)
         return 2
     models = {"rev": load_on(then, args.precision), "tree": load_on(here, args.precision)}
-    vocab = models["tree"].cfg.vocab_size
+    vocab, limit = models["tree"].cfg.vocab_size, models["tree"].cfg.max_position_embeddings
+    if args.context + max(rows) > limit:
+        raise SpecdecError(f"context {args.context} + {max(rows)} rows exceeds the model's {limit} positions")
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, args.context), generator=g)
     toks = {n: torch.randint(0, vocab, (1, n), generator=g) for n in rows}

@@ -32,6 +32,14 @@ def _cpu_supports() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
+def compile_module(name: str, sources: list[Path], build: Path):
+    """The kernels built from `sources` (the SOURCES of some version, its headers beside them) in `build`."""
+    from torch.utils.cpp_extension import load
+
+    return load(name, [str(p) for p in sources], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                build_directory=str(build), verbose=False)
+
+
 @functools.lru_cache(maxsize=1)
 def decode_kernels():
     """The compiled module, or None (with one line on stderr saying why) when it cannot be had."""
@@ -40,8 +48,6 @@ def decode_kernels():
     try:
         if not _cpu_supports():
             raise RuntimeError("this CPU has no AVX2")
-        from torch.utils.cpp_extension import load
-
         from specdec.models.gguf_convert import cache_root
 
         digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS)).hexdigest()[:12]
@@ -49,8 +55,7 @@ def decode_kernels():
         build.mkdir(parents=True, exist_ok=True)
         if not any(build.glob("*.so")):
             print("specdec: compiling the decode kernels (once, about a minute)", file=sys.stderr)
-        return load("specdec_decode_f16", [str(p) for p in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-                    build_directory=str(build), verbose=False)
+        return compile_module("specdec_decode_f16", SOURCES, build)
     except Exception as e:  # no compiler, no ninja, an unsupported CPU: stay correct, get slower
         print(f"specdec: native decode kernels unavailable ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
               "using the torch path", file=sys.stderr)
