@@ -5,9 +5,11 @@
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+#include <omp.h>
 
 #include <chrono>
 #include <functional>
+#include <utility>
 #include <vector>
 
 namespace specdec {
@@ -52,6 +54,46 @@ template <class F>
 void over_rows(int64_t R, F f) {
   if (R >= 16) at::parallel_for(0, R, 8, f);
   else f(0, R);
+}
+
+// A thread's place in a team (team() below): thread t of T.
+struct Team {
+  int64_t t, T;
+  // Every thread of the team waits here until all have arrived. A team of one never waits: called inside another
+  // parallel region, a barrier would bind to that region's team.
+  void sync() const {
+    if (T > 1) {
+#pragma omp barrier
+    }
+  }
+  // This thread's contiguous share of [0, n) (the first n % T threads take one more).
+  std::pair<int64_t, int64_t> share(int64_t n) const {
+    const int64_t base = n / T, extra = n % T, lo = t * base + std::min(t, extra);
+    return {lo, lo + base + (t < extra ? 1 : 0)};
+  }
+};
+
+// f(team) on every thread of one OpenMP team (torch's thread count; a team of one inside another parallel region),
+// so that a kernel's steps can meet at team.sync() rather than each step starting and joining threads of its own.
+// Every thread runs f and reaches the same barriers, whether its share is empty or not. f must not throw: every
+// check happens before the team starts.
+template <class F>
+void team(F f) {
+  if (at::get_num_threads() <= 1 || omp_in_parallel()) return f(Team{0, 1});
+#pragma omp parallel
+  f(Team{omp_get_thread_num(), omp_get_num_threads()});
+}
+
+// f(i0, i1) over items [0, n): split between a team's threads once there are at least `team_from` of them, on the
+// caller's thread below that (a team's start, about half a microsecond, costs more than a few rows' elementwise
+// work). Each item's result is computed by the same code whoever runs it, so this never changes a value.
+template <class F>
+void over_items(int64_t n, int64_t team_from, F f) {
+  if (n < team_from) return f(int64_t(0), n);
+  team([&](const Team& tm) {
+    const auto [i0, i1] = tm.share(n);
+    if (i0 < i1) f(i0, i1);
+  });
 }
 
 // A machine's peak rate of some arithmetic: every thread runs `thread_rate(seconds)` at once, which returns that

@@ -263,13 +263,14 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
 
   rms_norm_rows(xp, norm1.data_ptr<float>(), hp, R, H, float(eps));
   lin(QKV, hp, qp, R);
-  over_rows(R, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {  // rotate q and k; write k and v (fp16) at their positions
-      const int64_t p = pp[r];
+  const int64_t heads = hq + hk;  // rotated heads a row: an item is one row's head (a key head stores k and v)
+  over_items(R * heads, 2 * heads, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {  // rotate q and k; write k and v (fp16) at their positions
+      const int64_t r = i / heads, hh = i % heads, p = pp[r];
       float* row = qp + r * qkv_n;
-      for (int64_t hh = 0; hh < hq + hk; ++hh) rope(row + hh * d, cp + p * d, sp + p * d, d);
-      for (int64_t g = 0; g < hk; ++g)
-        specdec::store_kv(row + (hq + g) * d, row + (hq + hk + g) * d, kc, vc, sl[r], g, p, hk, cap, d);
+      rope(row + hh * d, cp + p * d, sp + p * d, d);
+      if (hh >= hq)
+        specdec::store_kv(row + hh * d, row + (hk + hh) * d, kc, vc, sl[r], hh - hq, p, hk, cap, d);
     }
   });
   specdec::attention(qp, qkv_n, sl, pp, R, kc, vc, hq, hk, cap, d, ap);
@@ -282,14 +283,15 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
   rms_norm_rows(xp, norm2.data_ptr<float>(), hp, R, H, float(eps));
   lin(GATE_UP, hp, gp, R);
   const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
-  over_rows(R, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t i = 0; i < inter; i += 8) {  // silu(gate) * up
-        const __m256 gate = _mm256_loadu_ps(gp + r * 2 * inter + i);
-        const __m256 up = _mm256_loadu_ps(gp + r * 2 * inter + inter + i);
-        const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, gate))));
-        _mm256_storeu_ps(actp + r * inter + i, _mm256_mul_ps(_mm256_mul_ps(gate, sig), up));
-      }
+  const int64_t vecs = inter / 8;  // an item is 8 of a row's values
+  over_items(R * vecs, 2 * vecs, [&](int64_t i0, int64_t i1) {
+    for (int64_t v = i0; v < i1; ++v) {  // silu(gate) * up
+      const int64_t r = v / vecs, i = v % vecs * 8;
+      const __m256 gate = _mm256_loadu_ps(gp + r * 2 * inter + i);
+      const __m256 up = _mm256_loadu_ps(gp + r * 2 * inter + inter + i);
+      const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, gate))));
+      _mm256_storeu_ps(actp + r * inter + i, _mm256_mul_ps(_mm256_mul_ps(gate, sig), up));
+    }
   });
   lin(DOWN, actp, o, R);
   over_rows(R, add_residual);
