@@ -238,6 +238,50 @@ def test_tiny_gguf_runs_on_its_own_blocks(kernels, tiny_q, cache_here):
         assert err < tol, f"{precision}: {err:.2e} from the fp32 model"
 
 
+def test_one_call_a_pass_is_the_block_by_block_loop(kernels, tiny_q, cache_here, monkeypatch):
+    from specdec.models.loader import load_model
+
+    ids = list(range(3, 40))
+    for precision in ("gguf", "gguf-q16", "gguf-q8"):
+        model = load_model(str(tiny_q), precision).model
+        calls = []
+        monkeypatch.setattr(model, "kernels", _Spy(model.kernels, calls))
+        stacked = _passes(model, ids)
+        assert calls and all(n == "decode_stack_gguf" for n in calls), calls  # every pass in one call
+        monkeypatch.setattr(model, "_native_stack", lambda: None)  # the loop over blocks in Python
+        calls.clear()
+        looped = _passes(model, ids)
+        assert calls and "decode_stack_gguf" not in calls
+        for a, b in zip(stacked, looped):
+            assert torch.equal(a, b), precision
+        assert looped[-1].abs().sum() > 0  # the features were written
+
+
+def _passes(model, ids: list[int]) -> list[torch.Tensor]:
+    """Logits of one-token, 6-row and whole-prompt passes, and a prefill's with a draft head's features (low,
+    middle and the last block's output)."""
+    logits = [logits_of(model, ids, chunk) for chunk in (1, 6, len(ids))]
+    taps = (0, 1, model.cfg.num_layers)
+    tapped, feats = model.forward(torch.tensor([ids]), torch.tensor([0]), model.new_cache(1, 64), taps=taps)
+    return logits + [tapped, feats]
+
+
+class _Spy:
+    """The kernels module, recording which of its block functions a pass calls."""
+
+    def __init__(self, real, calls: list):
+        self._real, self._calls = real, calls
+
+    def __getattr__(self, name):
+        attr = getattr(self._real, name)
+        if name in ("decode_stack_gguf", "decode_block_gguf"):
+            def record(*a, **k):
+                self._calls.append(name)
+                return attr(*a, **k)
+            return record
+        return attr
+
+
 def test_gguf_precision_needs_a_gguf_it_can_read(kernels, tiny_q, tmp_path, cache_here):
     from specdec.models.loader import load_model
 

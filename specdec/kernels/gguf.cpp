@@ -352,6 +352,62 @@ void decode_block_gguf(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, t
                          [&](int which, const float* in, float* out, int64_t M) { matmul(in, *w[which], out, M); });
 }
 
+// The decoder blocks of a model on GGUF blocks, held once so that a pass crosses from Python to C++ once: looping
+// over the blocks in Python, a pass paid 30 calls of 15 arguments each (the Python steps around the kernels took about
+// 0.2 ms of a 3 ms one-row pass). Each entry is a block's (norm1, qkv, o, norm2, gate_up, down), as
+// decode_block_gguf takes them; the Python objects are kept alive with it.
+struct GgufStack {
+  std::vector<torch::Tensor> norm1, norm2;
+  std::vector<const QMatrix*> qkv, o, gate_up, down;
+  pybind11::list keep;
+  explicit GgufStack(const pybind11::list& blocks) : keep(blocks) {
+    for (const auto& item : blocks) {
+      const auto t = item.cast<pybind11::tuple>();
+      TORCH_CHECK(t.size() == 6, "a block is (norm1, qkv, o, norm2, gate_up, down)");
+      norm1.push_back(t[0].cast<torch::Tensor>());
+      qkv.push_back(&t[1].cast<const QMatrix&>());
+      o.push_back(&t[2].cast<const QMatrix&>());
+      norm2.push_back(t[3].cast<torch::Tensor>());
+      gate_up.push_back(&t[4].cast<const QMatrix&>());
+      down.push_back(&t[5].cast<const QMatrix&>());
+    }
+  }
+  int64_t layers() const { return int64_t(qkv.size()); }
+};
+
+// Every block of `stack` in turn on x [R, H] in place: what calling decode_block_gguf block by block computes, bit
+// for bit. k_caches and v_caches: one tensor a block. `taps` (layer indices, the number of layers for the last
+// block's output) copy the residual stream entering those blocks into feats [>= row0 + R, taps * H] at rows
+// [row0, row0 + R), as transformer.py's loop does for a draft head. The GIL is released while the blocks run, so a
+// server's other threads go on meanwhile.
+void decode_stack_gguf(const GgufStack& stack, torch::Tensor x, torch::Tensor slot, torch::Tensor pos,
+                       const std::vector<torch::Tensor>& k_caches, const std::vector<torch::Tensor>& v_caches,
+                       torch::Tensor cos, torch::Tensor sin, int64_t hq, int64_t hk, double eps,
+                       const std::vector<int64_t>& taps, c10::optional<torch::Tensor> feats, int64_t row0) {
+  const int64_t L = stack.layers(), R = x.size(0), H = x.size(1);
+  TORCH_CHECK(int64_t(k_caches.size()) == L && int64_t(v_caches.size()) == L, "one key and one value cache a block");
+  TORCH_CHECK(x.is_contiguous() && x.dtype() == torch::kFloat32 && x.dim() == 2, "x: contiguous float32 [R, H]");
+  for (int64_t t : taps) TORCH_CHECK(t >= 0 && t <= L, "a tap is a layer index, 0 to ", L);
+  TORCH_CHECK(taps.empty() || (feats.has_value() && feats->is_contiguous() && feats->dtype() == torch::kFloat32 &&
+                               feats->dim() == 2 && feats->size(0) >= row0 + R && row0 >= 0 &&
+                               feats->size(1) == int64_t(taps.size()) * H),
+              "feats: contiguous float32 [rows, taps * hidden] holding rows row0 to row0 + R");
+  float* fp = taps.empty() ? nullptr : feats->data_ptr<float>();
+  const auto tap = [&](int64_t layer) {
+    for (size_t j = 0; j < taps.size(); ++j)
+      if (taps[j] == layer)
+        for (int64_t r = 0; r < R; ++r)
+          std::copy_n(x.data_ptr<float>() + r * H, H, fp + (row0 + r) * int64_t(taps.size()) * H + int64_t(j) * H);
+  };
+  pybind11::gil_scoped_release free;
+  for (int64_t i = 0; i < L; ++i) {
+    tap(i);
+    decode_block_gguf(x, slot, pos, stack.norm1[i], *stack.qkv[i], *stack.o[i], stack.norm2[i], *stack.gate_up[i],
+                      *stack.down[i], k_caches[i], v_caches[i], cos, sin, hq, hk, eps);
+  }
+  tap(L);
+}
+
 // One step of an EAGLE-3 draft head (heads/eagle.py) on GGUF blocks, in place: g [R, H], the hidden input and
 // the residual, becomes the layer's output. Its [q; k; v] product reads [input_norm(e) ; hidden_norm(g)] (K = 2H),
 // e [R, H] the rows' token embeddings; the rest is a decoder block's (norm_before_residual false).
@@ -416,6 +472,15 @@ void specdec::register_gguf(pybind11::module& m) {
       .def_property_readonly("nbytes", &QMatrix::nbytes);
   m.def("gemm_gguf", &gemm_gguf, "y [M, N] = x [M, K] . W^T on GGUF blocks (row layout: exact; interleaved: q8)");
   m.def("decode_block_gguf", &decode_block_gguf, "one decoder block on GGUF blocks, in place");
+  pybind11::class_<GgufStack>(m, "GgufStack")
+      .def(pybind11::init<const pybind11::list&>(), "GgufStack(blocks): each block's (norm1, qkv, o, norm2, gate_up, "
+           "down), held for decode_stack_gguf")
+      .def_property_readonly("layers", &GgufStack::layers);
+  m.def("decode_stack_gguf", &decode_stack_gguf, "every block of a GgufStack in turn, in place (one call a pass)",
+        pybind11::arg("stack"), pybind11::arg("x"), pybind11::arg("slot"), pybind11::arg("pos"),
+        pybind11::arg("k_caches"), pybind11::arg("v_caches"), pybind11::arg("cos"), pybind11::arg("sin"),
+        pybind11::arg("hq"), pybind11::arg("hk"), pybind11::arg("eps"), pybind11::arg("taps") = std::vector<int64_t>(),
+        pybind11::arg("feats") = pybind11::none(), pybind11::arg("row0") = 0);
   m.def("eagle_block_gguf", &eagle_block_gguf, "an EAGLE-3 draft head's layer on GGUF blocks, in place");
   m.def("int8_peak", &int8_peak, "int8 multiply-adds per second over all threads, as the q8 path issues them");
   m.def("isa", &isa, "the q8 kernel's build in use: avx2 or vnni");

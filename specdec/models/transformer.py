@@ -182,6 +182,7 @@ class Transformer:
         self.norm = weights["model.norm.weight"].float().contiguous()
         head = weights.get("lm_head.weight", self.embed) if not cfg.tie_word_embeddings else self.embed
         self.lm_head = self.lm_head_half = self.lm_head_q = None
+        self._stack = None  # _native_stack()'s, built on first use
         if quantized is not None:
             name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
             head_q = quantized.get(name, quantized["model.embed_tokens.weight"])
@@ -308,9 +309,15 @@ class Transformer:
         feats = x.new_empty(x.shape[0], len(taps) * cfg.hidden_size) if taps else None  # [R, taps * hidden]
         if self.kernels is not None:
             block = self.kernels.decode_block if self.lm_head_q is None else self.kernels.decode_block_gguf
+            stack = self._native_stack()
             for a in range(0, x.shape[0], NATIVE_ROWS):  # in order: a later part reads what earlier parts wrote
                 part = x[a:a + NATIVE_ROWS]  # [<= NATIVE_ROWS, hidden], a contiguous view updated in place
                 part_slots, part_pos = slots[a:a + NATIVE_ROWS], pos[a:a + NATIVE_ROWS]  # sliced once, not per layer
+                if stack is not None:  # every block in one native call
+                    self.kernels.decode_stack_gguf(stack, part, part_slots, part_pos, cache.k, cache.v, self.cos,
+                                                   self.sin, cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps,
+                                                   list(taps), feats, a)
+                    continue
                 for layer, blk in enumerate(self.blocks):
                     _tap(feats, a, part, taps, layer)
                     block(part, part_slots, part_pos, *blk.native, cache.k[layer], cache.v[layer], self.cos,
@@ -341,6 +348,15 @@ class Transformer:
         else:
             logits = self.lm_head(rms_norm(x, self.norm, cfg.rms_norm_eps))  # [R or S, vocab]
         return (logits, feats) if taps else logits
+
+    def _native_stack(self):
+        """The GGUF blocks held by the kernels for one call a pass (built once), or None: the fp16 path, or a build
+        of the kernels without it, runs block by block."""
+        if self.lm_head_q is None or not hasattr(self.kernels, "GgufStack"):
+            return None
+        if self._stack is None:
+            self._stack = self.kernels.GgufStack([blk.native for blk in self.blocks])
+        return self._stack
 
     def _layers(self, x: torch.Tensor, pos: torch.Tensor, cache: KVCache, rows: torch.Tensor | None,
                 prefill: bool, taps: tuple[int, ...] = ()):
