@@ -19,6 +19,7 @@ import functools
 import hashlib
 import os
 import sys
+import time
 from pathlib import Path
 
 SOURCES = [Path(__file__).with_name(n) for n in ("decode_f16.cpp", "attention.cpp", "gguf.cpp")]
@@ -32,10 +33,33 @@ def _cpu_supports() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
+STALE_LOCK_S = 600  # a build takes one to three minutes here; a lock this old outlived the process that took it
+
+
+def clear_stale_lock(build: Path, now: float | None = None) -> bool:
+    """Remove `build`'s lock if it is older than STALE_LOCK_S; True if it did.
+
+    torch's builder holds a lock file while it compiles and waits, without end, while another holds it. A process
+    killed mid-build (Ctrl-C on a first run, a test's timeout) leaves the file behind, and every later start then
+    hung silently."""
+    lock = build / "lock"
+    try:
+        age = (time.time() if now is None else now) - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < STALE_LOCK_S:
+        return False
+    print(f"specdec: removing a build lock left {age / 60:.0f} minutes ago by a process that stopped mid-build "
+          f"({lock})", file=sys.stderr)
+    lock.unlink(missing_ok=True)
+    return True
+
+
 def compile_module(name: str, sources: list[Path], build: Path):
     """The kernels built from `sources` (the SOURCES of some version, its headers beside them) in `build`."""
     from torch.utils.cpp_extension import load
 
+    clear_stale_lock(build)
     return load(name, [str(p) for p in sources], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
                 build_directory=str(build), verbose=False)
 
