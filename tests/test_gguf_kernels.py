@@ -27,11 +27,14 @@ def kernels():
     return k
 
 
-@pytest.fixture(params=["avx2", "vnni"])
+@pytest.fixture(params=["avx2", "vnni", "amx"])
 def isa(request, kernels):
-    """Each build of the integer kernel that this CPU can run (vnni: AVX512-VNNI), put back afterwards."""
+    """Each build of the integer kernel that this CPU can run (vnni: AVX512-VNNI; amx: the VNNI build with q16
+    products of 5 rows or more on AMX's tiles), put back afterwards."""
     if request.param == "vnni" and not kernels.cpu_has_vnni():
         pytest.skip("this CPU has no AVX512-VNNI: only the AVX2 build runs here")
+    if request.param == "amx" and not kernels.cpu_has_amx():
+        pytest.skip("this CPU has no AMX-INT8 (or the kernel does not grant it)")
     before = kernels.set_isa(request.param)
     yield request.param
     kernels.set_isa(before)
@@ -175,6 +178,34 @@ def test_the_vnni_build_gives_the_avx2_builds_bits(kernels, kinds, act_bits, pai
         assert all(torch.equal(g, w) for g, w in zip(got, want)), f"{n} rows"
 
 
+@pytest.mark.parametrize("kind", ["Q4_1", "Q4_0", "Q8_0"])
+def test_the_amx_tiles_give_the_vnni_builds_bits(kernels, kind):
+    """AMX's tiles sum the same integers as the VNNI build's dot products, and each lane then scales them in q8_pair's
+    order, so the products are its bits: at every number of rows (the tiles take 5 or more, in tiles of 8 rows and a
+    remainder), for two pairs at a time, a last pair, a last group alone and a pair whose second group is padding, on
+    one thread and split between two."""
+    if not kernels.cpu_has_amx():
+        pytest.skip("this CPU has no AMX-INT8 (or the kernel does not grant it)")
+    x = torch.randn(40, 256, generator=torch.Generator().manual_seed(12)) * 3
+    x[3, :32] = 0.0  # an all-zero block
+    threads = torch.get_num_threads()
+    for n in (48, 37, 13, 400):  # 6 groups: 2 pairs + 1; 5: 2 pairs + a group alone; 2 groups, 13 live rows; split
+        qm = kernels.QMatrix(*planes([random_qtensor(kind, n, 256, seed=40)], True, 16, paired=True))
+        rows = list(range(1, 20)) + [40]
+        before = kernels.set_isa("vnni")
+        try:
+            want = [kernels.gemm_gguf(x[:m], qm) for m in rows]
+            kernels.set_isa("amx")
+            got = [kernels.gemm_gguf(x[:m], qm) for m in rows]
+            torch.set_num_threads(1)
+            alone = [kernels.gemm_gguf(x[:m], qm) for m in rows]
+        finally:
+            torch.set_num_threads(threads)
+            kernels.set_isa(before)
+        for m, g, a, w in zip(rows, got, alone, want):
+            assert torch.equal(g, w) and torch.equal(a, w), f"{n} x {m}"
+
+
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("act_bits", [8, 16], ids=["q8", "q16"])
 def test_pairs_of_groups_give_the_group_layouts_bits(kernels, act_bits, isa, kind):
@@ -191,10 +222,14 @@ def test_pairs_of_groups_give_the_group_layouts_bits(kernels, act_bits, isa, kin
 
 
 def test_set_isa_refuses_what_it_cannot_run(kernels):
-    with pytest.raises(RuntimeError, match="auto, avx2 or vnni"):
+    with pytest.raises(RuntimeError, match="auto, avx2, vnni or amx"):
         kernels.set_isa("avx512")
+    if not kernels.cpu_has_amx():
+        with pytest.raises(RuntimeError, match="no AMX-INT8"):
+            kernels.set_isa("amx")
     before = kernels.set_isa("auto")
-    assert kernels.set_isa(before) == ("vnni" if kernels.cpu_has_vnni() else "avx2")
+    best = "amx" if kernels.cpu_has_amx() else "vnni" if kernels.cpu_has_vnni() else "avx2"
+    assert kernels.set_isa(before) == best
     assert kernels.int8_peak(0.05) > 1e9
 
 

@@ -42,7 +42,7 @@ class KernelHead:
 
     def __init__(self, head: EagleHead, kernels):
         self.cfg, self.kernels = head.cfg, kernels
-        paired = kernels.isa() == "vnni"
+        paired = kernels.isa() != "avx2"
 
         def matrix(*ws: torch.Tensor):
             return kernels.QMatrix(*planes([q8_0(torch.cat(ws))], True, 16, paired))

@@ -1,8 +1,9 @@
 """Native CPU kernels for the decode pass (AVX2 + FMA + F16C), compiled on first use and cached.
 
 The integer kernel of the GGUF paths (`gguf_q8.inc`) is built twice into the module, for AVX2 and for
-AVX512-VNNI, and the module picks the second where the CPU has it (`isa()`, `set_isa()`): its integer sums
-are exact either way, so the outputs are bit-identical.
+AVX512-VNNI, and the module picks the second where the CPU has it (`isa()`, `set_isa()`); where the CPU also has
+AMX-INT8, the q16 products of passes of 5 rows or more run on AMX's tiles (`gguf_amx.inc`, `isa()` "amx"). Their
+integer sums are exact either way, so the outputs are bit-identical.
 
 `decode_f16.cpp` runs a whole decoder block of a decode, verify or prefill pass in one call, with fp16
 weights read once per call whatever the number of rows, and every result computed per row in a fixed order
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 
 SOURCES = [Path(__file__).with_name(n) for n in ("decode_f16.cpp", "attention.cpp", "gguf.cpp")]
-HEADERS = [Path(__file__).with_name(n) for n in ("common.h", "gguf_q8.inc")]
+HEADERS = [Path(__file__).with_name(n) for n in ("common.h", "gguf_q8.inc", "gguf_amx.inc")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 
 

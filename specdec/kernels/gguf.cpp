@@ -27,6 +27,9 @@
 #include <string>
 #include <vector>
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 namespace {
 
 using specdec::hsum;
@@ -296,12 +299,41 @@ namespace vnni {
 }  // namespace vnni
 #pragma GCC pop_options
 
+// The q16 path's products on AMX's tiles for passes of several rows (gguf_amx.inc), where the CPU has AMX-INT8 and
+// the kernel lets this process use it; the rest (attention, activation blocks, a lone group) stays on the VNNI build.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,amx-tile,amx-int8")
+namespace amx {
+using vnni::load16h;
+using vnni::prefetch_lines;
+using vnni::store_pair;
+#include "gguf_amx.inc"
+}  // namespace amx
+#pragma GCC pop_options
+
 bool cpu_has_vnni() {
   __builtin_cpu_init();  // use_vnni below is set while the module loads, maybe before libgcc's own constructor
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
 }
-bool use_vnni = cpu_has_vnni();  // set_isa() overrides it (tests compare the two builds)
+bool use_vnni = cpu_has_vnni();  // set_isa() overrides it (tests compare the builds)
+
+// AMX-INT8 on the CPU, and its tile data granted to this process: Linux hands AMX's 8 KB of state to a process only
+// when it asks (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA), and a tile instruction without it kills the process.
+bool cpu_has_amx() {
+  static const bool granted = [] {
+    __builtin_cpu_init();
+    if (!cpu_has_vnni() || !__builtin_cpu_supports("amx-tile") || !__builtin_cpu_supports("amx-int8")) return false;
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return granted;
+}
+bool use_amx = cpu_has_amx();
+
+// Rows from which a q16 pass's products run on AMX (on weights stored in pairs): below it, the VNNI build's are faster
+// (measured in gguf_amx.inc).
+constexpr int64_t AMX_MIN_ROWS = 5;
 
 // The layout decides the arithmetic: row layout -> exact, interleaved -> q8.
 void matmul(const float* x, const QMatrix& W, float* y, int64_t M) {
@@ -326,7 +358,8 @@ void matmul(const float* x, const QMatrix& W, float* y, int64_t M) {
     const auto [u0, u1] = team.share(units);
     const int64_t g0 = u0 * unit, g1 = std::min(W.G, u1 * unit);  // groups of weight rows for this thread
     if (g0 >= g1) return;
-    if (q16) use_vnni ? vnni::q8_rows<true>(a, W, y, g0, g1) : avx2::q8_rows<true>(a, W, y, g0, g1);
+    if (q16 && use_amx && W.paired && M >= AMX_MIN_ROWS) amx::amx_rows(a, W, y, g0, g1);
+    else if (q16) use_vnni ? vnni::q8_rows<true>(a, W, y, g0, g1) : avx2::q8_rows<true>(a, W, y, g0, g1);
     else if (q8) use_vnni ? vnni::q8_rows<false>(a, W, y, g0, g1) : avx2::q8_rows<false>(a, W, y, g0, g1);
     else exact_rows(x, W, y, M, g0, g1);
   });
@@ -440,17 +473,20 @@ double int8_peak(double seconds) {
   return specdec::over_threads(seconds, use_vnni ? vnni::dot_rate : avx2::dot_rate);
 }
 
-// Which build of the q8 kernel runs: "vnni" (where the CPU has AVX512-VNNI), "avx2", or "auto" (the best the CPU
-// has); attention's tiles follow (AVX-512 with "vnni", AVX2 with "avx2"). Returns the q8 kernel's build that ran
-// before, so a caller can put it back.
-std::string isa() { return use_vnni ? "vnni" : "avx2"; }
+// Which build of the q8 kernel runs: "amx" (the VNNI build, with AMX's tiles for passes of several rows), "vnni"
+// (where the CPU has AVX512-VNNI), "avx2", or "auto" (the best the CPU has); attention's tiles follow (AVX-512 with
+// "amx" and "vnni", AVX2 with "avx2"). Returns the build that ran before, so a caller can put it back.
+std::string isa() { return use_amx ? "amx" : use_vnni ? "vnni" : "avx2"; }
 
 std::string set_isa(const std::string& want) {
   const std::string before = isa();
-  TORCH_CHECK(want == "auto" || want == "avx2" || want == "vnni", "isa must be auto, avx2 or vnni, not ", want);
+  TORCH_CHECK(want == "auto" || want == "avx2" || want == "vnni" || want == "amx",
+              "isa must be auto, avx2, vnni or amx, not ", want);
   TORCH_CHECK(want != "vnni" || cpu_has_vnni(), "this CPU has no AVX512-VNNI");
-  use_vnni = want == "vnni" || (want == "auto" && cpu_has_vnni());
-  specdec::wide = want == "vnni" || (want == "auto" && specdec::cpu_has_avx512());
+  TORCH_CHECK(want != "amx" || cpu_has_amx(), "this CPU has no AMX-INT8 that this process may use");
+  use_amx = want == "amx" || (want == "auto" && cpu_has_amx());
+  use_vnni = use_amx || want == "vnni" || (want == "auto" && cpu_has_vnni());
+  specdec::wide = want != "avx2" && (want != "auto" || specdec::cpu_has_avx512());
   return before;
 }
 
@@ -483,7 +519,8 @@ void specdec::register_gguf(pybind11::module& m) {
         pybind11::arg("feats") = pybind11::none(), pybind11::arg("row0") = 0);
   m.def("eagle_block_gguf", &eagle_block_gguf, "an EAGLE-3 draft head's layer on GGUF blocks, in place");
   m.def("int8_peak", &int8_peak, "int8 multiply-adds per second over all threads, as the q8 path issues them");
-  m.def("isa", &isa, "the q8 kernel's build in use: avx2 or vnni");
-  m.def("set_isa", &set_isa, "the kernels' build: auto, avx2 or vnni (AVX-512 attention too); returns the one before");
+  m.def("isa", &isa, "the q8 kernel's build in use: avx2, vnni or amx");
+  m.def("set_isa", &set_isa, "the kernels' build: auto, avx2, vnni or amx (AVX-512 attention too); returns the one before");
   m.def("cpu_has_vnni", &cpu_has_vnni, "whether this CPU has AVX512-VNNI (and the AVX-512 it needs)");
+  m.def("cpu_has_amx", &cpu_has_amx, "whether this CPU has AMX-INT8 and this process may use it");
 }

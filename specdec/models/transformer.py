@@ -116,7 +116,7 @@ class Block:
             mats = [[att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"], [att + "o_proj.weight"],
                     [mlp + "gate_proj.weight", mlp + "up_proj.weight"], [mlp + "down_proj.weight"]]
             integer = precision in ACT_BITS
-            paired = kernels.isa() == "vnni"  # the layout the build that runs reads fastest (kernels/gguf.cpp)
+            paired = kernels.isa() != "avx2"  # the layout the build that runs reads fastest (kernels/gguf.cpp)
             qkv, o, gate_up, down = (kernels.QMatrix(*placed(planes([quantized[n] for n in names], integer,
                                                                     ACT_BITS.get(precision, 8), paired), arena))
                                      for names in mats)
@@ -188,7 +188,7 @@ class Transformer:
             head_q = quantized.get(name, quantized["model.embed_tokens.weight"])
             integer = self.act_bits is not None
             self.lm_head_q = self.kernels.QMatrix(*placed(planes([head_q], integer, self.act_bits or 8,
-                                                                 integer and self.kernels.isa() == "vnni"), arena))
+                                                                 integer and self.kernels.isa() != "avx2"), arena))
         else:
             self.lm_head = Linear(head, None, precision)
             self.lm_head_half = arena.put(head.half()) if native else None
