@@ -95,17 +95,19 @@ def add_floors(p: dict, bandwidth: float) -> None:
 
 
 def isa_effect(model, precision: str, prompt: list[int], rounds: int = 4) -> dict:
-    """The integer kernel's two builds on the same weights, alternated: 1- and 6-row passes at context 512 and the
-    prefill of `prompt`, on AVX2 (vpmaddubsw) and on AVX512-VNNI (vpdpbusd). Each build runs a copy of the model
-    loaded while it was selected, so in the layout a machine with only that build gets (the VNNI build's 4-bit
-    weights in pairs of groups). Their outputs are bit-identical."""
+    """The integer kernel's builds on the same weights, alternated: 1- and 6-row passes at context 512 and the
+    prefill of `prompt`, on AVX2 (vpmaddubsw), on AVX512-VNNI (vpdpbusd) and, where the CPU has AMX-INT8, with the
+    q16 products of 5 rows or more on AMX's tiles. Each build runs a copy of the model loaded while it was selected,
+    so in the layout a machine with only that build gets (the VNNI and AMX builds' weights in pairs of groups, one
+    copy for both). Their outputs are bit-identical."""
     kernels = model.kernels
-    times: dict[str, dict[str, list]] = {isa: {"1": [], "6": [], "ttft": []} for isa in ("avx2", "vnni")}
+    isas = ("avx2", "vnni", "amx") if kernels.cpu_has_amx() and model.act_bits == 16 else ("avx2", "vnni")
+    times: dict[str, dict[str, list]] = {isa: {"1": [], "6": [], "ttft": []} for isa in isas}
     before = kernels.set_isa("avx2")
     try:
-        models = {"avx2": load_model("default", precision).model, "vnni": model}
+        models = {"avx2": load_model("default", precision).model, "vnni": model, "amx": model}
         for i in range(rounds):
-            for isa in ("avx2", "vnni") if i % 2 == 0 else ("vnni", "avx2"):
+            for isa in isas if i % 2 == 0 else isas[::-1]:
                 kernels.set_isa(isa)
                 passes = time_passes(models[isa], 512, [1, 6], reps=5)
                 times[isa]["1"] += passes[1]
@@ -197,6 +199,12 @@ def render(r: dict) -> str:
                          f"{v['pass_1_row_s'] * 1e3:.2f} ms, 6-row pass {a['pass_6_rows_s'] * 1e3:.2f} -> "
                          f"{v['pass_6_rows_s'] * 1e3:.2f} ms ({a['verify_6_cost']:.2f} -> {v['verify_6_cost']:.2f} "
                          f"one-row passes), TTFT {a['ttft_s'] * 1e3:.0f} -> {v['ttft_s'] * 1e3:.0f} ms")
+            if "amx" in p["isa"]:
+                x = p["isa"]["amx"]
+                lines.append(f"  - with AMX's tiles (q16 products of 5 rows or more) against VNNI alone: 6-row pass "
+                             f"{v['pass_6_rows_s'] * 1e3:.2f} -> {x['pass_6_rows_s'] * 1e3:.2f} ms "
+                             f"({x['pass_6_rows_s'] / v['pass_6_rows_s']:.2f}x), TTFT {v['ttft_s'] * 1e3:.0f} -> "
+                             f"{x['ttft_s'] * 1e3:.0f} ms ({x['ttft_s'] / v['ttft_s']:.2f}x)")
     lcpp = r.get("llamacpp")
     if lcpp:
         pl, lk = lcpp["plain"], lcpp["lookup"]

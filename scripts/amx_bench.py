@@ -1,0 +1,121 @@
+"""AMX's tiles against the VNNI build's dot products on the q16 path, side by side in one process.
+
+    .venv/bin/python scripts/amx_bench.py [--rows 2,4,5,6,8,16,64] [--reps 20] [--prefill 432,1000]
+
+On the bundled model (gguf-q16, weights in pairs of groups, the layout both builds read), alternating the two builds
+(`set_isa("vnni")` and `set_isa("amx")`, the order flipped every repetition so that drift falls on both alike):
+1. each product's shape alone (layer 0's qkv, o, gate_up and down, and the 8-bit LM head) at each number of rows,
+   every thread as in a pass, with the results checked bit-identical;
+2. whole passes of those rows at context 512, logits checked bit-identical;
+3. prefills of random prompts of --prefill tokens (time to first token).
+Prints each time on AMX over the time on VNNI. AMX runs a product from 5 rows (gguf.cpp's AMX_MIN_ROWS): below that
+both builds run the same code, and their ratio shows this machine's noise. Needs a CPU with AMX-INT8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.models.loader import load_model
+
+
+def alternate(kernels, reps: int, run) -> tuple[float, float, object, object]:
+    """Median seconds of run() on VNNI and on AMX, alternated, and each build's last result."""
+    times: dict[str, list[float]] = {"vnni": [], "amx": []}
+    out = {}
+    for rep in range(reps):
+        for isa in ("vnni", "amx") if rep % 2 == 0 else ("amx", "vnni"):
+            kernels.set_isa(isa)
+            t0 = time.perf_counter()
+            out[isa] = run()
+            times[isa].append(time.perf_counter() - t0)
+    return statistics.median(times["vnni"]), statistics.median(times["amx"]), out["vnni"], out["amx"]
+
+
+def parse_counts(text: str, flag: str) -> list[int]:
+    try:
+        counts = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise SpecdecError(f"{flag} takes counts separated by commas, not {text!r}") from None
+    if not counts or min(counts) < 1:
+        raise SpecdecError(f"{flag} takes counts of at least 1, not {text!r}")
+    return counts
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="2,4,5,6,8,16,64")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--prefill", default="432,1000")
+    args = ap.parse_args()
+    try:
+        rows, lengths = parse_counts(args.rows, "--rows"), parse_counts(args.prefill, "--prefill")
+        if args.reps < 1:
+            raise SpecdecError(f"--reps must be at least 1, not {args.reps}")
+        return measure(rows, lengths, args.reps)
+    except SpecdecError as e:
+        print(f"amx_bench: {e}", file=sys.stderr)
+        return 2
+
+
+def measure(rows: list[int], lengths: list[int], reps: int) -> int:
+    model = load_model("default", "gguf-q16").model
+    k, cfg = model.kernels, model.cfg
+    if k is None or model.lm_head_q is None or not k.cpu_has_amx():
+        raise SpecdecError("needs the native kernels on a CPU with AMX-INT8 that this process may use")
+    ctx = 512
+    if ctx + max(rows) > cfg.max_position_embeddings or max(lengths) > cfg.max_position_embeddings:
+        raise SpecdecError(f"rows and prompts must fit the model's {cfg.max_position_embeddings} positions")
+    before = k.set_isa("amx")
+    g = torch.Generator().manual_seed(0)
+    try:
+        print(f"gguf-q16, {reps} alternated repetitions, {torch.get_num_threads()} threads; time on AMX / on VNNI")
+        mats = dict(zip(("qkv", "o", "gate_up", "down"), model.blocks[0].qmatrices), lm_head=model.lm_head_q)
+        print(f"{'product':>24}  " + "  ".join(f"{n:>6}" for n in rows))
+        for name, m in mats.items():
+            ratios = []
+            for n in rows:
+                x = torch.randn(n, m.K, generator=g)
+                v, a, ov, oa = alternate(k, reps, lambda x=x, m=m: [k.gemm_gguf(x, m) for _ in range(10)][-1])
+                if not torch.equal(ov, oa):
+                    raise SpecdecError(f"{name} at {n} rows: the builds' products differ")
+                ratios.append(a / v)
+            print(f"{name + f' [{m.N}, {m.K}]':>24}  " + "  ".join(f"{r:6.3f}" for r in ratios))
+        cache = model.new_cache(1, ctx + max(rows) + 1)
+        model.forward(torch.randint(0, cfg.vocab_size, (1, ctx), generator=g), torch.zeros(1, dtype=torch.long),
+                      cache, last_only=torch.tensor([ctx - 1]), prefill=True)
+        start = torch.tensor([ctx])
+        line = []
+        for n in rows:
+            toks = torch.randint(0, cfg.vocab_size, (1, n), generator=g)
+            v, a, ov, oa = alternate(k, reps, lambda toks=toks: model.forward(toks, start, cache))
+            if not torch.equal(ov, oa):
+                raise SpecdecError(f"a pass of {n} rows: the builds' logits differ")
+            line.append(f"{n}: {v * 1e3:.2f} -> {a * 1e3:.2f} ms ({a / v:.3f})")
+        print(f"passes at context {ctx}: " + ", ".join(line))
+        line = []
+        for n in lengths:
+            ids = torch.randint(0, cfg.vocab_size, (1, n), generator=g)
+
+            def prefill(ids=ids, n=n):
+                return model.forward(ids, torch.zeros(1, dtype=torch.long), model.new_cache(1, n + 1),
+                                     last_only=torch.tensor([n - 1]), prefill=True)
+
+            v, a, ov, oa = alternate(k, max(2, reps // 4), prefill)
+            if not torch.equal(ov, oa):
+                raise SpecdecError(f"a prefill of {n} tokens: the builds' logits differ")
+            line.append(f"{n} tokens: {v * 1e3:.0f} -> {a * 1e3:.0f} ms ({a / v:.3f})")
+        print("prefill (time to first token): " + ", ".join(line))
+    finally:
+        k.set_isa(before)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
