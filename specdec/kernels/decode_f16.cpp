@@ -267,7 +267,7 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
   // stored), then one row's query head. A key block holds 32 positions of a dim in each cache line, so two threads
   // storing neighbouring rows of one head wrote the same lines: split by row, this step took 0.39 ms of a 6-row
   // gguf-q16 pass at context 512 (1 row: 0.06), timed per phase on an Intel Xeon; by key head 0.18, and whole passes
-  // 0.97 to 0.98x the time from 2 to 8 rows (kernel_ab, 60 alternated repetitions).
+  // 0.97 to 0.99x the time from 2 to 8 rows (kernel_ab, 60 alternated repetitions).
   over_items(hk + R * hq, hk + 2 * hq, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) {
       if (i < hk) {

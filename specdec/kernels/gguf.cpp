@@ -520,7 +520,8 @@ void specdec::register_gguf(pybind11::module& m) {
   m.def("eagle_block_gguf", &eagle_block_gguf, "an EAGLE-3 draft head's layer on GGUF blocks, in place");
   m.def("int8_peak", &int8_peak, "int8 multiply-adds per second over all threads, as the q8 path issues them");
   m.def("isa", &isa, "the q8 kernel's build in use: avx2, vnni or amx");
-  m.def("set_isa", &set_isa, "the kernels' build: auto, avx2, vnni or amx (AVX-512 attention too); returns the one before");
+  m.def("set_isa", &set_isa,
+        "the kernels' build: auto, avx2, vnni or amx (AVX-512 attention too); returns the one before");
   m.def("cpu_has_vnni", &cpu_has_vnni, "whether this CPU has AVX512-VNNI (and the AVX-512 it needs)");
   m.def("cpu_has_amx", &cpu_has_amx, "whether this CPU has AMX-INT8 and this process may use it");
 }
