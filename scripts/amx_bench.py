@@ -21,6 +21,7 @@ import time
 
 import torch
 
+from specdec.bench.cli import parse_ints
 from specdec.errors import SpecdecError
 from specdec.models.loader import load_model
 
@@ -38,16 +39,6 @@ def alternate(kernels, reps: int, run) -> tuple[float, float, object, object]:
     return statistics.median(times["vnni"]), statistics.median(times["amx"]), out["vnni"], out["amx"]
 
 
-def parse_counts(text: str, flag: str) -> list[int]:
-    try:
-        counts = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise SpecdecError(f"{flag} takes counts separated by commas, not {text!r}") from None
-    if not counts or min(counts) < 1:
-        raise SpecdecError(f"{flag} takes counts of at least 1, not {text!r}")
-    return counts
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="2,4,5,6,8,16,64")
@@ -55,7 +46,7 @@ def main() -> int:
     ap.add_argument("--prefill", default="432,1000")
     args = ap.parse_args()
     try:
-        rows, lengths = parse_counts(args.rows, "--rows"), parse_counts(args.prefill, "--prefill")
+        rows, lengths = parse_ints(args.rows, "--rows"), parse_ints(args.prefill, "--prefill")
         if args.reps < 1:
             raise SpecdecError(f"--reps must be at least 1, not {args.reps}")
         return measure(rows, lengths, args.reps)

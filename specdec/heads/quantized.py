@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from specdec.heads.eagle import EagleHead
+from specdec.kernels import pairs_layout
 from specdec.models.gguf_weights import QTensor, planes
 from specdec.models.transformer import CHUNK
 
@@ -42,7 +43,7 @@ class KernelHead:
 
     def __init__(self, head: EagleHead, kernels):
         self.cfg, self.kernels = head.cfg, kernels
-        paired = kernels.isa() != "avx2"
+        paired = pairs_layout(kernels)
 
         def matrix(*ws: torch.Tensor):
             return kernels.QMatrix(*planes([q8_0(torch.cat(ws))], True, 16, paired))

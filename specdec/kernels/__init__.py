@@ -56,6 +56,12 @@ def clear_stale_lock(build: Path, now: float | None = None) -> bool:
     return True
 
 
+def pairs_layout(kernels) -> bool:
+    """Whether `kernels` (a decode_kernels() module) read integer weights fastest stored in pairs of groups: the
+    VNNI build does, and AMX's tiles read the same pairs; the AVX2 build reads them group by group (gguf.cpp)."""
+    return kernels.isa() != "avx2"
+
+
 def compile_module(name: str, sources: list[Path], build: Path):
     """The kernels built from `sources` (the SOURCES of some version, its headers beside them) in `build`."""
     from torch.utils.cpp_extension import load

@@ -305,6 +305,7 @@ namespace vnni {
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,amx-tile,amx-int8")
 namespace amx {
 using vnni::load16h;
+using vnni::pair_nibbles;
 using vnni::prefetch_lines;
 using vnni::store_pair;
 #include "gguf_amx.inc"

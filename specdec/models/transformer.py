@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.errors import SpecdecError
+from specdec.kernels import pairs_layout
 from specdec.models.config import ACT_BITS, GGUF_PRECISIONS, ModelConfig
 from specdec.models.gguf_weights import QTensor, planes, read_matrices
 from specdec.models.hugepages import Arena
@@ -116,7 +117,7 @@ class Block:
             mats = [[att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"], [att + "o_proj.weight"],
                     [mlp + "gate_proj.weight", mlp + "up_proj.weight"], [mlp + "down_proj.weight"]]
             integer = precision in ACT_BITS
-            paired = kernels.isa() != "avx2"  # the layout the build that runs reads fastest (kernels/gguf.cpp)
+            paired = pairs_layout(kernels)
             qkv, o, gate_up, down = (kernels.QMatrix(*placed(planes([quantized[n] for n in names], integer,
                                                                     ACT_BITS.get(precision, 8), paired), arena))
                                      for names in mats)
@@ -188,7 +189,7 @@ class Transformer:
             head_q = quantized.get(name, quantized["model.embed_tokens.weight"])
             integer = self.act_bits is not None
             self.lm_head_q = self.kernels.QMatrix(*placed(planes([head_q], integer, self.act_bits or 8,
-                                                                 integer and self.kernels.isa() != "avx2"), arena))
+                                                                 integer and pairs_layout(self.kernels)), arena))
         else:
             self.lm_head = Linear(head, None, precision)
             self.lm_head_half = arena.put(head.half()) if native else None
