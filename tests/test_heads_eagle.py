@@ -215,10 +215,48 @@ def test_a_head_for_another_target_is_refused(trained):
     (["--prompts", "/nonexistent.jsonl"], "no prompts file"),
     (["--prompts", __file__, __file__, "--max-tokens", "1", "2", "3"], "one value or one per prompts file"),
     (["--device", "tpu"], "unknown device"),
-], ids=["vocab", "epochs", "prompts", "max-tokens", "device"])
+    (["--prompts", __file__, "--init", "/nonexistent"], "no draft head there"),
+    (["--prompts", __file__, "--init", "default", "--target", "/some/other/model"], "give --init DIR"),
+], ids=["vocab", "epochs", "prompts", "max-tokens", "device", "init", "init-default"])
 def test_train_draft_refuses_bad_input_before_any_work(tmp_path, capsys, args, fragment):
     from specdec.cli import main
 
     assert main(["train-draft", "--out", str(tmp_path / "o"), *args]) == 2
     err = capsys.readouterr().err
     assert fragment in err and "Traceback" not in err and not (tmp_path / "o").exists()
+
+
+class _Tokenizer:
+    def __init__(self, fingerprint):
+        self._fp = fingerprint
+
+    def fingerprint(self):
+        return self._fp
+
+
+def test_training_continues_from_a_saved_head(trained, tmp_path):
+    """`train-draft --init DIR`: the second run starts from the saved head (its weights, its draft vocabulary),
+    so its curve starts where the first run ended, not where a fresh head would; a head that cannot be continued
+    on this target is refused before any work."""
+    from specdec.heads.cli import start_from
+
+    model, head, _, after, *_, prompts = trained
+    head.save(tmp_path / "h", dtype=torch.float32, meta={"tokenizer_fingerprint": "abc",
+                                                          "trained": {"train_tokens": 123}})
+    target = _Loaded(model)
+    target.tokenizer = _Tokenizer("abc")
+    taps = default_taps(model.cfg.num_layers)
+    again, meta = start_from(tmp_path / "h", None, target, taps)
+    assert torch.equal(again.target_ids(), head.target_ids()) and meta["train_tokens"] == 123
+    examples, feats = distilled(model, prompts)
+    summary = train(again, model, examples, feats, TrainConfig(epochs=1, lr=1e-4, warmup=5, validation=0.0),
+                    tmp_path / "run", log=lambda m: None)
+    start = summary["curve"][0]
+    assert start["tokens"] == 0 and start["accuracy"][0] > 0.5  # a fresh head starts near 0 on these answers
+    with pytest.raises(SpecdecError, match="would need a fresh head"):
+        start_from(tmp_path / "h", 17, target, taps)
+    with pytest.raises(SpecdecError, match="do not fit this target"):
+        start_from(tmp_path / "h", None, target, taps[:-1])
+    target.tokenizer = _Tokenizer("other")
+    with pytest.raises(SpecdecError, match="another vocabulary"):
+        start_from(tmp_path / "h", None, target, taps)

@@ -15,7 +15,11 @@ def register(sub) -> None:
     t = sub.add_parser("train-draft", help="train a draft head (EAGLE-3) on the target's own answers")
     t.add_argument("--target", default="default", help="'default' (the bundled model), a HF folder or a .gguf")
     t.add_argument("--method", choices=("eagle",), default="eagle", help="eagle: an EAGLE-3 head (one layer)")
-    t.add_argument("--draft-vocab", type=int, default=8192, help="tokens the head can draft (the most frequent)")
+    t.add_argument("--draft-vocab", type=int, default=None,
+                   help="tokens the head can draft, the most frequent (default 8192; with --init, the head's)")
+    t.add_argument("--init", metavar="DIR|default", default=None,
+                   help="continue from a trained head (its weights and draft vocabulary) on new data, e.g. "
+                        "'default', the head shipped for the bundled model; a fresh head otherwise")
     t.add_argument("--prompts", nargs="+", metavar="FILE",
                    help="Spec-Bench question.jsonl (the first items of each category, which `specdec bench` "
                         "reports, are held out) or JSONL lines of {\"prompt\": ...}")
@@ -55,7 +59,7 @@ def train_cmd(args) -> int:
         raise SpecdecError(f"unknown device {args.device!r} (cpu or cuda)")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SpecdecError("--device cuda: no CUDA device is available here")
-    if args.steps < 1 or min(args.max_tokens) < 1 or args.draft_vocab < 1:
+    if args.steps < 1 or min(args.max_tokens) < 1 or (args.draft_vocab is not None and args.draft_vocab < 1):
         raise SpecdecError("--steps, --max-tokens and --draft-vocab must be >= 1")
     if args.epochs <= 0 or args.lr <= 0 or (args.hours is not None and args.hours <= 0):
         raise SpecdecError("--epochs, --lr and --hours must be positive")
@@ -67,6 +71,7 @@ def train_cmd(args) -> int:
     if len(args.max_tokens) not in (1, len(prompts)):
         raise SpecdecError(f"--max-tokens takes one value or one per prompts file ({len(prompts)})")
     budgets = args.max_tokens * len(prompts) if len(args.max_tokens) == 1 else args.max_tokens
+    init = init_dir(args.init, args.target) if args.init else None
     t0 = time.perf_counter()
     target = load_model(args.target)
     if not getattr(target.model, "supports_taps", False):
@@ -86,26 +91,61 @@ def train_cmd(args) -> int:
                 "seconds": round(time.perf_counter() - t0, 1)}
         data.save(store, examples, feats, meta)
     torch.manual_seed(0)  # the head's initial weights: a rerun of the same command trains the same head
-    cfg = HeadConfig.for_target(target.model.cfg, args.draft_vocab, taps)
-    draft_ids = draft_vocabulary(examples, feats, args.draft_vocab, cfg.target_vocab)
-    head = init_head(cfg, target.model, draft_ids).to(args.device)
+    if args.init:
+        head, init_meta = start_from(init, args.draft_vocab, target, taps)
+    else:
+        vocab = args.draft_vocab or 8192
+        cfg = HeadConfig.for_target(target.model.cfg, vocab, taps)
+        head, init_meta = init_head(cfg, target.model, draft_vocabulary(examples, feats, vocab, cfg.target_vocab)), None
+    head = head.to(args.device)
     cover = coverage(examples, feats, head.t2d.cpu())
-    print(f"train-draft: {meta['answer_tokens']} answer tokens; the draft vocabulary of {args.draft_vocab} covers "
-          f"{cover:.1%} of the target's choices", file=sys.stderr)
+    print(f"train-draft: {meta['answer_tokens']} answer tokens; the draft vocabulary of {head.cfg.draft_vocab} "
+          f"covers {cover:.1%} of the target's choices", file=sys.stderr)
     tc = TrainConfig(steps=args.steps, epochs=args.epochs, lr=args.lr, hours=args.hours)
     summary = train(head, target.model, examples, feats, tc, out, log=lambda m: print(m, file=sys.stderr))
     recipe = "specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["train-draft"] else None
     report = {"target": args.target, "data": meta, "draft_vocab_coverage": round(cover, 4), **summary,
               "recipe": recipe}
-    head.cpu().save(out, meta={"tokenizer_fingerprint": target.tokenizer.fingerprint(),
-                               "trained": {k: report[k] for k in ("train_tokens", "train_seconds",
-                                                                  "validation_tokens_per_pass", "recipe")}})
+    trained = {k: report[k] for k in ("train_tokens", "train_seconds", "validation_tokens_per_pass", "recipe")}
+    if init_meta is not None:
+        report["init"] = trained["init"] = init_meta  # how the head it continued from was trained
+    head.cpu().save(out, meta={"tokenizer_fingerprint": target.tokenizer.fingerprint(), "trained": trained})
     (out / "train.json").write_text(json.dumps(report, indent=1) + "\n")
     acc = ", ".join(f"{a:.2f}" for a in summary["validation_accuracy"])
     print(f"train-draft: {summary['steps']} steps over {summary['train_tokens']} tokens in "
           f"{summary['train_seconds']:.0f} s; held-out accuracy per drafting step {acc} -> "
           f"{summary['validation_tokens_per_pass']:.2f} tokens per target pass; head in {out}")
     return 0
+
+
+def init_dir(spec: str, target_spec: str) -> Path:
+    """--init's folder, checked before any work: 'default' is the head shipped for the bundled model."""
+    from specdec.heads.bundled import BUNDLED
+    from specdec.heads.eagle import CONFIG
+
+    if spec == "default":
+        if target_spec not in ("default", ""):
+            raise SpecdecError("--init default is the head for the bundled model; give --init DIR for this target")
+        return BUNDLED
+    if not (Path(spec) / CONFIG).is_file():
+        raise SpecdecError(f"--init {spec}: no draft head there (no {CONFIG})")
+    return Path(spec)
+
+
+def start_from(src: Path, draft_vocab: int | None, target, taps) -> tuple:
+    """A trained head to continue training, checked against the target; returns it and how it was trained."""
+    from specdec.heads.eagle import CONFIG, EagleHead, HeadConfig
+
+    head = EagleHead.load(src)
+    saved = json.loads((src / CONFIG).read_text())
+    if saved.get("tokenizer_fingerprint") not in (None, target.tokenizer.fingerprint()):
+        raise SpecdecError(f"--init {src}: that head was trained for a target with another vocabulary")
+    if head.cfg != HeadConfig.for_target(target.model.cfg, head.cfg.draft_vocab, taps):
+        raise SpecdecError(f"--init {src}: that head's shape or tapped layers do not fit this target")
+    if draft_vocab not in (None, head.cfg.draft_vocab):
+        raise SpecdecError(f"--init {src}: the head drafts from {head.cfg.draft_vocab} tokens; --draft-vocab "
+                           f"{draft_vocab} would need a fresh head")
+    return head, {"from": str(src), **saved.get("trained", {})}
 
 
 def export_cmd(args) -> int:

@@ -45,7 +45,7 @@ def training_texts(paths: Sequence[str | Path], holdout: int = HOLDOUT) -> list[
     return texts
 
 
-def answers(loaded, texts: Sequence[str], max_new_tokens: int, batch: int = 8) -> list[Example]:
+def answers(loaded, texts: Sequence[str], max_new_tokens: int, batch: int = 32) -> list[Example]:
     """Greedy answers, `batch` prompts at a time. The model writing them may be a faster copy of the target
     (gguf-q8): the labels the head learns are the target's own next-token choices along these texts, taken by
     `hidden_states`, so only the texts come from here."""

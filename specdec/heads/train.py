@@ -153,6 +153,7 @@ def train(head: EagleHead, target, examples: list[Example], feats: Features, cfg
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))))
     state = {"step": 0, "seen": 0, "tokens": 0, "seconds": 0.0, "curve": []}
+    out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint.pt"
     if ckpt.exists():
         saved = torch.load(ckpt, weights_only=False)
@@ -173,6 +174,9 @@ def train(head: EagleHead, target, examples: list[Example], feats: Features, cfg
         state["curve"].append({"tokens": state["tokens"], "accuracy": acc, "tokens_per_pass": tokens_per_pass(acc)})
         return acc
 
+    if not state["curve"]:  # where the head starts (a continued head: its accuracy on the new held-out share)
+        acc = evaluate()
+        log(f"start: validation accuracy per step {[round(a, 3) for a in acc]}, {tokens_per_pass(acc):.2f} tokens/pass")
     head.train()
     t0 = time.perf_counter() - state["seconds"]
     bar = tqdm(total=total, initial=state["step"], desc="train-draft", unit="step", file=sys.stderr)
