@@ -73,7 +73,8 @@ def main() -> int:
     ap.add_argument("--drafters", default="ngram,suffix,eagle,ngram+eagle,suffix+eagle",
                     help="comma-separated; a cascade joins its members with +; a trailing ! drafts all k tokens "
                          "whatever the head's confidence; a trailing ~ drops prompt lookup's confidences (the "
-                         "planner then goes by each row's record)")
+                         "planner then goes by each row's record); @DIR after a name that uses the head picks "
+                         "the head (e.g. eagle,eagle@runs/new: the bundled head against a new one, in one run)")
     ap.add_argument("--k", default="5", help="an integer, or auto (the planner over pass costs measured now)")
     ap.add_argument("--head-k", default=None, help="k for methods that end in the head (default --k)")
     ap.add_argument("--temperature", type=float, default=0.0,
@@ -93,9 +94,10 @@ def main() -> int:
     methods = [method("plain", Engine(target.model, target.tokenizer), NoDrafter(), 1)]
     costs = pass_cost = None
     names = args.drafters.split(",") + (["draft-model"] if args.temperature else [])
-    for name in names:
+    for label in names:
+        name, _, head = label.partition("@")
         spec = ModelSpec(drafter=name.rstrip("!~").replace("+", ","), draft_model="default", draft_precision="int8",
-                         precision=args.precision)
+                         precision=args.precision, draft_head=head or None)
         _, drafter = build(spec)
         for m in getattr(drafter, "members", [drafter]):
             if name.endswith("!") and hasattr(m, "min_confidence"):  # the head drafts all k, however unsure
@@ -109,7 +111,7 @@ def main() -> int:
             pass_cost = calibrate(target.model, AUTO_MAX_K + 1, 1)
         # its own planner per method: each learns its acceptance
         policy = Auto(copy.deepcopy(pass_cost), max_k=AUTO_MAX_K, explore=not drafter.free) if k == "auto" else k
-        methods.append(method(f"{name} k={k}", Engine(target.model, target.tokenizer), drafter, policy, "plain", k))
+        methods.append(method(f"{label} k={k}", Engine(target.model, target.tokenizer), drafter, policy, "plain", k))
     samples = run_bench(prompts, methods, target.tokenizer, args.max_new_tokens)
     if not args.temperature:
         mark_identity(samples, methods)

