@@ -238,7 +238,7 @@ def test_training_continues_from_a_saved_head(trained, tmp_path):
     """`train-draft --init DIR`: the second run starts from the saved head (its weights, its draft vocabulary),
     so its curve starts where the first run ended, not where a fresh head would; a head that cannot be continued
     on this target is refused before any work."""
-    from specdec.heads.cli import start_from
+    from specdec.heads.cli import init_dir, start_from
 
     model, head, _, after, *_, prompts = trained
     head.save(tmp_path / "h", dtype=torch.float32, meta={"tokenizer_fingerprint": "abc",
@@ -246,7 +246,7 @@ def test_training_continues_from_a_saved_head(trained, tmp_path):
     target = _Loaded(model)
     target.tokenizer = _Tokenizer("abc")
     taps = default_taps(model.cfg.num_layers)
-    again, meta = start_from(tmp_path / "h", None, target, taps)
+    again, meta = start_from(tmp_path / "h", target, taps)
     assert torch.equal(again.target_ids(), head.target_ids()) and meta["train_tokens"] == 123
     examples, feats = distilled(model, prompts)
     summary = train(again, model, examples, feats, TrainConfig(epochs=1, lr=1e-4, warmup=5, validation=0.0),
@@ -254,9 +254,9 @@ def test_training_continues_from_a_saved_head(trained, tmp_path):
     start = summary["curve"][0]
     assert start["tokens"] == 0 and start["accuracy"][0] > 0.5  # a fresh head starts near 0 on these answers
     with pytest.raises(SpecdecError, match="would need a fresh head"):
-        start_from(tmp_path / "h", 17, target, taps)
+        init_dir(str(tmp_path / "h"), "x", 17)
     with pytest.raises(SpecdecError, match="do not fit this target"):
-        start_from(tmp_path / "h", None, target, taps[:-1])
+        start_from(tmp_path / "h", target, taps[:-1])
     target.tokenizer = _Tokenizer("other")
     with pytest.raises(SpecdecError, match="another vocabulary"):
-        start_from(tmp_path / "h", None, target, taps)
+        start_from(tmp_path / "h", target, taps)

@@ -71,7 +71,7 @@ def train_cmd(args) -> int:
     if len(args.max_tokens) not in (1, len(prompts)):
         raise SpecdecError(f"--max-tokens takes one value or one per prompts file ({len(prompts)})")
     budgets = args.max_tokens * len(prompts) if len(args.max_tokens) == 1 else args.max_tokens
-    init = init_dir(args.init, args.target) if args.init else None
+    init = init_dir(args.init, args.target, args.draft_vocab) if args.init else None
     t0 = time.perf_counter()
     target = load_model(args.target)
     if not getattr(target.model, "supports_taps", False):
@@ -92,7 +92,7 @@ def train_cmd(args) -> int:
         data.save(store, examples, feats, meta)
     torch.manual_seed(0)  # the head's initial weights: a rerun of the same command trains the same head
     if args.init:
-        head, init_meta = start_from(init, args.draft_vocab, target, taps)
+        head, init_meta = start_from(init, target, taps)
     else:
         vocab = args.draft_vocab or 8192
         cfg = HeadConfig.for_target(target.model.cfg, vocab, taps)
@@ -118,21 +118,25 @@ def train_cmd(args) -> int:
     return 0
 
 
-def init_dir(spec: str, target_spec: str) -> Path:
+def init_dir(spec: str, target_spec: str, draft_vocab: int | None) -> Path:
     """--init's folder, checked before any work: 'default' is the head shipped for the bundled model."""
     from specdec.heads.bundled import BUNDLED
     from specdec.heads.eagle import CONFIG
 
-    if spec == "default":
-        if target_spec not in ("default", ""):
-            raise SpecdecError("--init default is the head for the bundled model; give --init DIR for this target")
-        return BUNDLED
-    if not (Path(spec) / CONFIG).is_file():
-        raise SpecdecError(f"--init {spec}: no draft head there (no {CONFIG})")
-    return Path(spec)
+    if spec == "default" and target_spec not in ("default", ""):
+        raise SpecdecError("--init default is the head for the bundled model; give --init DIR for this target")
+    src = BUNDLED if spec == "default" else Path(spec)
+    try:
+        saved = json.loads((src / CONFIG).read_text())
+    except (OSError, json.JSONDecodeError):
+        raise SpecdecError(f"--init {spec}: no draft head there (no readable {CONFIG})") from None
+    if draft_vocab not in (None, saved.get("draft_vocab")):
+        raise SpecdecError(f"--init {spec}: the head drafts from {saved.get('draft_vocab')} tokens; --draft-vocab "
+                           f"{draft_vocab} would need a fresh head")
+    return src
 
 
-def start_from(src: Path, draft_vocab: int | None, target, taps) -> tuple:
+def start_from(src: Path, target, taps) -> tuple:
     """A trained head to continue training, checked against the target; returns it and how it was trained."""
     from specdec.heads.eagle import CONFIG, EagleHead, HeadConfig
 
@@ -142,9 +146,6 @@ def start_from(src: Path, draft_vocab: int | None, target, taps) -> tuple:
         raise SpecdecError(f"--init {src}: that head was trained for a target with another vocabulary")
     if head.cfg != HeadConfig.for_target(target.model.cfg, head.cfg.draft_vocab, taps):
         raise SpecdecError(f"--init {src}: that head's shape or tapped layers do not fit this target")
-    if draft_vocab not in (None, head.cfg.draft_vocab):
-        raise SpecdecError(f"--init {src}: the head drafts from {head.cfg.draft_vocab} tokens; --draft-vocab "
-                           f"{draft_vocab} would need a fresh head")
     return head, {"from": str(src), **saved.get("trained", {})}
 
 
