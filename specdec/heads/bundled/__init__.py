@@ -12,11 +12,11 @@ from specdec.errors import SpecdecError
 
 BUNDLED = Path(__file__).parent / "smollm2-135m-instruct"
 # At temperature 0 a head stops drafting once its own estimate that the draft is still right falls below this:
-# the bundled head's top-1 probability tracks its accuracy (0.41 overall, 0.55 where it says >= 0.3, 0.81 where
-# >= 0.7, on held-out answers). With --k auto the planner then keeps the part of the draft that pays at the
-# measured pass costs. On gguf-q16 a draft the head gives less than about 0.2 does not pay (a row beyond the first
-# costs 0.15 to 0.30 of a one-row pass there, a step 0.06); on fp16 (0.03 and 0.015) the break-even is nearer 0.06,
-# so there this floor stops some drafts that would have paid.
+# the bundled head's top-1 probability tracks its accuracy (measured on v1, the first one: 0.41 overall, 0.55
+# where it says >= 0.3, 0.81 where >= 0.7, on held-out answers). With --k auto the planner then keeps the part
+# of the draft that pays at the measured pass costs. On gguf-q16 a draft the head gives less than about 0.2 does
+# not pay (a row beyond the first costs 0.15 to 0.30 of a one-row pass there, a step 0.06); on fp16 (0.03 and
+# 0.015) the break-even is nearer 0.06, so there this floor stops some drafts that would have paid.
 MIN_CONFIDENCE = 0.2
 
 
