@@ -240,7 +240,7 @@ def test_training_continues_from_a_saved_head(trained, tmp_path):
     on this target is refused before any work."""
     from specdec.heads.cli import init_dir, start_from
 
-    model, head, _, after, *_, prompts = trained
+    model, head, *_, prompts = trained
     head.save(tmp_path / "h", dtype=torch.float32, meta={"tokenizer_fingerprint": "abc",
                                                           "trained": {"train_tokens": 123}})
     target = _Loaded(model)

@@ -10,13 +10,16 @@ from pathlib import Path
 
 from specdec.errors import SpecdecError
 
+DRAFT_VOCAB = 8192  # the draft vocabulary of a fresh head: the bundled head's (it covers 97.7% of its answers)
+
 
 def register(sub) -> None:
     t = sub.add_parser("train-draft", help="train a draft head (EAGLE-3) on the target's own answers")
     t.add_argument("--target", default="default", help="'default' (the bundled model), a HF folder or a .gguf")
     t.add_argument("--method", choices=("eagle",), default="eagle", help="eagle: an EAGLE-3 head (one layer)")
     t.add_argument("--draft-vocab", type=int, default=None,
-                   help="tokens the head can draft, the most frequent (default 8192; with --init, the head's)")
+                   help=f"tokens the head can draft, the most frequent (default {DRAFT_VOCAB}; with --init, the "
+                        "head's)")
     t.add_argument("--init", metavar="DIR|default", default=None,
                    help="continue from a trained head (its weights and draft vocabulary) on new data, e.g. "
                         "'default', the head shipped for the bundled model; a fresh head otherwise")
@@ -94,7 +97,7 @@ def train_cmd(args) -> int:
     if args.init:
         head, init_meta = start_from(init, target, taps)
     else:
-        vocab = args.draft_vocab or 8192
+        vocab = args.draft_vocab or DRAFT_VOCAB
         cfg = HeadConfig.for_target(target.model.cfg, vocab, taps)
         head, init_meta = init_head(cfg, target.model, draft_vocabulary(examples, feats, vocab, cfg.target_vocab)), None
     head = head.to(args.device)
@@ -138,12 +141,11 @@ def init_dir(spec: str, target_spec: str, draft_vocab: int | None) -> Path:
 
 def start_from(src: Path, target, taps) -> tuple:
     """A trained head to continue training, checked against the target; returns it and how it was trained."""
-    from specdec.heads.eagle import CONFIG, EagleHead, HeadConfig
+    from specdec.heads.bundled import saved_for
+    from specdec.heads.eagle import EagleHead, HeadConfig
 
     head = EagleHead.load(src)
-    saved = json.loads((src / CONFIG).read_text())
-    if saved.get("tokenizer_fingerprint") not in (None, target.tokenizer.fingerprint()):
-        raise SpecdecError(f"--init {src}: that head was trained for a target with another vocabulary")
+    saved = saved_for(src, target)
     if head.cfg != HeadConfig.for_target(target.model.cfg, head.cfg.draft_vocab, taps):
         raise SpecdecError(f"--init {src}: that head's shape or tapped layers do not fit this target")
     return head, {"from": str(src), **saved.get("trained", {})}

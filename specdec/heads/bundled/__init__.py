@@ -32,18 +32,27 @@ def head_dir(path: str | None, model: str) -> Path:
     return BUNDLED
 
 
-def load_head(path: str | None, model: str, target):
-    """An EagleDrafter for `target` (a LoadedModel), checked against the target it was trained for."""
+def saved_for(where: Path, target) -> dict:
+    """The head's saved config (head.json), refused where it names a tokenizer other than `target`'s."""
     import json
 
+    from specdec.heads.eagle import CONFIG
+
+    saved = json.loads((where / CONFIG).read_text())
+    trained_for = saved.get("tokenizer_fingerprint")
+    if trained_for and trained_for != target.tokenizer.fingerprint():
+        raise SpecdecError(f"{where}: this draft head was trained for a target with another vocabulary")
+    return saved
+
+
+def load_head(path: str | None, model: str, target):
+    """An EagleDrafter for `target` (a LoadedModel), checked against the target it was trained for."""
     from specdec.drafters.eagle import EagleDrafter
-    from specdec.heads.eagle import CONFIG, EagleHead
+    from specdec.heads.eagle import EagleHead
 
     where = head_dir(path, model)
     head = EagleHead.load(where)
-    trained_for = json.loads((where / CONFIG).read_text()).get("tokenizer_fingerprint")
-    if trained_for and trained_for != target.tokenizer.fingerprint():
-        raise SpecdecError(f"{where}: this draft head was trained for a target with another vocabulary")
+    saved_for(where, target)
     if not getattr(target.model, "supports_taps", False):
         raise SpecdecError("--drafter eagle reads the target's hidden states, which this model's forward pass "
                            "does not expose")
