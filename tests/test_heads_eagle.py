@@ -16,7 +16,7 @@ from specdec.engine.generate import Engine, GenerationConfig
 from specdec.errors import SpecdecError
 from specdec.heads import data
 from specdec.heads.eagle import EagleHead, HeadConfig, default_taps
-from specdec.heads.train import TrainConfig, accuracy, draft_vocabulary, init_head, train
+from specdec.heads.train import TrainConfig, accuracy, batch_of, draft_vocabulary, init_head, items_of, train
 from specdec.sampling.warp import SamplingConfig
 from tests.test_engine_sampling import PASS_LEVEL, PROMPT, SAMPLES, TARGET, VOCAB, exact_distribution, goodness_of_fit
 
@@ -47,11 +47,11 @@ def trained(tiny_model, tmp_path_factory):
     examples, feats = distilled(model, prompts)
     cfg = HeadConfig.for_target(model.cfg, 48, default_taps(model.cfg.num_layers))
     head = init_head(cfg, model, draft_vocabulary(examples, feats, 48, model.cfg.vocab_size))
-    seen = list(zip(examples, feats.feats, feats.labels))
+    seen = items_of(examples, feats, soft=False)
     before = accuracy(head, seen, model.embed, 3)
     out = tmp_path_factory.mktemp("head")
     summary = train(head, model, examples, feats, TrainConfig(epochs=30, lr=3e-3, warmup=5, save_every=200,
-                                                               validation=0.0), out, log=lambda m: None)
+                                                               validation=0.0, labels="hard"), out, log=lambda m: None)
     return model, head.eval(), before, accuracy(head, seen, model.embed, 3), summary, prompts
 
 
@@ -60,6 +60,49 @@ def test_training_makes_the_head_draft_the_targets_choices(trained):
     print(f"accuracy per drafting step before {before}, after {after}")
     assert all(a > b + 0.25 for a, b in zip(after, before))  # every unrolled step learned, the later ones too
     assert summary["curve"] and summary["train_tokens"] > 0 and summary["validation_tokens_per_pass"] >= 1.0
+
+
+def test_soft_labels_are_the_targets_distribution_over_the_draft_vocabulary(trained):
+    """What soft-label training learns at each unrolled step: the target's next-token distribution after that
+    position (its SOFT_TOP likeliest tokens), outside the draft vocabulary dropped, renormalized; computed here
+    again from the target's logits."""
+    model, head, *_, prompts = trained
+    examples, feats = distilled(model, prompts[:4])
+    e, f, y, soft = items_of(examples, feats, soft=True)[1]
+    _, _, tgt, (ids, prob) = batch_of(e, f, y, soft, model.embed, head, 3)
+    cache = model.new_cache(1, len(e.tokens))
+    logits, _ = model.forward(torch.tensor([e.tokens]), torch.tensor([0]), cache.row(0), prefill=True,
+                              taps=head.cfg.taps)
+    draft = {int(t): d for d, t in enumerate(head.target_ids())}
+    for j in range(3):
+        for p in range(e.prompt_len - 1, len(e.tokens) - j):
+            full = logits[0, p + j].float().softmax(-1)
+            kept = [int(t) for t in full.topk(data.SOFT_TOP).indices if int(t) in draft]
+            want = {draft[t]: float(full[t]) / sum(float(full[u]) for u in kept) for t in kept}
+            got = {int(i): float(q) for i, q in zip(ids[j, p], prob[j, p]) if q > 0}
+            assert got.keys() == want.keys() and all(abs(got[k] - want[k]) < 2e-3 for k in want)
+    answer = slice(e.prompt_len - 1, None)  # hard labels: the target's choice where the draft vocabulary has it
+    assert torch.equal(tgt[0, answer] >= 0, head.t2d[y[answer]]) and (tgt[0, :e.prompt_len - 1] == -100).all()
+
+
+def test_soft_labels_train_too_and_need_data_that_holds_them(trained, tmp_path):
+    """The fixture's head learned hard labels (a random target's argmax is what its drafts must hit); soft labels
+    teach the head the target's choices as well, from a fresh start."""
+    model, _, *_, prompts = trained
+    examples, feats = distilled(model, prompts)
+    cfg = HeadConfig.for_target(model.cfg, 48, default_taps(model.cfg.num_layers))
+    head = init_head(cfg, model, draft_vocabulary(examples, feats, 48, model.cfg.vocab_size))
+    seen = items_of(examples, feats, soft=False)
+    before = accuracy(head, seen, model.embed, 3)
+    train(head, model, examples, feats, TrainConfig(epochs=30, lr=3e-3, warmup=5, validation=0.0, labels="soft"),
+          tmp_path / "soft", log=lambda m: None)
+    after = accuracy(head, seen, model.embed, 3)
+    assert after[0] > before[0] + 0.25, (before, after)
+    old = data.Features(feats.feats, feats.labels)  # data written before soft labels existed
+    with pytest.raises(SpecdecError, match="holds no soft labels"):
+        train(head, model, examples, old, TrainConfig(labels="soft"), tmp_path / "old", log=lambda m: None)
+    data.save(tmp_path / "d", examples, feats, {})
+    assert torch.equal(data.load(tmp_path / "d")[1].soft[3][1], feats.soft[3][1])
 
 
 @pytest.mark.parametrize("native", [False, True], ids=["torch", "native"])

@@ -31,6 +31,10 @@ def register(sub) -> None:
     t.add_argument("--answer-precision", default=None,
                    help="the precision that writes the answers (default: the target's; gguf-q8 is faster, and the "
                         "labels are the target's own choices either way)")
+    t.add_argument("--labels", choices=("hard", "soft"), default="hard",
+                   help="hard: learn the target's greedy choice (the shipped head's recipe); soft: its next-token "
+                        "distribution over its 16 likeliest tokens (EAGLE-3's loss; on the bundled model it tied "
+                        "hard labels: docs/results/head-soft-labels.md)")
     t.add_argument("--steps", type=int, default=3, help="drafting steps unrolled in training (training-time test)")
     t.add_argument("--epochs", type=float, default=4.0)
     t.add_argument("--lr", type=float, default=1e-3)
@@ -104,7 +108,7 @@ def train_cmd(args) -> int:
     cover = coverage(examples, feats, head.t2d.cpu())
     print(f"train-draft: {meta['answer_tokens']} answer tokens; the draft vocabulary of {head.cfg.draft_vocab} "
           f"covers {cover:.1%} of the target's choices", file=sys.stderr)
-    tc = TrainConfig(steps=args.steps, epochs=args.epochs, lr=args.lr, hours=args.hours)
+    tc = TrainConfig(steps=args.steps, epochs=args.epochs, lr=args.lr, hours=args.hours, labels=args.labels)
     summary = train(head, target.model, examples, feats, tc, out, log=lambda m: print(m, file=sys.stderr))
     recipe = "specdec " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv[1:2] == ["train-draft"] else None
     report = {"target": args.target, "data": meta, "draft_vocab_coverage": round(cover, 4), **summary,

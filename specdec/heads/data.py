@@ -19,6 +19,7 @@ from tqdm import tqdm
 from specdec.errors import SpecdecError
 
 HOLDOUT = 8  # per category: held out of training, more than the 5 a default benchmark run reports
+SOFT_TOP = 16  # the target's most likely next tokens kept per position, with their log-probabilities (soft labels)
 
 
 @dataclass
@@ -71,24 +72,30 @@ def answers(loaded, texts: Sequence[str], max_new_tokens: int, batch: int = 32) 
 class Features:
     feats: list[torch.Tensor]  # per example [len, len(taps) * hidden] fp16: the target's features at each position
     labels: list[torch.Tensor]  # per example [len] long: the target's greedy next token after each position
+    # per example ([len, SOFT_TOP] int32 ids, [len, SOFT_TOP] fp16 log-probabilities): the target's most likely
+    # next tokens after each position; None for data written before soft labels (hard labels only)
+    soft: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
-def hidden_states(model, examples: Sequence[Example], taps: tuple[int, ...]) -> Features:
-    """The target's features and greedy choices along every example, from one prefill each (the native kernels
-    compute a prefill row exactly as a decode row, so these are what decoding would see)."""
-    feats, labels = [], []
+def hidden_states(model, examples: Sequence[Example], taps: tuple[int, ...], top: int = SOFT_TOP) -> Features:
+    """The target's features, greedy choices and `top` most likely next tokens along every example, from one
+    prefill each (the native kernels compute a prefill row exactly as a decode row, so these are what decoding
+    would see)."""
+    feats, labels, soft = [], [], []
     cache = model.new_cache(1, max(len(e.tokens) for e in examples))
     for e in tqdm(examples, desc="features", unit="example", file=sys.stderr):
         logits, f = model.forward(torch.tensor([e.tokens]), torch.tensor([0]), cache.row(0), prefill=True, taps=taps)
         feats.append(f[0].half())  # [n, taps * hidden]
         labels.append(logits[0].argmax(-1))  # [n]
-    return Features(feats, labels)
+        logp, ids = logits[0].float().log_softmax(-1).topk(top, dim=-1)  # [n, top]
+        soft.append((ids.int(), logp.half()))
+    return Features(feats, labels, soft)
 
 
 def save(path: Path, examples: Sequence[Example], feats: Features, meta: dict) -> None:
     path.mkdir(parents=True, exist_ok=True)
     torch.save({"tokens": [e.tokens for e in examples], "prompt_len": [e.prompt_len for e in examples],
-                "feats": feats.feats, "labels": feats.labels}, path / "data.pt")
+                "feats": feats.feats, "labels": feats.labels, "soft": feats.soft}, path / "data.pt")
     (path / "data.json").write_text(json.dumps(meta, indent=1) + "\n")
 
 
@@ -99,4 +106,4 @@ def load(path: Path) -> tuple[list[Example], Features, dict]:
     except (OSError, RuntimeError, KeyError, json.JSONDecodeError) as e:
         raise SpecdecError(f"{path}: unreadable training data ({e})") from None
     examples = [Example(t, n) for t, n in zip(blob["tokens"], blob["prompt_len"])]
-    return examples, Features(blob["feats"], blob["labels"]), meta
+    return examples, Features(blob["feats"], blob["labels"], blob.get("soft")), meta

@@ -1,9 +1,11 @@
 """Training an EAGLE-3 head by self-distillation: the target's greedy choices along answers to training prompts.
 
 Each step takes one conversation and unrolls the head over `steps` drafting steps at every answer position
-(training-time test: later steps read the head's own outputs, as drafting does). The loss at step j is the
-cross-entropy of the target's choice there, weighted 0.8^j. Checkpoints go to OUT/checkpoint.pt every
-`save_every` steps and when the time budget ends; a second run with the same OUT resumes from it.
+(training-time test: later steps read the head's own outputs, as drafting does). The loss at step j, weighted
+0.8^j, is the cross-entropy against the target's greedy choice there (hard labels, the default) or against its
+next-token distribution (soft labels: its SOFT_TOP likeliest tokens that the draft vocabulary holds,
+renormalized). Checkpoints go to OUT/checkpoint.pt every `save_every` steps and when the time budget ends; a
+second run with the same OUT resumes from it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class TrainConfig:
     save_every: int = 200  # optimizer steps between checkpoints
     validation: float = 0.05  # share of conversations held out to measure per-step accuracy (0: none)
     seed: int = 0
+    labels: str = "hard"  # hard: the target's greedy choice; soft: its distribution (top SOFT_TOP)
 
 
 def draft_vocabulary(examples: list[Example], feats: Features, size: int, vocab: int) -> torch.Tensor:
@@ -78,9 +81,10 @@ def init_head(cfg: HeadConfig, target, draft_ids: torch.Tensor) -> EagleHead:
     return head
 
 
-def batch_of(e: Example, f: torch.Tensor, y: torch.Tensor, embed: torch.Tensor, head: EagleHead, steps: int):
+def batch_of(e: Example, f: torch.Tensor, y: torch.Tensor, soft, embed: torch.Tensor, head: EagleHead, steps: int):
     """One conversation as tensors: emb [n, steps, hidden], feats [n, taps*hidden], targets [steps, n] (draft ids,
-    -100 where masked)."""
+    -100 where masked), and with soft = (ids, logp) [n, top] the target's distributions as (draft ids [steps, n,
+    top], probabilities [steps, n, top]: 0 outside the draft vocabulary, the rest renormalized), else None."""
     toks = torch.tensor(e.tokens)  # [n]
     n = len(toks)
     idx = torch.arange(n)[:, None] + torch.arange(steps)[None, :]  # [n, steps]: token fed at step j is x_{p+j}
@@ -98,12 +102,18 @@ def batch_of(e: Example, f: torch.Tensor, y: torch.Tensor, embed: torch.Tensor, 
         nxt[valid] = toks[p + j] == y[p + j - 1]
         follows = follows & nxt
         ok[:, j] = ok[:, 0] & follows
-    tgt = d2t_inv[y[idx.clamp(max=n - 1)]]  # [n, steps]
-    tgt[~ok] = -100
-    return emb, feats, tgt.T.contiguous()
+    at = idx.clamp(max=n - 1).T  # [steps, n]: the position whose next token step j predicts
+    tgt = d2t_inv[y[at]]  # [steps, n]
+    tgt[~ok.T] = -100
+    if soft is None:
+        return emb, feats, tgt, None
+    ids = d2t_inv[soft[0].long()[at]]  # [steps, n, top]
+    prob = soft[1].float()[at].exp() * (ids >= 0)  # [steps, n, top]
+    prob = prob / prob.sum(-1, keepdim=True).clamp(min=1e-9)
+    return emb, feats, tgt, (ids.clamp(min=0), prob)
 
 
-def loss_of(head: EagleHead, emb, feats, tgt, steps: int) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+def loss_of(head: EagleHead, emb, feats, tgt, soft, steps: int) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     rows = (tgt[0] >= 0).nonzero().flatten()  # positions with a target at step 0 (later steps: a subset)
     logits = head.unrolled(emb, feats, steps, rows)
     tgt = tgt[:, rows]
@@ -111,9 +121,27 @@ def loss_of(head: EagleHead, emb, feats, tgt, steps: int) -> tuple[torch.Tensor,
     for j, lg in enumerate(logits):
         m = tgt[j] >= 0
         if m.any():
-            loss = loss + STEP_WEIGHT ** j * F.cross_entropy(lg[m], tgt[j][m])
+            if soft is None:
+                step_loss = F.cross_entropy(lg[m], tgt[j][m])
+            else:
+                ids, prob = soft[0][j, rows][m], soft[1][j, rows][m]  # [r, top]
+                step_loss = -(prob * lg[m].log_softmax(-1).gather(1, ids)).sum(-1).mean()
+            loss = loss + STEP_WEIGHT ** j * step_loss
         stats.append((int((lg.argmax(-1)[m] == tgt[j][m]).sum()), int(m.sum())))
     return loss, stats
+
+
+def items_of(examples: list[Example], feats: Features, soft: bool) -> list[tuple]:
+    """One (example, features, labels, soft labels or None) per conversation."""
+    return list(zip(examples, feats.feats, feats.labels, feats.soft if soft else [None] * len(examples)))
+
+
+def held_out(items: list, share: float, rng: random.Random) -> tuple[list, list]:
+    """The conversations shuffled by rng, split into (held out, trained on): `share` of them held out."""
+    items = list(items)
+    rng.shuffle(items)
+    n = int(len(items) * share) if share > 0 else 0
+    return items[:n], items[n:]
 
 
 def accuracy(head: EagleHead, items, embed, steps: int) -> list[float]:
@@ -121,8 +149,8 @@ def accuracy(head: EagleHead, items, embed, steps: int) -> list[float]:
     earlier steps were right): a_1, a_2|1, ..."""
     hit, tot = [0] * steps, [0] * steps
     with torch.no_grad():
-        for e, f, y in items:
-            _, stats = loss_of(head, *batch_of(e, f, y, embed, head, steps), steps)
+        for e, f, y, _ in items:
+            _, stats = loss_of(head, *batch_of(e, f, y, None, embed, head, steps), steps)
             for j, (h, t) in enumerate(stats):
                 hit[j], tot[j] = hit[j] + h, tot[j] + t
     return [h / max(t, 1) for h, t in zip(hit, tot)]
@@ -141,11 +169,13 @@ def train(head: EagleHead, target, examples: list[Example], feats: Features, cfg
           log=print) -> dict:
     """Train in place, checkpointing to out/checkpoint.pt; returns a summary (and a curve of validation
     accuracy against training tokens)."""
+    if cfg.labels not in ("soft", "hard"):
+        raise SpecdecError(f"labels must be soft or hard, got {cfg.labels!r}")
+    if cfg.labels == "soft" and feats.soft is None:
+        raise SpecdecError("this training data holds no soft labels (it was written by an older specdec): train "
+                           "with hard labels, or delete its data folder to write it again")
     rng = random.Random(cfg.seed)
-    items = list(zip(examples, feats.feats, feats.labels))
-    rng.shuffle(items)
-    nval = int(len(items) * cfg.validation) if cfg.validation > 0 else 0
-    val, items = items[:nval], items[nval:]
+    val, items = held_out(items_of(examples, feats, cfg.labels == "soft"), cfg.validation, rng)
     val = val or items[:16]  # no held-out share: the curve is measured on training conversations
     embed = target.embed
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -185,11 +215,11 @@ def train(head: EagleHead, target, examples: list[Example], feats: Features, cfg
         opt.zero_grad()
         hits = tots = 0
         for _ in range(cfg.accumulate):
-            e, f, y = items[state["seen"] % len(items)]
+            e, f, y, soft = items[state["seen"] % len(items)]
             if state["seen"] % len(items) == 0:
                 rng.shuffle(items)
             state["seen"] += 1
-            loss, stats = loss_of(head, *batch_of(e, f, y, embed, head, cfg.steps), cfg.steps)
+            loss, stats = loss_of(head, *batch_of(e, f, y, soft, embed, head, cfg.steps), cfg.steps)
             if torch.is_tensor(loss):
                 (loss / cfg.accumulate).backward()
                 loss = loss.detach()
