@@ -87,7 +87,8 @@ def test_soft_labels_are_the_targets_distribution_over_the_draft_vocabulary(trai
 
 def test_soft_labels_train_too_and_need_data_that_holds_them(trained, tmp_path):
     """The fixture's head learned hard labels (a random target's argmax is what its drafts must hit); soft labels
-    teach the head the target's choices as well, from a fresh start."""
+    teach the head the target's choices as well, from a fresh start. Data or a checkpoint that cannot serve the
+    labels asked for is refused before any training."""
     model, _, *_, prompts = trained
     examples, feats = distilled(model, prompts)
     cfg = HeadConfig.for_target(model.cfg, 48, default_taps(model.cfg.num_layers))
@@ -101,6 +102,8 @@ def test_soft_labels_train_too_and_need_data_that_holds_them(trained, tmp_path):
     old = data.Features(feats.feats, feats.labels)  # data written before soft labels existed
     with pytest.raises(SpecdecError, match="holds no soft labels"):
         train(head, model, examples, old, TrainConfig(labels="soft"), tmp_path / "old", log=lambda m: None)
+    with pytest.raises(SpecdecError, match="resume it with --labels soft"):  # the soft run's checkpoint, as hard
+        train(head, model, examples, feats, TrainConfig(labels="hard"), tmp_path / "soft", log=lambda m: None)
     data.save(tmp_path / "d", examples, feats, {})
     assert torch.equal(data.load(tmp_path / "d")[1].soft[3][1], feats.soft[3][1])
 

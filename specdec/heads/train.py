@@ -182,11 +182,15 @@ def train(head: EagleHead, target, examples: list[Example], feats: Features, cfg
     total = math.ceil(len(items) * cfg.epochs / cfg.accumulate)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / cfg.warmup) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))))
-    state = {"step": 0, "seen": 0, "tokens": 0, "seconds": 0.0, "curve": []}
+    state = {"step": 0, "seen": 0, "tokens": 0, "seconds": 0.0, "curve": [], "labels": cfg.labels}
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint.pt"
     if ckpt.exists():
         saved = torch.load(ckpt, weights_only=False)
+        was = saved["state"].get("labels", "hard")  # checkpoints from before soft labels trained on hard ones
+        if was != cfg.labels:
+            raise SpecdecError(f"{ckpt} was trained with {was} labels: resume it with --labels {was}, or give "
+                               "another --out")
         head.load_state_dict(saved["head"])
         opt.load_state_dict(saved["opt"])
         sched.load_state_dict(saved["sched"])
