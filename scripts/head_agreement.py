@@ -25,14 +25,12 @@ from specdec.errors import SpecdecError
 from specdec.heads import data
 from specdec.heads.bundled import head_dir
 from specdec.heads.eagle import EagleHead
-from specdec.heads.train import TrainConfig, batch_of, held_out, items_of
+from specdec.heads.train import TrainConfig, batch_of, draft_index, held_out, items_of
 from specdec.models.loader import load_model
 
 
 def agreement(head: EagleHead, items, embed: torch.Tensor, temperatures=(1.0, 0.7)) -> dict:
-    tids = head.target_ids()  # [draft_vocab]
-    draft_of = torch.full((head.cfg.target_vocab,), -1, dtype=torch.long)
-    draft_of[tids] = torch.arange(len(tids))
+    tids, draft_of = head.target_ids(), draft_index(head)  # [draft_vocab], [target_vocab]
     top1, n, overlap = 0, 0, {t: 0.0 for t in temperatures}
     with torch.no_grad():
         for e, f, y, soft in items:
@@ -40,7 +38,7 @@ def agreement(head: EagleHead, items, embed: torch.Tensor, temperatures=(1.0, 0.
             rows = torch.arange(e.prompt_len - 1, len(e.tokens))  # [r]: every answer position
             logits = head.unrolled(emb, feats, 1, rows)[0]  # [r, draft_vocab]
             ids, logp = soft[0][rows].long(), soft[1][rows].float()  # [r, top]: the target's likeliest tokens
-            d = draft_of[ids]  # [r, top]: their draft ids, -1 outside the draft vocabulary
+            d = draft_of[ids]  # [r, top]: their draft ids, -100 outside the draft vocabulary
             for t in temperatures:
                 q = (logits / t).softmax(-1).gather(1, d.clamp(min=0)) * (d >= 0)  # [r, top]
                 p = logp.exp() if t == 1.0 else (logp / t).softmax(-1)  # [r, top]

@@ -81,6 +81,13 @@ def init_head(cfg: HeadConfig, target, draft_ids: torch.Tensor) -> EagleHead:
     return head
 
 
+def draft_index(head: EagleHead) -> torch.Tensor:
+    """[target_vocab] long: each target id's draft id, -100 where the draft vocabulary lacks it."""
+    index = torch.full((head.cfg.target_vocab,), -100, dtype=torch.long)
+    index[head.target_ids()] = torch.arange(head.cfg.draft_vocab)
+    return index
+
+
 def batch_of(e: Example, f: torch.Tensor, y: torch.Tensor, soft, embed: torch.Tensor, head: EagleHead, steps: int):
     """One conversation as tensors: emb [n, steps, hidden], feats [n, taps*hidden], targets [steps, n] (draft ids,
     -100 where masked), and with soft = (ids, logp) [n, top] the target's distributions as (draft ids [steps, n,
@@ -93,8 +100,7 @@ def batch_of(e: Example, f: torch.Tensor, y: torch.Tensor, soft, embed: torch.Te
     ok = torch.zeros(n, steps, dtype=torch.bool)
     ok[e.prompt_len - 1:, 0] = True  # answer positions only
     follows = torch.ones(n, dtype=torch.bool)  # the text so far followed the target's choices
-    d2t_inv = torch.full((head.cfg.target_vocab,), -100, dtype=torch.long)
-    d2t_inv[head.target_ids()] = torch.arange(head.cfg.draft_vocab)
+    d2t_inv = draft_index(head)
     for j in range(1, steps):
         nxt = torch.zeros(n, dtype=torch.bool)
         valid = torch.arange(n) + j < n
