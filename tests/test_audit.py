@@ -21,7 +21,7 @@ import pytest
 from specdec.audit.stats import END, OTHER, balanced_share, bin_table, chi2_homogeneity, compare, detectable_tv
 from specdec.cli import main
 from tests.conftest import write_word_tokenizer
-from tests.test_serve_server import Server
+from tests.serving import Server
 
 VOCAB = 40
 PI = 1 / np.arange(1, VOCAB + 1) ** 1.2  # a Zipf-like next-token distribution
@@ -155,7 +155,7 @@ def run_audit(*args: str) -> tuple[int, str]:
 
 
 def test_unreachable_and_refusing_servers_are_one_line_errors(word_tokenizer):
-    from tests.test_serve_server import free_port
+    from tests.serving import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     httpd = HTTPServer(("127.0.0.1", 0), Refusing)

@@ -190,7 +190,7 @@ def test_against_two_specdec_servers_on_a_tiny_model(tmp_path, prompts):
     """Speculation on and off in two real `specdec serve` processes: identical text, acceptance from our
     counters, the same number of tokens."""
     from tests.conftest import write_tiny_model, write_word_tokenizer
-    from tests.test_serve_server import Server
+    from tests.serving import Server
 
     words = ["<unk>", "<eos>", *"fix a b and c write d e f".split()]
     folder = tmp_path / "m"

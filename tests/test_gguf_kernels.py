@@ -342,18 +342,3 @@ def test_precision_on_the_command_line(kernels, tiny_q, cache_here, capsys):
                  "--prompt", "abc", "--no-chat"]) in (0, None)
     assert main(["generate", "--model", str(tiny_q), "--precision", "q4", "--prompt", "abc"]) != 0
     assert "invalid choice: 'q4'" in capsys.readouterr().err
-
-
-def test_a_build_lock_left_by_a_killed_build_is_cleared(tmp_path, capsys):
-    import os
-
-    from specdec.kernels import STALE_LOCK_S, clear_stale_lock
-
-    assert not clear_stale_lock(tmp_path)  # no lock: nothing to do
-    lock = tmp_path / "lock"
-    lock.touch()
-    assert not clear_stale_lock(tmp_path) and lock.exists()  # a build may be running: wait for it
-    old = lock.stat().st_mtime - STALE_LOCK_S - 60
-    os.utime(lock, (old, old))
-    assert clear_stale_lock(tmp_path) and not lock.exists()
-    assert "removing a build lock" in capsys.readouterr().err

@@ -12,84 +12,30 @@ import concurrent.futures
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import write_tiny_model, write_word_tokenizer
+from tests.serving import (
+    CONTEXT,
+    KEY,
+    PROMPTS,
+    Server,
+    first_data,
+    model_name,
+    post,
+    rss_bytes,
+    write_served_model,
+)
 
 openai = pytest.importorskip("openai")
-
-WORDS = ["<unk>", "<eos>", *[f"w{i}" for i in range(30)]]
-KEY = "sekret"
-CONTEXT = 128  # the tiny model's positions
-PROMPTS = ["w1 w2 w3 w4 w5 w1 w2 w3", "w7 w8 w9", "w2 w2 w2 w2 w2 w2", "w10 w11 w12 w13 w10 w11",
-           "w5", "w20 w21 w22 w23 w24 w25 w26 w27 w20 w21 w22"]
-START_TIMEOUT_S = 90
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`specdec serve` in a subprocess on 127.0.0.1."""
-
-    def __init__(self, model: Path, *args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.log = open(model.parent / f"server-{self.port}.log", "w+")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "specdec.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port),
-             "--model", str(model), *args], stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        self.stop()
-        raise AssertionError(f"the server did not come up in {START_TIMEOUT_S} s:\n{self.output()}")
-
-    def output(self) -> str:
-        self.log.flush()
-        self.log.seek(0)
-        return self.log.read()[-3000:]
-
-    def health(self) -> dict:
-        return httpx.get(self.url + "/health", timeout=5).json()
-
-    def client(self, key: str | None = KEY):
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key or "none", timeout=60, max_retries=0)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("serve-model")
-    write_tiny_model(folder, vocab=len(WORDS), max_pos=CONTEXT, std=0.3)
-    write_word_tokenizer(folder, WORDS)
-    return folder
+    return write_served_model(tmp_path_factory.mktemp("serve-model"))
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +44,6 @@ def server(model_dir):
                "--max-body-bytes", "65536", "--prefill-chunk", "4")
     yield s
     assert s.stop() == 0, s.output()
-
-
-def model_name(server) -> str:
-    return server.client().models.list().data[0].id
 
 
 # ---- shapes -----------------------------------------------------------------------------------------------------
@@ -216,21 +158,6 @@ def test_concurrent_load_loses_nothing_and_matches_requests_sent_alone(server):
 
 # ---- bad input --------------------------------------------------------------------------------------------------
 
-def post(server, path: str, body, key: str | None = KEY, raw: bytes | None = None) -> httpx.Response:
-    headers = {"content-type": "application/json"}
-    if key is not None:
-        headers["authorization"] = f"Bearer {key}"
-    data = raw if raw is not None else json.dumps(body).encode()
-    return httpx.post(server.url + path, content=data, headers=headers, timeout=30)
-
-
-def first_data(lines) -> str:
-    for line in lines:
-        if line.startswith("data:"):
-            return line
-    raise AssertionError("the stream ended without a data line")
-
-
 LONG = " ".join(["w3"] * (CONTEXT + 5))
 
 
@@ -303,12 +230,7 @@ def test_health_metrics_and_the_explainer_page(server):
 def long_model_dir(tmp_path_factory) -> Path:
     """The same tiny model with 2,048 positions, and an end-of-sequence token it cannot produce (an id past its
     vocabulary): a request that holds its slot for a while."""
-    folder = tmp_path_factory.mktemp("serve-model-long")
-    write_tiny_model(folder, vocab=len(WORDS), max_pos=2048, std=0.3)
-    write_word_tokenizer(folder, [*WORDS, "<never>"])
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<never>", "unk_token": WORDS[0]}))
-    (folder / "generation_config.json").unlink(missing_ok=True)  # transformers' default eos id is a word here
-    return folder
+    return write_served_model(tmp_path_factory.mktemp("serve-model-long"), context=2048, endless=True)
 
 
 def test_a_full_queue_gets_503_not_a_hang(long_model_dir):
@@ -331,13 +253,6 @@ def test_a_full_queue_gets_503_not_a_hang(long_model_dir):
         assert s.client(None).completions.create(model=name, prompt="w1", max_tokens=2).usage.completion_tokens
     finally:
         s.stop()
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def test_clients_that_disconnect_mid_stream_free_their_slots(long_model_dir):

@@ -20,7 +20,6 @@ import functools
 import hashlib
 import os
 import sys
-import time
 from pathlib import Path
 
 SOURCES = [Path(__file__).with_name(n) for n in ("decode_f16.cpp", "attention.cpp", "gguf.cpp")]
@@ -34,28 +33,6 @@ def _cpu_supports() -> bool:
     return torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
 
 
-STALE_LOCK_S = 600  # a build takes one to three minutes here; a lock this old outlived the process that took it
-
-
-def clear_stale_lock(build: Path, now: float | None = None) -> bool:
-    """Remove `build`'s lock if it is older than STALE_LOCK_S; True if it did.
-
-    torch's builder holds a lock file while it compiles and waits, without end, while another holds it. A process
-    killed mid-build (Ctrl-C on a first run, a test's timeout) leaves the file behind, and every later start then
-    hung silently."""
-    lock = build / "lock"
-    try:
-        age = (time.time() if now is None else now) - lock.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    if age < STALE_LOCK_S:
-        return False
-    print(f"specdec: removing a build lock left {age / 60:.0f} minutes ago by a process that stopped mid-build "
-          f"({lock})", file=sys.stderr)
-    lock.unlink(missing_ok=True)
-    return True
-
-
 def pairs_layout(kernels) -> bool:
     """Whether `kernels` (a decode_kernels() module) read integer weights fastest stored in pairs of groups: the
     VNNI build does, and AMX's tiles read the same pairs; the AVX2 build reads them group by group (gguf.cpp)."""
@@ -63,12 +40,28 @@ def pairs_layout(kernels) -> bool:
 
 
 def compile_module(name: str, sources: list[Path], build: Path):
-    """The kernels built from `sources` (the SOURCES of some version, its headers beside them) in `build`."""
-    from torch.utils.cpp_extension import load
+    """The kernels built from `sources` (the SOURCES of some version, its headers beside them), finished in
+    `build` (see kernels.build: a build killed midway blocks no later process)."""
+    from specdec.kernels.build import build_module
 
-    clear_stale_lock(build)
-    return load(name, [str(p) for p in sources], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-                build_directory=str(build), verbose=False)
+    return build_module(name, sources, build, FLAGS)
+
+
+def source_digest() -> str:
+    """What the built module depends on: the sources, the flags, torch's version (the module links against it)
+    and Python's ABI. A changed one never meets a stale build."""
+    import torch
+
+    parts = [p.read_bytes() for p in SOURCES + HEADERS]
+    parts += [" ".join(FLAGS).encode(), torch.__version__.encode(), sys.implementation.cache_tag.encode()]
+    return hashlib.sha256(b"\0".join(parts)).hexdigest()[:12]
+
+
+def kernels_dir() -> Path:
+    """Where this version's module is built and kept."""
+    from specdec.models.gguf_convert import cache_root
+
+    return cache_root() / "kernels" / source_digest()
 
 
 @functools.lru_cache(maxsize=1)
@@ -79,14 +72,7 @@ def decode_kernels():
     try:
         if not _cpu_supports():
             raise RuntimeError("this CPU has no AVX2")
-        from specdec.models.gguf_convert import cache_root
-
-        digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES + HEADERS)).hexdigest()[:12]
-        build = cache_root() / "kernels" / digest  # a changed source never meets a stale build
-        build.mkdir(parents=True, exist_ok=True)
-        if not any(build.glob("*.so")):
-            print("specdec: compiling the decode kernels (once, about a minute)", file=sys.stderr)
-        return compile_module("specdec_decode_f16", SOURCES, build)
+        return compile_module("specdec_decode_f16", SOURCES, kernels_dir())
     except Exception as e:  # no compiler, no ninja, an unsupported CPU: stay correct, get slower
         print(f"specdec: native decode kernels unavailable ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
               "using the torch path", file=sys.stderr)
