@@ -13,6 +13,9 @@ from openai.types import Completion, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from specdec.serve.protocol import (
+    IGNORED,
+    REFUSED,
+    SHOWN_CHARS,
     SSE_DONE,
     APIError,
     GenRequest,
@@ -21,6 +24,7 @@ from specdec.serve.protocol import (
     models_list,
     new_id,
     parse_request,
+    show,
     sse,
     usage,
     usage_chunk,
@@ -139,6 +143,48 @@ BAD = [
     ("completion", comp(best_of="2"), "best_of"),
     ("completion", comp(echo=True), "echo"),
     ("completion", comp(echo="yes"), "echo"),
+    # parameters that would change the answer and are not implemented
+    ("chat", chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools"),
+    ("chat", chat(tools={"type": "function"}), "tools"),
+    ("chat", chat(tool_choice="required"), "tool_choice"),
+    ("chat", chat(tool_choice={"type": "function", "function": {"name": "f"}}), "tool_choice"),
+    ("chat", chat(functions=[{"name": "f"}]), "functions"),
+    ("chat", chat(function_call={"name": "f"}), "function_call"),
+    ("chat", chat(response_format={"type": "json_object"}), "response_format"),
+    ("chat", chat(response_format={"type": "text", "extra": 1}), "response_format"),
+    ("chat", chat(response_format="text"), "response_format"),
+    ("completion", comp(logit_bias={"1": 5}), "logit_bias"),
+    ("completion", comp(logit_bias=[]), "logit_bias"),  # not an object: not "off" either
+    ("chat", chat(presence_penalty=0.1), "presence_penalty"),
+    ("chat", chat(presence_penalty=False), "presence_penalty"),  # a boolean is not the number 0
+    ("chat", chat(frequency_penalty="0"), "frequency_penalty"),
+    ("completion", comp(suffix="x"), "suffix"),
+    ("chat", chat(store=True), "store"),
+    ("chat", chat(store=0), "store"),
+    ("chat", chat(modalities=["audio"]), "modalities"),
+    ("chat", chat(audio={"voice": "alloy"}), "audio"),
+    ("chat", chat(reasoning_effort="low"), "reasoning_effort"),
+    ("chat", chat(web_search_options={}), "web_search_options"),
+    ("completion", comp(min_p=0.05), "min_p"),
+    ("completion", comp(repetition_penalty=1.1), "repetition_penalty"),
+    ("completion", comp(min_tokens=3), "min_tokens"),
+    ("completion", comp(ignore_eos=True), "ignore_eos"),
+    ("completion", comp(use_beam_search=True), "use_beam_search"),
+    ("chat", chat(guided_json={"type": "object"}), "guided_json"),
+    ("chat", chat(guided_choice=["a", "b"]), "guided_choice"),
+    ("completion", comp(grammar="root ::= x"), "grammar"),
+    # harmless parameters, wrongly typed
+    ("chat", chat(user=1), "user"),
+    ("chat", chat(metadata=["a"]), "metadata"),
+    ("chat", chat(parallel_tool_calls="yes"), "parallel_tool_calls"),
+    ("chat", chat(service_tier=1), "service_tier"),
+    # top_k, an extension
+    ("chat", chat(top_k=-2), "top_k"),
+    ("chat", chat(top_k=1.0), "top_k"),
+    ("chat", chat(top_k=True), "top_k"),
+    ("chat", chat(top_k="5"), "top_k"),
+    ("completion", comp(top_k=2**31), "top_k"),
+    ("completion", comp(top_k=10**40), "top_k"),
 ]
 
 
@@ -155,6 +201,44 @@ def test_unsupported_fields_say_so():
     assert "only n=1" in parse_error("chat", chat(n=2)).message
     for body in (chat(logprobs=True), comp(best_of=3), comp(echo=True)):
         assert "not supported" in parse_error("chat" if "messages" in body else "completion", body).message
+
+
+def test_refusals_name_the_parameter_and_what_is_accepted():
+    e = parse_error("chat", chat(response_format={"type": "json_object"}))
+    assert "'response_format' is not supported" in e.message and '{"type": "text"}' in e.message
+    assert "json_object" in e.message
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_every_refused_parameter_is_accepted_when_off(name):
+    for off in (None, *REFUSED[name]):
+        parse_request("chat", chat(**{name: off}), MODELS)
+        parse_request("completion", comp(**{name: off}), MODELS)
+
+
+def test_harmless_parameters_are_ignored():
+    values = {str: "x", dict: {"k": "v"}, bool: True}
+    body = {name: values[kind] for name, kind in IGNORED.items()}
+    assert parse_request("chat", chat(**body), MODELS) == parse_request("chat", CHAT, MODELS)
+
+
+@pytest.mark.parametrize(("k", "expected"), [(None, 0), (0, 0), (-1, 0), (1, 1), (40, 40), (2**31 - 1, 2**31 - 1)])
+def test_top_k(k, expected):
+    assert parse_request("completion", comp(top_k=k), MODELS).top_k == expected
+
+
+@pytest.mark.parametrize("body", [chat(max_tokens=-10**4000), chat(temperature=10**4000), chat(n="n" * 10**5),
+                                  chat(seed=["y"] * 10**4),
+                                  chat(messages=[{"role": "r" * 10**5, "content": "x"}]), chat(model="m" * 10**5)])
+def test_an_enormous_value_is_not_echoed_back(body):
+    e = parse_error("chat", body)
+    assert len(e.message) < 3 * SHOWN_CHARS + 100, e.message
+
+
+def test_show():
+    assert show("abc") == "'abc'" and show(5) == "5" and show(None) == "None"
+    assert len(show("x" * 1000)) == SHOWN_CHARS and show("x" * 1000).endswith("...")
+    assert show(10**5000) == f"an integer of {(10**5000).bit_length()} bits"
 
 
 @pytest.mark.parametrize("kind", ["chat", "completion"])
@@ -183,6 +267,8 @@ def test_api_error_default_types():
     assert APIError(500, "boom").type == "server_error"
     assert APIError(404, "x").type == "not_found_error"
     assert APIError(400, "x", type="custom").type == "custom"
+    assert APIError(405, "x").type == APIError(413, "x").type == APIError(415, "x").type == "invalid_request_error"
+    assert APIError(502, "x").type == "server_error"
     assert str(APIError(400, "the message")) == "the message"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
 import time
 from dataclasses import dataclass
 
@@ -60,7 +61,17 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, e: StarletteHTTPException):
-        return JSONResponse(APIError(e.status_code, str(e.detail)).body(), status_code=e.status_code)
+        """The router's own errors (no such path, a method not served there), in OpenAI's shape."""
+        path = protocol.cut(request.url.path)
+        message = str(e.detail)
+        if e.status_code == 404:
+            message = f"no such path: {path}"
+        elif e.status_code == 405:
+            allowed = (e.headers or {}).get("Allow", "")
+            message = f"method {request.method} is not allowed on {path}; allowed: {allowed}"
+        code = {404: "not_found", 405: "method_not_allowed"}.get(e.status_code)
+        return JSONResponse(APIError(e.status_code, message, code=code).body(), status_code=e.status_code,
+                            headers=e.headers)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, e: Exception):
@@ -76,25 +87,16 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
                            code="invalid_api_key")
 
     async def read_json(request: Request) -> object:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > cfg.max_body_bytes:
-            raise APIError(413, f"request body over {cfg.max_body_bytes} bytes", code="body_too_large")
-        body = b""
+        check_json_content_type(request)
+        too_large = APIError(413, f"request body over {cfg.max_body_bytes} bytes", code="body_too_large")
+        if content_length(request) > cfg.max_body_bytes:
+            raise too_large
+        body = bytearray()
         async for part in request.stream():
             body += part
             if len(body) > cfg.max_body_bytes:
-                raise APIError(413, f"request body over {cfg.max_body_bytes} bytes", code="body_too_large")
-        try:
-            obj = json.loads(body)
-            json.dumps(obj, ensure_ascii=False).encode("utf-8")  # lone surrogates ("\ud800") are not text
-            return obj
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise APIError(400, f"the body is not valid JSON: {e}", code="invalid_json") from None
-        except UnicodeEncodeError:
-            raise APIError(400, "the body holds a string that is not valid Unicode (a lone surrogate)",
-                           code="invalid_json") from None
-        except RecursionError:
-            raise APIError(400, "the body is nested too deeply", code="invalid_json") from None
+                raise too_large
+        return parse_json(bytes(body))
 
     def make_sequence(req: GenRequest) -> Sequence:
         try:
@@ -112,11 +114,11 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
             raise APIError(400, f"the prompt is {len(ids)} tokens; this server's context is {context}",
                            param=where, code="context_length_exceeded")
         if req.max_tokens is not None and req.max_tokens > room:
-            raise APIError(400, f"max_tokens {req.max_tokens} with a prompt of {len(ids)} tokens exceeds the "
-                           f"context of {context} (at most {room})", param="max_tokens",
+            raise APIError(400, f"max_tokens {protocol.show(req.max_tokens)} with a prompt of {len(ids)} tokens "
+                           f"exceeds the context of {context} (at most {room})", param="max_tokens",
                            code="context_length_exceeded")
         max_tokens = req.max_tokens or min(room, cfg.max_tokens_default or room)
-        sampling = SamplingConfig(temperature=req.temperature, top_p=req.top_p, seed=req.seed)
+        sampling = SamplingConfig(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed)
         gen = GenerationConfig(max_tokens, sampling, req.stop, cfg.lossy_typical_acceptance)
         return Sequence(ids, gen, device=worker.sched.device, max_k=max(worker.sched.policy.max_k, 1))
 
@@ -214,8 +216,8 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        running, waiting = worker.load
-        return {"status": "ok", "running": running, "waiting": waiting}
+        running, waiting = worker.load  # now; the rest (counts only) as the engine left them after its last step
+        return {"status": "ok", "running": running, "waiting": waiting, **worker.state}
 
     @app.get("/metrics")
     async def metrics():
@@ -230,10 +232,60 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
     @app.get("/{name}")
     async def page_file(name: str):
         if name not in static:
-            raise APIError(404, f"no such path: /{name}")
+            raise APIError(404, f"no such path: {protocol.cut('/' + name)}", code="not_found")
         return FileResponse(static[name])
 
     return app
+
+
+JSON_TYPES = ("application/json",)  # and any "+json" type; a request without a content type is read as JSON
+
+
+def check_json_content_type(request: Request) -> None:
+    """A body sent as something other than JSON (text/plain, a form) is a 415: it was not meant for this API, and
+    refusing it keeps a web page's plain form from posting to a local server."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype and ctype not in JSON_TYPES and not ctype.endswith("+json"):
+        raise APIError(415, f"the body must be JSON, sent with 'Content-Type: application/json' (got "
+                       f"{protocol.show(ctype)})", code="unsupported_media_type")
+
+
+def content_length(request: Request) -> int:
+    """The Content-Length header, 0 without one (the HTTP layer has already refused a malformed one)."""
+    try:
+        return int(request.headers.get("content-length", "0")[:20])
+    except ValueError:
+        return 0
+
+
+def _finite_float(text: str) -> float:
+    x = float(text)
+    if not math.isfinite(x):
+        raise APIError(400, f"the body is not valid JSON: the number {protocol.show(text)} is out of range",
+                       code="invalid_json")
+    return x
+
+
+def _no_constant(name: str) -> object:
+    raise APIError(400, f"the body is not valid JSON: {name} is not a JSON number", code="invalid_json")
+
+
+def parse_json(body: bytes) -> object:
+    """The decoded body; a 400 "invalid_json" for anything that is not strict JSON text: bad syntax or encoding,
+    NaN/Infinity (which Python's json accepts), numbers out of a float's range or over 4,300 digits, lone
+    surrogates, nesting past the recursion limit."""
+    try:
+        obj = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")  # lone surrogates ("\ud800") are not text
+        return obj
+    except UnicodeEncodeError:  # before ValueError: it is one
+        raise APIError(400, "the body holds a string that is not valid Unicode (a lone surrogate)",
+                       code="invalid_json") from None
+    except ValueError as e:  # a syntax error, bytes that are not UTF-8, an integer of more than 4,300 digits
+        raise APIError(400, f"the body is not valid JSON: {protocol.cut(str(e), 200)}",
+                       code="invalid_json") from None
+    except RecursionError:
+        raise APIError(400, "the body is nested too deeply", code="invalid_json") from None
 
 
 class _SkipSpecial:

@@ -2,8 +2,10 @@
 plain values in, response dicts (and server-sent-event bytes) out.
 
 Validation follows OpenAI's API: a bad field is a 400 whose `param` names it, an unknown model a 404 with code
-"model_not_found". Fields this server does not know are ignored, as OpenAI-compatible servers do; the few
-known fields it cannot honour (logprobs, best_of > 1, echo, n > 1) are refused rather than silently dropped.
+"model_not_found". Fields this server does not know are ignored, as OpenAI-compatible servers do; the known
+parameters that would change the answer and that it does not implement (tools, response_format, logit_bias,
+penalties, logprobs, n > 1, ...) are refused with a 400 naming them unless they hold their "off" value; harmless
+ones (user, metadata, ...) are type-checked and ignored. docs/serving-api.md lists all three.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ ROLES = ("system", "user", "assistant")
 FINISH_REASONS = ("stop", "length")
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch.manual_seed and friends accept without overflow
+TOP_K_MAX = 2**31 - 1  # past the vocabulary top-k is off anyway; bounded so no kernel sees an overflowing int
+SHOWN_CHARS = 80  # a bad value is quoted in the message up to this many characters
 
 _DEFAULT_TYPE = {
     400: "invalid_request_error",
@@ -31,14 +35,16 @@ _DEFAULT_TYPE = {
 
 
 class APIError(Exception):
-    """An error for the client, in OpenAI's shape (see body()). type defaults from the status."""
+    """An error for the client, in OpenAI's shape (see body()). type defaults from the status (any other 4xx:
+    invalid_request_error; 5xx: server_error)."""
 
     def __init__(self, status: int, message: str, type: str | None = None, param: str | None = None,
                  code: str | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
-        self.type = type or _DEFAULT_TYPE.get(status, "server_error")
+        self.type = type or _DEFAULT_TYPE.get(status) or (
+            "invalid_request_error" if 400 <= status < 500 else "server_error")
         self.param = param
         self.code = code
 
@@ -62,6 +68,7 @@ class GenRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a final chunk carries the usage
+    top_k: int = 0  # an extension (vLLM's, llama.cpp's): 0 means off
 
 
 # ---- parsing -----------------------------------------------------------------------------------------------------
@@ -78,15 +85,27 @@ def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def cut(text: str, limit: int = SHOWN_CHARS) -> str:
+    """text for an error message, cut to `limit` characters (a client may send megabytes)."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def show(x: object) -> str:
+    """A client's value for an error message: its repr, cut (an integer of 4,000 digits is shown by its size)."""
+    if _is_int(x) and x.bit_length() > 256:
+        return f"an integer of {x.bit_length()} bits"
+    return cut(repr(x))
+
+
 def _number(body: dict, name: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
     x = body.get(name)
     if x is None:
         return default
     if not _is_number(x) or (isinstance(x, float) and not math.isfinite(x)):  # a huge int is finite, and fails below
-        raise _bad(f"'{name}' must be a finite number, got {x!r}", name)
+        raise _bad(f"'{name}' must be a finite number, got {show(x)}", name)
     if (x <= lo if lo_open else x < lo) or x > hi:
         interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
-        raise _bad(f"'{name}' must be in {interval}, got {x!r}", name)
+        raise _bad(f"'{name}' must be in {interval}, got {show(x)}", name)
     return float(x)
 
 
@@ -98,7 +117,7 @@ def _max_tokens(body: dict, names: Sequence[str]) -> int | None:
         if x is None:
             continue
         if not _is_int(x) or x < 1:
-            raise _bad(f"'{name}' must be an integer >= 1, got {x!r}", name)
+            raise _bad(f"'{name}' must be an integer >= 1, got {show(x)}", name)
         if found is None:
             found = x
     return found
@@ -115,7 +134,7 @@ def _content(content: object, param: str) -> str:
         if not isinstance(part, dict):
             raise _bad(f"'{p}' must be an object", p)
         if part.get("type") != "text":
-            raise _bad(f"'{p}.type' must be 'text' (only text content is supported), got {part.get('type')!r}",
+            raise _bad(f"'{p}.type' must be 'text' (only text content is supported), got {show(part.get('type'))}",
                        f"{p}.type")
         if not isinstance(part.get("text"), str):
             raise _bad(f"'{p}.text' must be a string", f"{p}.text")
@@ -134,7 +153,7 @@ def _messages(body: dict) -> tuple[dict, ...]:
             raise _bad(f"'{p}' must be an object", p)
         role = m.get("role")
         if not isinstance(role, str) or role not in ROLES:
-            raise _bad(f"'{p}.role' must be one of {', '.join(ROLES)}; got {role!r}", f"{p}.role")
+            raise _bad(f"'{p}.role' must be one of {', '.join(ROLES)}; got {show(role)}", f"{p}.role")
         out.append({"role": role, "content": _content(m.get("content"), f"{p}.content")})
     return tuple(out)
 
@@ -160,18 +179,83 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(seqs)
 
 
+def _is_off(x: object, *offs: object) -> bool:
+    """x is None or one of `offs`, compared without letting a boolean pass for a number (True == 1 in Python)."""
+    return x is None or any((type(x) is type(o) or _is_number(x) and _is_number(o)) and x == o for o in offs)
+
+
+# Parameters that would change the answer and that this server does not implement: a 400 naming the parameter
+# unless it holds one of its "off" values (what a client library sends by default).
+REFUSED: dict[str, tuple[object, ...]] = {
+    "tools": ([],),
+    "tool_choice": ("none", "auto"),
+    "functions": ([],),
+    "function_call": ("none", "auto"),
+    "response_format": ({"type": "text"},),
+    "logit_bias": ({},),
+    "top_logprobs": (),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "suffix": ("",),
+    "modalities": (["text"],),
+    "audio": (),
+    "reasoning_effort": (),
+    "web_search_options": (),
+    "store": (False,),  # True asks OpenAI to keep the completion for later retrieval; this server keeps nothing
+    # extensions of other OpenAI-compatible servers (vLLM, llama.cpp, TGI)
+    "min_p": (0,),
+    "repetition_penalty": (1,),
+    "min_tokens": (0,),
+    "ignore_eos": (False,),
+    "use_beam_search": (False,),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "grammar": (),
+    "json_schema": (),
+}
+
+# Harmless parameters: type-checked, then ignored (None is always accepted).
+IGNORED: dict[str, type] = {
+    "user": str,
+    "metadata": dict,
+    "parallel_tool_calls": bool,
+    "service_tier": str,
+    "prediction": dict,  # predicted outputs only make OpenAI faster; the answer is the same
+    "prompt_cache_key": str,
+    "safety_identifier": str,
+}
+
+
+def _refused(body: dict) -> None:
+    for name, offs in REFUSED.items():
+        if not _is_off(body.get(name), *offs):
+            accepted = " or ".join(["null", *(json.dumps(o) for o in offs)])
+            raise _bad(f"'{name}' is not supported by this server (accepted: {accepted}); got {show(body[name])}",
+                       name)
+
+
+def _ignored(body: dict) -> None:
+    for name, kind in IGNORED.items():
+        x = body.get(name)
+        if x is not None and not isinstance(x, kind):
+            raise _bad(f"'{name}' must be {_JSON_NAMES[kind]}, got {show(x)}", name)
+
+
+_JSON_NAMES = {str: "a string", dict: "an object", bool: "a boolean"}
+
+
 def _unsupported(body: dict) -> None:
     n = body.get("n")
     if n is not None and not (_is_int(n) and n == 1):
-        raise _bad(f"only n=1 is supported, got n={n!r}", "n")
+        raise _bad(f"only n=1 is supported, got n={show(n)}", "n")
     if body.get("logprobs") is not None and body.get("logprobs") is not False:  # 0 is a request for logprobs too
         raise _bad("'logprobs' is not supported", "logprobs")
-    if body.get("top_logprobs") is not None:
-        raise _bad("'top_logprobs' is not supported", "top_logprobs")
     best_of = body.get("best_of")
     if best_of is not None:
         if not _is_int(best_of) or best_of < 1:
-            raise _bad(f"'best_of' must be an integer >= 1, got {best_of!r}", "best_of")
+            raise _bad(f"'best_of' must be an integer >= 1, got {show(best_of)}", "best_of")
         if best_of > 1:
             raise _bad("'best_of' > 1 is not supported", "best_of")
     echo = body.get("echo")
@@ -179,6 +263,18 @@ def _unsupported(body: dict) -> None:
         raise _bad("'echo' must be a boolean", "echo")
     if echo:
         raise _bad("'echo' is not supported", "echo")
+    _refused(body)
+    _ignored(body)
+
+
+def _top_k(body: dict) -> int:
+    """top_k: 0 (or -1, vLLM's spelling) is off."""
+    k = body.get("top_k")
+    if k is None:
+        return 0
+    if not _is_int(k) or not -1 <= k <= TOP_K_MAX:
+        raise _bad(f"'top_k' must be an integer in [-1, {TOP_K_MAX}] (0 or -1: off), got {show(k)}", "top_k")
+    return max(k, 0)
 
 
 def parse_request(kind: str, body: object, served_models: Sequence[str]) -> GenRequest:
@@ -194,7 +290,7 @@ def parse_request(kind: str, body: object, served_models: Sequence[str]) -> GenR
     if not isinstance(model, str) or not model:
         raise _bad("'model' is required and must be a string", "model")
     if model not in served_models:
-        raise APIError(404, f"The model `{model}` does not exist. Served: {', '.join(served_models)}",
+        raise APIError(404, f"The model `{cut(model)}` does not exist. Served: {', '.join(served_models)}",
                        type="not_found_error", param="model", code="model_not_found")
 
     messages = _messages(body) if kind == "chat" else None
@@ -219,7 +315,7 @@ def parse_request(kind: str, body: object, served_models: Sequence[str]) -> GenR
 
     seed = body.get("seed")
     if seed is not None and not (_is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
-        raise _bad(f"'seed' must be a 64-bit signed integer, got {seed!r}", "seed")
+        raise _bad(f"'seed' must be a 64-bit signed integer, got {show(seed)}", "seed")
 
     return GenRequest(
         kind=kind,
@@ -233,6 +329,7 @@ def parse_request(kind: str, body: object, served_models: Sequence[str]) -> GenR
         stop=_stop(body),
         stream=stream,
         include_usage=include_usage,
+        top_k=_top_k(body),
     )
 
 
