@@ -50,6 +50,25 @@ class PrefixCache:
     def nbytes(self) -> int:
         return self.cache.nbytes
 
+    def state(self) -> dict:
+        """Counts only (nothing of the stored tokens): entries held, their bound, positions held, their bound."""
+        held = [e for e in self.entries if e is not None]
+        return {"prefix_entries": len(held), "prefix_entries_max": len(self.entries),
+                "prefix_tokens": sum(len(e.tokens) for e in held),
+                "prefix_tokens_max": len(self.entries) * self.capacity}
+
+    def audit(self) -> list[str]:
+        """Broken bookkeeping, one line each: an entry longer than its row, an empty entry, a clock from the future."""
+        problems = []
+        for i, e in enumerate(self.entries):
+            if e is None:
+                continue
+            if not 0 < len(e.tokens) <= self.capacity:
+                problems.append(f"prefix entry {i} holds {len(e.tokens)} positions (capacity {self.capacity})")
+            if e.used > self.clock:
+                problems.append(f"prefix entry {i} was used at {e.used}, after the clock ({self.clock})")
+        return problems
+
     def _tick(self) -> int:
         self.clock += 1
         return self.clock

@@ -177,6 +177,32 @@ class Scheduler:
     def idle(self) -> bool:
         return not self.waiting and all(s is None for s in self.slots)
 
+    # --- a read-only view (counts only: nothing of a prompt) ---------------------------------------------
+
+    def state(self) -> dict:
+        """The KV pool's slots, the queue and the prefix cache, as counts. Exact between steps (the engine thread)."""
+        busy = sum(s is not None for s in self.slots)
+        out = {"slots_total": len(self.slots), "slots_busy": busy, "slots_free": len(self.slots) - busy,
+               "queued": len(self.waiting)}
+        if self.prefix is not None:
+            out.update(self.prefix.state())
+        return out
+
+    def audit(self) -> list[str]:
+        """Broken bookkeeping, one line each (none when consistent): a slot's sequence that does not know its
+        slot or already finished, a queued sequence that holds a slot, a sequence in two places."""
+        problems = []
+        for i, s in enumerate(self.slots):
+            if s is not None and (s.slot != i or s.finish is not None):
+                problems.append(f"slot {i} holds a sequence with slot={s.slot}, finish={s.finish}")
+        placed = [id(s) for s in self.slots if s is not None] + [id(s) for s in self.waiting]
+        if len(placed) != len(set(placed)):
+            problems.append("a sequence is in two places (slots or queue)")
+        problems += [f"a queued sequence holds slot {s.slot}" for s in self.waiting if s.slot is not None]
+        if self.prefix is not None:
+            problems += self.prefix.audit()
+        return problems
+
     # --- one step ----------------------------------------------------------------------------------------
 
     def step(self) -> list[Event]:

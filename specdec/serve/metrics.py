@@ -159,6 +159,10 @@ class ServerMetrics:
         self.num_requests_running.set(running)
         self.num_requests_waiting.set(waiting)
 
+    def on_abort(self) -> None:
+        """A request whose client left before it finished (counted as vLLM does, finish reason "abort")."""
+        self.request_success.labels(finish_reason="abort").inc()
+
     @property
     def acceptance_rate(self) -> float | None:
         """The moving-average acceptance rate the gauge shows; None before anything was drafted."""

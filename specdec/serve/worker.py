@@ -37,9 +37,12 @@ class EngineWorker:
         self._cancels: list[Sequence] = []
         self._tickets: dict[int, Ticket] = {}  # id(seq) -> ticket
         self._stop = False
+        self._cancelled = 0  # requests whose client left before they finished
+        self._state: dict = {}
         self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
         scheduler.on_round = lambda rows, drafted, accepted, emitted: metrics.on_round(
             len(rows), drafted, accepted, emitted)
+        self._publish()
 
     def start(self) -> None:
         self._thread.start()
@@ -76,6 +79,12 @@ class EngineWorker:
             running = sum(s is not None for s in self.sched.slots)
             return running, self.sched.num_waiting + len(self._inbox)
 
+    @property
+    def state(self) -> dict:
+        """The engine's bookkeeping as the engine thread last left it between steps (counts only, see _publish)."""
+        state = self._state
+        return {**state, "problems": list(state["problems"])}
+
     # --- the engine thread -------------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -86,30 +95,53 @@ class EngineWorker:
                 if self._stop:
                     return
                 # under the lock, so that submit() always counts every request not yet in a slot
-                for t in self._inbox:
-                    try:
-                        self.sched.admit(t.seq, check_queue=False)  # submit() decided, with the same limit
-                    except SpecdecError as e:  # cannot happen after the app's checks; never kill the thread
-                        t.loop.call_soon_threadsafe(t.events.put_nowait, e)
-                        continue
-                    self._tickets[id(t.seq)] = t
-                self._inbox = []
-                for seq in self._cancels:
-                    self.sched.evict(seq)
-                    self._tickets.pop(id(seq), None)
-                self._cancels = []
+                self._take_inbox()
+                self._take_cancels()
             if self.sched.idle:
+                self._publish()
                 continue
             try:
                 events = self.sched.step()
             except Exception as e:  # a bug: fail every request in flight rather than hang them
                 traceback.print_exc()
                 self._fail_all(e)
+                self._publish()
                 continue
             now = time.perf_counter()
             for e in events:
                 self._deliver(e, now)
+            self._publish()
             self.metrics.set_queue(*self.load)
+
+    def _take_inbox(self) -> None:
+        for t in self._inbox:
+            try:
+                self.sched.admit(t.seq, check_queue=False)  # submit() decided, with the same limit
+            except SpecdecError as e:  # cannot happen after the app's checks; never kill the thread
+                t.loop.call_soon_threadsafe(t.events.put_nowait, e)
+                continue
+            self._tickets[id(t.seq)] = t
+        self._inbox = []
+
+    def _take_cancels(self) -> None:
+        for seq in self._cancels:
+            if self._tickets.pop(id(seq), None) is not None and seq.finish is None:
+                self._cancelled += 1
+                self.metrics.on_abort()
+            self.sched.evict(seq)
+        self._cancels = []
+
+    def _publish(self) -> None:
+        """The view behind `state`, taken on the engine thread between steps, where it is
+        exact: every slot, queued sequence and open request accounted for, and `problems` lists what is not."""
+        state = self.sched.state()
+        live = {id(s) for s in self.sched.slots if s is not None} | {id(s) for s in self.sched.waiting}
+        problems = self.sched.audit()
+        stray = sum(key not in live for key in self._tickets)
+        if stray:
+            problems.append(f"{stray} open request(s) with no sequence in a slot or the queue")
+        state.update(requests_open=len(self._tickets), requests_cancelled=self._cancelled, problems=problems)
+        self._state = state
 
     def _deliver(self, e: Event, now: float) -> None:
         t = self._tickets.get(id(e.seq))
