@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from specdec.atomic import write_text_atomic
 from specdec.bench.profile import measure_bandwidth
 from specdec.bench.prompts import load_prompts, select
 from specdec.bench.render import markdown
@@ -122,16 +123,14 @@ def main() -> int:
               "bandwidth_GBps": bw, "prompt_file": args.prompts}
     report = build_report(samples, methods, config, None, None)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(report.to_json(), f, indent=1, default=str)
+        write_text_atomic(args.json, json.dumps(report.to_json(), indent=1, default=str))
     text = markdown(report)
     print(text)
     if costs:
         print(f"head: one drafting step {costs['head_step_ms']:.2f} ms, one target pass {costs['target_pass_ms']:.2f} "
               f"ms: c = {costs['c']:.3f}")
     if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(text + "\n")
+        write_text_atomic(args.markdown, text + "\n")
     return 0
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from serve_bench import Server, say  # the same server handling as the serving benchmark
 
+from specdec.atomic import write_text_atomic
 from specdec.bench.profile import measure_bandwidth
 from specdec.bench.prompts import load_prompts, select
 
@@ -138,8 +139,8 @@ def main() -> int:
         table(["measured by", "speedup", "decode speedup", "a", "tokens/pass (chunk)", "identical"], rows1), "",
         "## Output throughput per level (tokens/s): bench --endpoint's level against loadtest's", "",
         table(["concurrency", "policy", "bench --endpoint", "loadtest", "bench / loadtest"], rows2), ""])
-    (args.out / "endpoint-bench.md").write_text(md)
-    (args.out / "endpoint-bench.json").write_text(json.dumps(summary, indent=1))
+    write_text_atomic(args.out / "endpoint-bench.md", md)
+    write_text_atomic(args.out / "endpoint-bench.json", json.dumps(summary, indent=1))
     print(md)
     return 0
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import long_context as lc  # noqa: E402  (the prompts, decode_rate and the llama.cpp runner)
 import torch  # noqa: E402
 
+from specdec.atomic import write_text_atomic  # noqa: E402
 from specdec.bench.profile import measure_bandwidth, time_passes  # noqa: E402
 from specdec.drafters.ngram import NgramDrafter  # noqa: E402
 from specdec.engine.calibrate import policy_for  # noqa: E402
@@ -251,9 +252,9 @@ def main() -> int:
          "rates": rates, "new_tokens": args.new_tokens, "prompt_tokens": {n: len(v) for n, v in prompts.items()},
          "paths": paths, "llamacpp": lcpp}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(r, indent=1) + "\n")
+    write_text_atomic(args.out.with_suffix(".json"), json.dumps(r, indent=1) + "\n")
     text = render(r)
-    args.out.with_suffix(".md").write_text(text)
+    write_text_atomic(args.out.with_suffix(".md"), text)
     print(text)
     return 0
 

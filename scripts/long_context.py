@@ -37,6 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from specdec.atomic import write_text_atomic  # noqa: E402
 from specdec.bench.profile import compute_floor, measure_bandwidth, time_passes  # noqa: E402
 from specdec.bench.prompts import load_prompts, select  # noqa: E402
 from specdec.drafters.ngram import NgramDrafter  # noqa: E402
@@ -214,8 +215,8 @@ def main() -> int:
     print(report)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "long-context.json").write_text(json.dumps(result, indent=1))
-    (out / "long-context.md").write_text(report)
+    write_text_atomic(out / "long-context.json", json.dumps(result, indent=1))
+    write_text_atomic(out / "long-context.md", report)
     return 0
 
 

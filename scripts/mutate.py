@@ -210,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{caught} of {runnable} mutants caught{skipped}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        from specdec.atomic import write_text_atomic  # written whole or not at all
+
+        write_text_atomic(args.json, json.dumps(results, indent=2) + "\n")
     return 0 if caught == runnable else 1
 
 

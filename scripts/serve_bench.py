@@ -46,6 +46,7 @@ from pathlib import Path
 
 import httpx
 
+from specdec.atomic import write_text_atomic
 from specdec.bench.profile import measure_bandwidth
 from specdec.bench.prompts import load_prompts, select
 from specdec.engine.demo import DEMO_PROMPT
@@ -645,15 +646,15 @@ def main(argv=None) -> int:
             result["prefill"] = bench_prefill(source, background, args, logs)
     except BenchError as e:
         partial = out_dir / "serve-bench.partial.json"
-        partial.write_text(json.dumps(finite(result), indent=1, allow_nan=False))
+        write_text_atomic(partial, json.dumps(finite(result), indent=1, allow_nan=False))
         print(f"serve_bench: error: {e}\n(partial results: {partial}; server logs: {logs})", file=sys.stderr)
         return 1
     shutil.rmtree(logs, ignore_errors=True)
     result["loadavg_end"] = os.getloadavg()
     result["goals"] = goals(result["policies"])
     text = report(result)
-    (out_dir / "serve-bench.md").write_text(text)
-    (out_dir / "serve-bench.json").write_text(json.dumps(finite(result), indent=1, allow_nan=False))
+    write_text_atomic(out_dir / "serve-bench.md", text)
+    write_text_atomic(out_dir / "serve-bench.json", json.dumps(finite(result), indent=1, allow_nan=False))
     series = {p: [level_result(r) for r in res["sets"]["mixed"]] for p, res in result["policies"].items()}
     loadtest.plot_series(series, out_dir / "serve-bench.png")
     print(text)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.atomic import write_text_atomic
 from specdec.bench.prompts import load_prompts, select
 from specdec.bench.runner import engine_method, run_bench
 from specdec.drafters.base import NoDrafter
@@ -110,8 +111,8 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
-        args.json.with_suffix(".md").write_text(text)
+        write_text_atomic(args.json, json.dumps(out, indent=1) + "\n")
+        write_text_atomic(args.json.with_suffix(".md"), text)
     return 0
 
 

@@ -37,6 +37,9 @@ class ModelSpec:
                 raise SpecdecError(f"unknown {name.replace('_', ' ')} {p!r} (choose from {', '.join(PRECISIONS)})")
         if self.device not in ("cpu", "cuda"):
             raise SpecdecError(f"unknown device {self.device!r} (cpu or cuda)")
+        if "ngram" in names and not 1 <= self.ngram_min <= self.ngram_max:
+            raise SpecdecError(f"n-gram sizes need 1 <= --ngram-min <= --ngram-max, got {self.ngram_min}.."
+                               f"{self.ngram_max}")
         if "draft-model" in names and not self.draft_model:
             raise SpecdecError("--drafter draft-model needs --draft-model PATH")
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 
 from specdec.errors import SpecdecError
+from specdec.inputs import AT_LEAST_1, POSITIVE, TOP_P, ranged, read_text
 from specdec.serve.loadtest import http_error, run_async
 
 REFERENCE_SEED_OFFSET = 2**30
@@ -65,7 +66,7 @@ def base_url(url: str) -> str:
 def read_prompts(path: str) -> tuple[str, ...]:
     """JSON lines: each a string, or an object with a "prompt" string."""
     prompts = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(read_text(path).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -177,36 +178,25 @@ def register(sub) -> None:
                         "folder or a .gguf")
     a.add_argument("--prompts", metavar="FILE", help="JSON lines: strings or {\"prompt\": ...} (default: built-in "
                                                      "copy-heavy prompts)")
-    a.add_argument("--samples", type=int, default=400, help="completions per prompt per server")
-    a.add_argument("--max-tokens", type=int, default=6,
+    a.add_argument("--samples", type=int, default=400, action=ranged(10), help="completions per prompt per server")
+    a.add_argument("--max-tokens", type=int, default=6, action=ranged(2, 64),
                    help="tokens per completion; positions 2.. are compared (1 comes from the prompt pass)")
-    a.add_argument("--temperature", type=float, default=1.0)
-    a.add_argument("--top-p", type=float, default=1.0)
-    a.add_argument("--alpha", type=float, default=0.05, help="the audit's false-alarm rate")
-    a.add_argument("--seed", type=int, default=0,
+    a.add_argument("--temperature", type=float, default=1.0, action=ranged(0, 2, low_open=True),
+                   help="in (0, 2]: at 0 (greedy) there is nothing to sample")
+    a.add_argument("--top-p", type=float, default=1.0, action=TOP_P)
+    a.add_argument("--alpha", type=float, default=0.05, action=ranged(0, 1, low_open=True, high_open=True),
+                   help="the audit's false-alarm rate")
+    a.add_argument("--seed", type=int, default=0, action=ranged(0, REFERENCE_SEED_OFFSET - 10**8 - 1),
                    help="the endpoint's first request seed; the reference's start 2**30 higher")
-    a.add_argument("--concurrency", type=int, default=8, help="requests in flight per server")
-    a.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    a.add_argument("--concurrency", type=int, default=8, action=AT_LEAST_1, help="requests in flight per server")
+    a.add_argument("--timeout", type=float, default=120.0, action=POSITIVE, help="seconds per request")
     a.add_argument("--api-key", default=None, help="sent to both servers as 'Authorization: Bearer KEY'")
     a.add_argument("--json", action="store_true", help="print one JSON object")
     a.set_defaults(func=run_audit)
 
 
 def check_args(args, prompts: tuple[str, ...]) -> None:
-    if args.samples < 10:
-        raise SpecdecError(f"--samples must be >= 10, got {args.samples}")
-    if not 2 <= args.max_tokens <= 64:
-        raise SpecdecError(f"--max-tokens must be in 2..64, got {args.max_tokens}")
-    if not 0 < args.temperature <= 2:
-        raise SpecdecError(f"--temperature must be in (0, 2] (0 is greedy: nothing to sample), got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise SpecdecError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if not 0 < args.alpha < 1:
-        raise SpecdecError(f"--alpha must be in (0, 1), got {args.alpha}")
-    if args.concurrency < 1 or args.timeout <= 0:
-        raise SpecdecError("--concurrency must be >= 1 and --timeout > 0")
-    if not 0 <= args.seed < REFERENCE_SEED_OFFSET - 10**8:
-        raise SpecdecError(f"--seed must be in 0..{REFERENCE_SEED_OFFSET - 10**8 - 1}, got {args.seed}")
+    """What the flags' ranges (checked as they are parsed) leave: the total."""
     if len(prompts) * args.samples > 10**8:
         raise SpecdecError("too many requests")
 

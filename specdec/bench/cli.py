@@ -8,7 +8,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from specdec.atomic import check_plot_path, check_writable, write_text_atomic
 from specdec.errors import SpecdecError
+from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, POSITIVE, ranged
 
 DEFAULT_K = 5
 AUTO_FIXED_KS = (2, 4, 6, 8)  # with --k auto, these and the default k run too, on the same prompts
@@ -20,14 +22,19 @@ def register(sub) -> None:
     p = sub.add_parser("profile", help="measure verify cost curve, draft cost, knee, memory and bandwidth")
     add_model_args(p)
     p.add_argument("--json", metavar="FILE", help="write the profile (for `specdec plan/bench --profile FILE`)")
-    p.add_argument("--reps", type=int, default=5, help="timed runs per measurement (medians are reported)")
+    p.add_argument("--reps", type=int, default=5, action=AT_LEAST_1,
+                   help="timed runs per measurement (medians are reported)")
     p.add_argument("--contexts", default="128,512,1024", help="context lengths to time passes at")
-    p.add_argument("--max-rows", type=int, default=32, help="largest pass, in token-rows, of the verify curve")
-    p.add_argument("--k", type=int, default=DEFAULT_K, help="draft depth at which n-gram lookup is timed")
-    p.add_argument("--memory-budget-gb", type=float, default=None, help="memory for weights + KV (default: RAM)")
-    p.add_argument("--batch-context", type=int, default=None,
+    p.add_argument("--max-rows", type=int, default=32, action=ranged(2),
+                   help="largest pass, in token-rows, of the verify curve")
+    p.add_argument("--k", type=int, default=DEFAULT_K, action=AT_LEAST_1,
+                   help="draft depth at which n-gram lookup is timed")
+    p.add_argument("--memory-budget-gb", type=float, default=None, action=POSITIVE,
+                   help="memory for weights + KV (default: RAM)")
+    p.add_argument("--batch-context", type=int, default=None, action=AT_LEAST_1,
                    help="tokens per sequence for the batch capacity (default: the middle of --contexts)")
-    p.add_argument("--bandwidth-gib", type=float, default=1.0, help="tensor size for the bandwidth test")
+    p.add_argument("--bandwidth-gib", type=float, default=1.0, action=POSITIVE,
+                   help="tensor size for the bandwidth test")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_profile)
 
@@ -35,8 +42,9 @@ def register(sub) -> None:
     b.add_argument("--prompts", required=True, metavar="FILE.jsonl",
                    help="Spec-Bench question.jsonl, or JSONL lines of {\"prompt\": ...}")
     b.add_argument("--categories", help="comma-separated categories (default: all in the file)")
-    b.add_argument("--per-category", type=int, default=None, metavar="N", help="first N prompts of each category")
-    b.add_argument("--max-new-tokens", type=int, default=256)
+    b.add_argument("--per-category", type=int, default=None, metavar="N", action=AT_LEAST_1,
+                   help="first N prompts of each category")
+    b.add_argument("--max-new-tokens", type=int, default=256, action=AT_LEAST_1)
     add_model_args(b)
     b.add_argument("--k", default=str(DEFAULT_K), help=f"tokens drafted per round, or 'auto' (default {DEFAULT_K})")
     b.add_argument("--profile", metavar="FILE.json", help="a `specdec profile` output, for the predicted speedup")
@@ -46,7 +54,7 @@ def register(sub) -> None:
     b.add_argument("--compare", choices=("hf", "llama.cpp"),
                    help="also run Hugging Face transformers generate, or llama.cpp (node-llama-cpp, from "
                         "$NODE_LLAMA_DIR) on the same GGUF file, plain and with its prompt lookup")
-    b.add_argument("--llamacpp-k", type=int, default=None, metavar="K",
+    b.add_argument("--llamacpp-k", type=int, default=None, metavar="K", action=AT_LEAST_1,
                    help="tokens llama.cpp's prompt lookup drafts (default: the bench's k, 5 with --k auto)")
     e = b.add_argument_group("against a server (any OpenAI-compatible one: vLLM, SGLang, llama-server, ours)")
     e.add_argument("--endpoint", metavar="URL", help="bench this server instead of a local model")
@@ -54,8 +62,8 @@ def register(sub) -> None:
     e.add_argument("--concurrency", default="1", help="comma-separated client counts, one level each (default 1)")
     e.add_argument("--endpoint-model", metavar="NAME", help="model to ask for (default: the first of /v1/models)")
     e.add_argument("--api-key", metavar="KEY", help="sent to both servers as 'Authorization: Bearer KEY'")
-    e.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="per request")
-    b.add_argument("--drift-margin", type=float, default=0.10,
+    e.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", action=POSITIVE, help="per request")
+    b.add_argument("--drift-margin", type=float, default=0.10, action=NON_NEGATIVE,
                    help="flag categories whose acceptance rate differs from the overall one by more (absolute)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.set_defaults(func=run_bench)
@@ -71,27 +79,20 @@ def parse_ints(text: str, name: str) -> list[int]:
     return vals
 
 
-def check_output(path: str | None) -> None:
-    if path and not Path(path).expanduser().resolve().parent.is_dir():
-        raise SpecdecError(f"cannot write {path}: its folder does not exist")
-
-
 def run_profile(args) -> int:
     from specdec.bench.profile import profile
     from specdec.bench.render import render_profile
     from specdec.runtime import ModelSpec, build
 
     contexts = parse_ints(args.contexts, "--contexts")
-    if args.bandwidth_gib <= 0 or (args.memory_budget_gb is not None and args.memory_budget_gb <= 0):
-        raise SpecdecError("--bandwidth-gib and --memory-budget-gb must be > 0")
-    check_output(args.json)
+    check_writable(args.json)
     target, drafter = build(ModelSpec.from_args(args))
     budget = args.memory_budget_gb * 2**30 if args.memory_budget_gb else None
     prof = profile(target, drafter, contexts, args.max_rows, args.reps, args.k, int(args.bandwidth_gib * 2**30),
                    budget, args.batch_context, progress=not args.quiet)
     print(render_profile(prof))
     if args.json:
-        Path(args.json).write_text(json.dumps(prof, indent=1))
+        write_text_atomic(args.json, json.dumps(prof, indent=1))
         print(f"wrote {args.json}: `specdec plan --profile {args.json} --alpha A` picks k with these costs")
     return 0
 
@@ -112,16 +113,11 @@ def run_bench(args) -> int:
     from specdec.runtime import ModelSpec, build
     from specdec.theory.cli import load_profile
 
-    prompts = select(load_prompts(args.prompts), parse_categories(args.categories), args.per_category)
     k = parse_k(args.k)
-    if args.max_new_tokens < 1:
-        raise SpecdecError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if not args.drift_margin >= 0:
-        raise SpecdecError(f"--drift-margin must be >= 0, got {args.drift_margin}")
-    for out in (args.json, args.markdown, args.plot):
-        check_output(out)
-    if args.llamacpp_k is not None and (args.compare != "llama.cpp" or args.llamacpp_k < 1):
-        raise SpecdecError(f"--llamacpp-k needs --compare llama.cpp and a value >= 1, got {args.llamacpp_k}")
+    check_outputs(args)
+    prompts = select(load_prompts(args.prompts), parse_categories(args.categories), args.per_category)
+    if args.llamacpp_k is not None and args.compare != "llama.cpp":
+        raise SpecdecError("--llamacpp-k needs --compare llama.cpp")
     if args.compare == "llama.cpp":  # before loading anything: the GGUF and the install are checked first
         from specdec.bench.llamacpp_compare import gguf_path, worker_command
 
@@ -178,18 +174,34 @@ def run_bench(args) -> int:
     return 0
 
 
+def check_outputs(args) -> None:
+    """--json, --markdown and --plot, checked before the run: none of them is lost to a bad path at its end."""
+    check_writable(args.json)
+    check_writable(args.markdown)
+    check_plot_path(args.plot)
+    outs = [p for p in (args.json, args.markdown, args.plot) if p]
+    if len({Path(p).expanduser().resolve() for p in outs}) < len(outs):
+        raise SpecdecError("--json, --markdown and --plot must name different files")
+
+
 def write_report(report, args, title: str | None = None) -> None:
-    """The report's Markdown to stdout (and --markdown), its JSON to --json, its plot to --plot."""
+    """The report's Markdown to stdout (and --markdown), its JSON to --json, its plot to --plot; each file is
+    written whole or not at all (specdec.atomic)."""
     from specdec.bench.render import markdown, plot
 
     text = markdown(report)
     print(text)
+    write_outputs(args, text, report.to_json(), lambda path: plot(report, path, title))
+
+
+def write_outputs(args, text: str, obj, draw) -> None:
+    """--markdown gets `text`, --json `obj`, --plot `draw(path)`'s figure, each written whole or not at all."""
     if args.markdown:
-        Path(args.markdown).write_text(text)
+        write_text_atomic(args.markdown, text)
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_json(), indent=1))
+        write_text_atomic(args.json, json.dumps(obj, indent=1))
     if args.plot:
-        plot(report, args.plot, title)
+        draw(args.plot)
 
 
 def run_endpoint_bench(args) -> int:
@@ -203,12 +215,9 @@ def run_endpoint_bench(args) -> int:
         raise SpecdecError("--baseline needs --endpoint (the server with speculation on)")
     if args.compare or args.profile:
         raise SpecdecError("--compare and --profile apply to a local model, not to --endpoint")
-    if args.max_new_tokens < 1:
-        raise SpecdecError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    for out in (args.json, args.markdown, args.plot):
-        check_output(out)
-    prompts = select(load_prompts(args.prompts), parse_categories(args.categories), args.per_category)
+    check_outputs(args)
     levels = tuple(parse_ints(args.concurrency, "--concurrency"))
+    prompts = select(load_prompts(args.prompts), parse_categories(args.categories), args.per_category)
     cfg = LoadConfig(url=args.endpoint, concurrency=levels, max_tokens=args.max_new_tokens, api_key=args.api_key,
                      model=args.endpoint_model, timeout_s=args.timeout)
     base = replace(cfg, url=args.baseline) if args.baseline else None

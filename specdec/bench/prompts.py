@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.errors import SpecdecError
+from specdec.inputs import read_text
 
 CUSTOM = "custom"
 
@@ -44,14 +45,13 @@ def load_prompts(path: str | Path) -> list[Prompt]:
     if not path.is_file():
         raise SpecdecError(f"prompt file not found: {path}")
     prompts, seen = [], set()
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if line.strip():
-                p = parse_line(line, str(path), lineno)
-                if p.qid in seen:
-                    raise SpecdecError(f"{path}:{lineno}: duplicate question id {p.qid}")
-                seen.add(p.qid)
-                prompts.append(p)
+    for lineno, line in enumerate(read_text(path).splitlines(), start=1):
+        if line.strip():
+            p = parse_line(line, str(path), lineno)
+            if p.qid in seen:
+                raise SpecdecError(f"{path}:{lineno}: duplicate question id {p.qid}")
+            seen.add(p.qid)
+            prompts.append(p)
     if not prompts:
         raise SpecdecError(f"{path}: no prompts in this file")
     return prompts

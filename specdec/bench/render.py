@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from specdec.bench import stats
 from specdec.bench.records import OVERALL, BenchReport
-from specdec.theory.plots import pyplot
+from specdec.theory.plots import pyplot, save
 
 
 def x(v, digits: int = 2) -> str:
@@ -220,8 +220,7 @@ def plot(report: BenchReport, path, title: str | None = None) -> None:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save(fig, path)
 
 
 def _bytes(n) -> str:

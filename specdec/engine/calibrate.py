@@ -60,8 +60,10 @@ def smooth(points: list[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
 
 
 def parse_k(text: str) -> int | str:
-    """`--k`: an integer >= 1, or 'auto' (k per row and round from measured pass costs and live acceptance)."""
+    """`--k`: an integer in 1..MAX_DEPTH, or 'auto' (k per row and round from measured pass costs and live
+    acceptance)."""
     from specdec.errors import SpecdecError
+    from specdec.theory.economics import MAX_DEPTH
 
     if text == "auto":
         return "auto"
@@ -71,6 +73,8 @@ def parse_k(text: str) -> int | str:
         k = 0
     if k < 1:
         raise SpecdecError(f"--k must be an integer >= 1 or 'auto', got {text!r}")
+    if k > MAX_DEPTH:
+        raise SpecdecError(f"--k must be at most {MAX_DEPTH} (or 'auto'), got {k}")
     return k
 
 

@@ -7,6 +7,7 @@ import json
 import sys
 
 from specdec.errors import SpecdecError
+from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, SEED, TOP_P, read_text
 from specdec.models.config import PRECISIONS
 from specdec.runtime import DRAFTERS
 
@@ -25,8 +26,8 @@ def add_model_args(p, drafter_default: str = "ngram") -> None:
     p.add_argument("--draft-precision", choices=PRECISIONS, default=None,
                    help="the draft model's weights (default: the target's --precision, else the draft's own)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--ngram-max", type=int, default=4, help="longest n-gram the lookup matches")
-    p.add_argument("--ngram-min", type=int, default=1)
+    p.add_argument("--ngram-max", type=int, default=4, action=AT_LEAST_1, help="longest n-gram the lookup matches")
+    p.add_argument("--ngram-min", type=int, default=1, action=AT_LEAST_1)
     p.add_argument("--draft-head", metavar="DIR",
                    help="--drafter eagle: a head from `specdec train-draft` (default: the one shipped for the bundled "
                         "model)")
@@ -41,11 +42,11 @@ def register(sub) -> None:
     g.add_argument("--k", default="auto",
                    help="tokens drafted per round: an integer, or auto (default): each round's k, 0 to 8, from "
                         "this machine's pass costs (measured at start, under a second) and the acceptance so far")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0, action=NON_NEGATIVE, help="0 = greedy")
+    g.add_argument("--top-p", type=float, default=1.0, action=TOP_P)
+    g.add_argument("--top-k", type=int, default=0, action=NON_NEGATIVE, help="0 = off")
+    g.add_argument("--seed", type=int, default=None, action=SEED)
+    g.add_argument("--max-new-tokens", type=int, default=256)  # GenerationConfig checks it, before the model loads
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap the prompt in the model's chat template (default on)")
@@ -58,7 +59,7 @@ def register(sub) -> None:
     d = sub.add_parser("demo", help="plain vs speculative greedy decoding side by side on the bundled model")
     add_model_args(d)
     d.add_argument("--k", default="auto", help="tokens drafted per round, or auto (default; see generate)")
-    d.add_argument("--max-new-tokens", type=int, default=400)
+    d.add_argument("--max-new-tokens", type=int, default=400, action=AT_LEAST_1)
     d.add_argument("--no-color", action="store_true")
     d.set_defaults(func=run_demo)
 
@@ -67,18 +68,25 @@ def read_prompt(args) -> str:
     if args.prompt is not None:
         text = args.prompt
     elif args.prompt_file:
-        with open(args.prompt_file, encoding="utf-8") as f:
-            text = f.read()
+        text = read_text(args.prompt_file)
     elif sys.stdin is not None and not sys.stdin.closed and not sys.stdin.isatty():  # None: stdin closed
-        text = sys.stdin.read()
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError as e:
+            raise SpecdecError(f"the prompt on stdin is not UTF-8 text (byte {e.start}: {e.reason})") from None
     else:
         raise SpecdecError("no prompt: give --prompt TEXT, --prompt-file FILE, or pipe text on stdin")
     if not text.strip():
         raise SpecdecError("the prompt is empty")
+    try:  # undecodable bytes in argv or stdin arrive as lone surrogates
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise SpecdecError(f"the prompt is not UTF-8 text (character {e.start} cannot be encoded)") from None
     return text
 
 
 def run_generate(args) -> int:
+    from specdec.atomic import check_writable
     from specdec.engine.calibrate import AUTO_MAX_K, parse_k, policy_for
     from specdec.engine.generate import Engine, GenerationConfig
     from specdec.engine.trace import build_trace, write_trace
@@ -87,6 +95,7 @@ def run_generate(args) -> int:
     from specdec.sampling.warp import SamplingConfig
 
     text = read_prompt(args)
+    check_writable(args.trace)
     k = parse_k(args.k)  # validated before the model loads
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     cfg = GenerationConfig(args.max_new_tokens, sampling, tuple(args.stop), args.lossy_typical_acceptance)
@@ -110,8 +119,9 @@ def run_generate(args) -> int:
     summary = result.stats.summary()
     if args.trace:
         depth, kind = (AUTO_MAX_K, "auto") if k == "auto" else (k, "fixed")  # the page reads k as the depth bound
-        write_trace(build_trace(result, target.tokenizer, model=target.name, drafter=drafter.name, k=depth,
-                                temperature=args.temperature, prompt=text, k_policy=kind), args.trace)
+        trace = build_trace(result, target.tokenizer, model=target.name, drafter=drafter.name, k=depth,
+                            temperature=args.temperature, prompt=text, k_policy=kind)
+        write_trace(trace, args.trace)
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
                           "model": target.name, "drafter": drafter.name, "k": k, **summary}, indent=1))

@@ -37,4 +37,7 @@ def build_trace(result, tokenizer, *, model: str, drafter: str, k: int, temperat
 
 
 def write_trace(trace: dict, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(trace, indent=1))
+    """Written whole or not at all (specdec.atomic)."""
+    from specdec.atomic import write_text_atomic
+
+    write_text_atomic(path, json.dumps(trace, indent=1))

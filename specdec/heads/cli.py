@@ -8,7 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+from specdec.atomic import write_text_atomic
 from specdec.errors import SpecdecError
+from specdec.inputs import AT_LEAST_1, POSITIVE
 
 DRAFT_VOCAB = 8192  # the draft vocabulary of a fresh head: the bundled head's (it covers 97.7% of its answers)
 
@@ -17,7 +19,7 @@ def register(sub) -> None:
     t = sub.add_parser("train-draft", help="train a draft head (EAGLE-3) on the target's own answers")
     t.add_argument("--target", default="default", help="'default' (the bundled model), a HF folder or a .gguf")
     t.add_argument("--method", choices=("eagle",), default="eagle", help="eagle: an EAGLE-3 head (one layer)")
-    t.add_argument("--draft-vocab", type=int, default=None,
+    t.add_argument("--draft-vocab", type=int, default=None, action=AT_LEAST_1,
                    help=f"tokens the head can draft, the most frequent (default {DRAFT_VOCAB}; with --init, the "
                         "head's)")
     t.add_argument("--init", metavar="DIR|default", default=None,
@@ -26,7 +28,7 @@ def register(sub) -> None:
     t.add_argument("--prompts", nargs="+", metavar="FILE",
                    help="Spec-Bench question.jsonl (the first items of each category, which `specdec bench` "
                         "reports, are held out) or JSONL lines of {\"prompt\": ...}")
-    t.add_argument("--max-tokens", type=int, nargs="+", default=[256],
+    t.add_argument("--max-tokens", type=int, nargs="+", default=[256], action=AT_LEAST_1,
                    help="new tokens per training answer (one value, or one per --prompts file)")
     t.add_argument("--answer-precision", default=None,
                    help="the precision that writes the answers (default: the target's; gguf-q8 is faster, and the "
@@ -35,11 +37,12 @@ def register(sub) -> None:
                    help="hard: learn the target's greedy choice (the shipped head's recipe); soft: its next-token "
                         "distribution over its 16 likeliest tokens (EAGLE-3's loss; on the bundled model it tied "
                         "hard labels: docs/results/head-soft-labels.md)")
-    t.add_argument("--steps", type=int, default=3, help="drafting steps unrolled in training (training-time test)")
-    t.add_argument("--epochs", type=float, default=4.0)
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--hours", type=float, default=None, help="stop after this much training time (a checkpoint "
-                                                              "is kept; rerun to resume)")
+    t.add_argument("--steps", type=int, default=3, action=AT_LEAST_1,
+                   help="drafting steps unrolled in training (training-time test)")
+    t.add_argument("--epochs", type=float, default=4.0, action=POSITIVE)
+    t.add_argument("--lr", type=float, default=1e-3, action=POSITIVE)
+    t.add_argument("--hours", type=float, default=None, action=POSITIVE,
+                   help="stop after this much training time (a checkpoint is kept; rerun to resume)")
     t.add_argument("--device", default="cpu", help="cpu or cuda (training only; the target runs on cpu)")
     t.add_argument("--out", required=True, metavar="DIR", help="the head, its data and checkpoints go here")
     t.set_defaults(func=train_cmd)
@@ -66,10 +69,6 @@ def train_cmd(args) -> int:
         raise SpecdecError(f"unknown device {args.device!r} (cpu or cuda)")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SpecdecError("--device cuda: no CUDA device is available here")
-    if args.steps < 1 or min(args.max_tokens) < 1 or (args.draft_vocab is not None and args.draft_vocab < 1):
-        raise SpecdecError("--steps, --max-tokens and --draft-vocab must be >= 1")
-    if args.epochs <= 0 or args.lr <= 0 or (args.hours is not None and args.hours <= 0):
-        raise SpecdecError("--epochs, --lr and --hours must be positive")
     out = Path(args.out)
     prompts = args.prompts or [str(Path(__file__).resolve().parents[3] / "shared/data/spec_bench/question.jsonl")]
     for p in prompts:
@@ -84,6 +83,7 @@ def train_cmd(args) -> int:
     if not getattr(target.model, "supports_taps", False):
         raise SpecdecError(f"{args.target}: this model's forward pass does not expose its hidden states")
     taps = default_taps(target.model.cfg.num_layers)
+    start = start_from(init, target, taps) if args.init else None  # a head for another target: refused before work
     store = out / "data"
     if (store / "data.pt").exists():
         examples, feats, meta = data.load(store)
@@ -98,8 +98,8 @@ def train_cmd(args) -> int:
                 "seconds": round(time.perf_counter() - t0, 1)}
         data.save(store, examples, feats, meta)
     torch.manual_seed(0)  # the head's initial weights: a rerun of the same command trains the same head
-    if args.init:
-        head, init_meta = start_from(init, target, taps)
+    if start:
+        head, init_meta = start
     else:
         vocab = args.draft_vocab or DRAFT_VOCAB
         cfg = HeadConfig.for_target(target.model.cfg, vocab, taps)
@@ -117,7 +117,7 @@ def train_cmd(args) -> int:
     if init_meta is not None:
         report["init"] = trained["init"] = init_meta  # how the head it continued from was trained
     head.cpu().save(out, meta={"tokenizer_fingerprint": target.tokenizer.fingerprint(), "trained": trained})
-    (out / "train.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_text_atomic(out / "train.json", json.dumps(report, indent=1) + "\n")
     acc = ", ".join(f"{a:.2f}" for a in summary["validation_accuracy"])
     print(f"train-draft: {summary['steps']} steps over {summary['train_tokens']} tokens in "
           f"{summary['train_seconds']:.0f} s; held-out accuracy per drafting step {acc} -> "

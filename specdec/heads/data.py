@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from specdec.atomic import atomic_file, write_text_atomic
 from specdec.errors import SpecdecError
 
 HOLDOUT = 8  # per category: held out of training, more than the 5 a default benchmark run reports
@@ -58,6 +59,9 @@ def answers(loaded, texts: Sequence[str], max_new_tokens: int, batch: int = 32) 
     out: list[Example] = []
     limit = loaded.model.cfg.max_position_embeddings - max_new_tokens - 8
     prompts = [p for p in (encode_prompt(loaded.tokenizer, t, chat=True) for t in texts) if len(p) <= limit]
+    if not prompts:
+        raise SpecdecError(f"none of the {len(texts)} training prompts leaves room for {max_new_tokens} new tokens "
+                           f"in the model's {loaded.model.cfg.max_position_embeddings} positions (lower --max-tokens)")
     bar = tqdm(total=len(prompts), desc="answers", unit="prompt", file=sys.stderr)
     for a in range(0, len(prompts), batch):
         part = prompts[a:a + batch]
@@ -93,10 +97,12 @@ def hidden_states(model, examples: Sequence[Example], taps: tuple[int, ...], top
 
 
 def save(path: Path, examples: Sequence[Example], feats: Features, meta: dict) -> None:
+    """Written whole or not at all (a later run reuses data.pt when it is there)."""
     path.mkdir(parents=True, exist_ok=True)
-    torch.save({"tokens": [e.tokens for e in examples], "prompt_len": [e.prompt_len for e in examples],
-                "feats": feats.feats, "labels": feats.labels, "soft": feats.soft}, path / "data.pt")
-    (path / "data.json").write_text(json.dumps(meta, indent=1) + "\n")
+    with atomic_file(path / "data.pt") as f:
+        torch.save({"tokens": [e.tokens for e in examples], "prompt_len": [e.prompt_len for e in examples],
+                    "feats": feats.feats, "labels": feats.labels, "soft": feats.soft}, f)
+    write_text_atomic(path / "data.json", json.dumps(meta, indent=1) + "\n")
 
 
 def load(path: Path) -> tuple[list[Example], Features, dict]:

@@ -191,17 +191,21 @@ class EagleHead(nn.Module):
         return {k: v.detach().contiguous() for k, v in out.items()}
 
     def save(self, path: str | Path, dtype: torch.dtype = torch.float16, meta: dict | None = None) -> None:
-        from safetensors.torch import save_file
+        """The weights, then the config (each written whole or not at all: a failure keeps the files there)."""
+        from safetensors.torch import save
+
+        from specdec.atomic import write_bytes_atomic, write_text_atomic
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.to(dtype) if v.is_floating_point() else v for k, v in self.tensors().items()},
-                  str(path / WEIGHTS))
-        (path / CONFIG).write_text(json.dumps({"method": "eagle3", **asdict(self.cfg), **(meta or {})}, indent=1)
-                                   + "\n")
+        write_bytes_atomic(path / WEIGHTS, save({k: v.to(dtype) if v.is_floating_point() else v
+                                                 for k, v in self.tensors().items()}))
+        write_text_atomic(path / CONFIG, json.dumps({"method": "eagle3", **asdict(self.cfg), **(meta or {})},
+                                                    indent=1) + "\n")
 
     @classmethod
     def load(cls, path: str | Path) -> EagleHead:
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
         path = Path(path)
@@ -211,7 +215,7 @@ class EagleHead(nn.Module):
             fields["taps"] = tuple(fields["taps"])
             head = cls(HeadConfig(**fields))
             tensors = load_file(str(path / WEIGHTS))
-        except (OSError, KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
+        except (OSError, KeyError, TypeError, ValueError, RuntimeError, SafetensorError) as e:  # a corrupt file
             raise SpecdecError(f"{path}: not a draft head written by `specdec train-draft` ({e})") from None
         own = head.tensors()
         if set(tensors) != set(own) or any(tensors[k].shape != own[k].shape for k in own):

@@ -61,7 +61,9 @@ def speculators_config(head: EagleHead, verifier: str, k: int = 3, dtype: str = 
 
 def export_speculators(src: Path, out: Path, verifier: str | None = None) -> Path:
     """Write src (a head from `specdec train-draft`) to out as a speculators folder; returns out."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
+
+    from specdec.atomic import write_bytes_atomic, write_text_atomic
 
     head = EagleHead.load(src)
     meta = json.loads((src / "head.json").read_text())
@@ -70,6 +72,6 @@ def export_speculators(src: Path, out: Path, verifier: str | None = None) -> Pat
         raise SpecdecError(f"{out} exists and is not empty: choose a new folder")
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.half() if v.is_floating_point() else v for k, v in head.tensors().items()}  # d2t int64, t2d bool
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(speculators_config(head, verifier), indent=2) + "\n")
+    write_bytes_atomic(out / "model.safetensors", save(tensors, metadata={"format": "pt"}))
+    write_text_atomic(out / "config.json", json.dumps(speculators_config(head, verifier), indent=2) + "\n")
     return out

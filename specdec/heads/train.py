@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from specdec.atomic import atomic_file
 from specdec.errors import SpecdecError
 from specdec.heads.data import Example, Features
 from specdec.heads.eagle import EagleHead, HeadConfig
@@ -203,9 +204,10 @@ def train(head: EagleHead, target, examples: list[Example], feats: Features, cfg
         state = saved["state"]
         log(f"resumed at step {state['step']} of {total}")
 
-    def checkpoint():
-        torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
-                    "state": state}, ckpt)
+    def checkpoint():  # whole or not at all: a full disk keeps the last good checkpoint
+        with atomic_file(ckpt) as f:
+            torch.save({"head": head.state_dict(), "opt": opt.state_dict(), "sched": sched.state_dict(),
+                        "state": state}, f)
 
     def evaluate():
         head.eval()

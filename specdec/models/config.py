@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.errors import SpecdecError
+from specdec.inputs import number
 
 # Weight precisions: "gguf", "gguf-q16" and "gguf-q8" run a GGUF file's own blocks on the native kernels
 # (kernels/gguf.cpp): fp32 arithmetic on the exact weights, or integer dot products over activation blocks of 15 or
@@ -18,6 +19,39 @@ PRECISIONS = ("fp32", "fp16", "int8", "bf16") + GGUF_PRECISIONS
 
 # model_type values whose blocks our compact implementation covers (RMSNorm, RoPE, GQA, SwiGLU).
 SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+
+# config.json sizes every architecture here reads: required, and optional (null or absent: derived or defaulted)
+SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings")
+
+
+def read_config(path: Path) -> dict:
+    """A model folder's config.json, which must hold a JSON object."""
+    try:
+        cfg = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: not JSON, or not UTF-8
+        raise SpecdecError(f"{path}: unreadable config.json ({e})") from None
+    if not isinstance(cfg, dict):
+        raise SpecdecError(f"{path}: config.json holds a {type(cfg).__name__}, not an object")
+    return cfg
+
+
+def check_sizes(cfg: dict) -> None:
+    """The architecture's sizes in a config.json: positive integers, with key/value heads that divide the query
+    heads (a model built from others would fail only at its first pass)."""
+    for key in SIZES + OPTIONAL_SIZES:
+        value = cfg.get(key)
+        if value is None and key in OPTIONAL_SIZES:
+            continue
+        if key not in cfg:
+            raise SpecdecError(f"config.json has no {key}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecdecError(f"config.json: {key} must be an integer >= 1, got {json.dumps(value)[:40]}")
+    for key in ("rms_norm_eps", "rope_theta"):
+        number(cfg.get(key), f"config.json: {key}", 0, low_open=True, optional=True)
+    heads, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    if heads % kv:
+        raise SpecdecError(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
 
 
 @dataclass(frozen=True)
@@ -41,6 +75,25 @@ class ModelConfig:
         """Query heads per key/value head (grouped-query attention)."""
         return self.num_heads // self.num_kv_heads
 
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shape of every tensor a checkpoint of this architecture holds, by Hugging Face name (lm_head.weight
+        may be left out: the embeddings serve)."""
+        h, ff = self.hidden_size, self.intermediate_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        shapes = {"model.embed_tokens.weight": (self.vocab_size, h), "model.norm.weight": (h,),
+                  "lm_head.weight": (self.vocab_size, h)}
+        for i in range(self.num_layers):
+            pre = f"model.layers.{i}."
+            shapes.update({pre + "input_layernorm.weight": (h,), pre + "post_attention_layernorm.weight": (h,),
+                           pre + "self_attn.q_proj.weight": (q, h), pre + "self_attn.k_proj.weight": (kv, h),
+                           pre + "self_attn.v_proj.weight": (kv, h), pre + "self_attn.o_proj.weight": (h, q),
+                           pre + "mlp.gate_proj.weight": (ff, h), pre + "mlp.up_proj.weight": (ff, h),
+                           pre + "mlp.down_proj.weight": (h, ff)})
+            if self.attention_bias:
+                shapes.update({pre + "self_attn.q_proj.bias": (q,), pre + "self_attn.k_proj.bias": (kv,),
+                               pre + "self_attn.v_proj.bias": (kv,)})
+        return shapes
+
     @classmethod
     def from_hf(cls, cfg: dict) -> ModelConfig:
         mt = cfg.get("model_type", "")
@@ -50,6 +103,7 @@ class ModelConfig:
         kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
         if kind not in ("default", None):
             raise SpecdecError(f"rope scaling {kind!r} is not covered by specdec's compact implementation")
+        check_sizes(cfg)
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0) if isinstance(rope, dict) else 10000.0)
         heads = cfg["num_attention_heads"]
         return cls(
@@ -70,7 +124,8 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, path: Path) -> ModelConfig:
+        cfg = read_config(path)
         try:
-            return cls.from_hf(json.loads((Path(path) / "config.json").read_text()))
-        except (OSError, json.JSONDecodeError, KeyError) as e:
-            raise SpecdecError(f"{path}: unreadable config.json ({e})") from None
+            return cls.from_hf(cfg)
+        except SpecdecError as e:
+            raise SpecdecError(f"{path}: {e}") from None

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.errors import SpecdecError
-from specdec.models.config import ModelConfig
+from specdec.models.config import ModelConfig, check_sizes
 from specdec.models.linear import Linear
 from specdec.models.transformer import (
     Transformer,
@@ -72,6 +72,7 @@ class Gemma3Config(ModelConfig):
         act = cfg.get("hidden_activation", "gelu_pytorch_tanh")
         if act != "gelu_pytorch_tanh":
             raise SpecdecError(f"Gemma 3 with activation {act!r} is not covered (only gelu_pytorch_tanh)")
+        check_sizes(cfg)
         layers = cfg["num_hidden_layers"]
         types = cfg.get("layer_types")
         if types is None:
@@ -172,13 +173,10 @@ class Gemma3(Transformer):
 
     @classmethod
     def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu") -> Gemma3:
-        from safetensors.torch import load_file
+        from specdec.models.loader import load_weights
 
         path = Path(path)
-        weights = {}
-        for f in sorted(path.glob("*.safetensors")):
-            weights.update(load_file(f))
-        return cls(Gemma3Config.from_dir(path), weights, precision, device)
+        return cls(Gemma3Config.from_dir(path), load_weights(path), precision, device)
 
     @property
     def weight_bytes_per_token(self) -> int:

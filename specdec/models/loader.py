@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.errors import SpecdecError
-from specdec.models.config import GGUF_PRECISIONS, PRECISIONS, SUPPORTED_TYPES
+from specdec.models.config import GGUF_PRECISIONS, PRECISIONS, SUPPORTED_TYPES, read_config
 
 
 @dataclass
@@ -42,6 +43,53 @@ def resolve_model_dir(spec: str) -> Path:
     return path
 
 
+INDEX = "model.safetensors.index.json"
+
+
+def load_weights(path: Path) -> dict:
+    """Every tensor of a model folder: from the shards its index names (each must be there), else from every
+    *.safetensors file in it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    files = shard_files(path) if (path / INDEX).exists() else sorted(path.glob("*.safetensors"))
+    if not files:
+        raise SpecdecError(f"{path}: no weights in this folder (no *.safetensors file)")
+    weights = {}
+    for f in files:
+        try:
+            weights.update(load_file(f))
+        except (OSError, SafetensorError) as e:
+            raise SpecdecError(f"{f}: not a readable safetensors file ({e})") from None
+    return weights
+
+
+def shard_files(path: Path) -> list[Path]:
+    """The files the folder's safetensors index names, each checked to be there."""
+    try:
+        weight_map = json.loads((path / INDEX).read_text(encoding="utf-8"))["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise SpecdecError(f"{path / INDEX}: not a safetensors index (no 'weight_map' of tensor: file)") from None
+    for name in names:
+        if not isinstance(name, str) or Path(name).name != name:
+            raise SpecdecError(f"{path / INDEX}: {name!r} is not a file name in this folder")
+        if not (path / name).is_file():
+            raise SpecdecError(f"{path}: shard {name} (named by {INDEX}) is missing")
+    return [path / name for name in names]
+
+
+def check_weights(weights: dict, cfg, path: Path) -> None:
+    """Every tensor config.json implies is there with its shape (lm_head.weight may be absent)."""
+    for name, shape in cfg.weight_shapes().items():
+        t = weights.get(name)
+        if t is None and name != "lm_head.weight":
+            raise SpecdecError(f"{path}: the weights have no {name}")
+        if t is not None and tuple(t.shape) != shape:
+            raise SpecdecError(f"{path}: {name} has shape {list(t.shape)}, but config.json implies {list(shape)}")
+
+
 def default_precision(path: Path, spec: str | None, device: str, model_type: str | None) -> str:
     """bf16 on CUDA; on CPU, for a llama-family GGUF whose blocks the kernels read, gguf-q16: the fastest path whose
     top-1 agreement with the fp32 model is >= 0.999 (docs/results/quality-gguf.md); else fp16."""
@@ -59,8 +107,6 @@ def default_precision(path: Path, spec: str | None, device: str, model_type: str
 
 def load_model(spec: str = "default", precision: str | None = None, device: str = "cpu") -> LoadedModel:
     """`precision` None: default_precision."""
-    import json
-
     from safetensors import SafetensorError
 
     from specdec.models.tokenizer import Tokenizer
@@ -68,10 +114,7 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
     if precision is not None and precision not in PRECISIONS:
         raise SpecdecError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
     path = resolve_model_dir(spec)
-    try:
-        model_type = json.loads((path / "config.json").read_text()).get("model_type")
-    except (OSError, json.JSONDecodeError) as e:
-        raise SpecdecError(f"{path}: unreadable config.json ({e})") from None
+    model_type = read_config(path).get("model_type")
     try:
         tokenizer = Tokenizer.from_dir(path)
     except SpecdecError:

@@ -203,14 +203,14 @@ class Transformer:
     def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu",
                  gguf: Path | None = None) -> Transformer:
         """A model folder; `gguf`: the GGUF file it was converted from, whose blocks the gguf precisions run."""
-        from safetensors.torch import load_file
+        from specdec.models.loader import check_weights, load_weights
 
         path = Path(path)
-        weights = {}
-        for f in sorted(path.glob("*.safetensors")):
-            weights.update(load_file(f))
+        cfg = ModelConfig.from_dir(path)
+        weights = load_weights(path)
+        check_weights(weights, cfg, path)
         quantized = read_matrices(gguf) if precision in GGUF_PRECISIONS and gguf is not None else None
-        return cls(ModelConfig.from_dir(path), weights, precision, device, quantized)
+        return cls(cfg, weights, precision, device, quantized)
 
     supports_taps = True  # forward and forward_ragged return hidden states of chosen layers (`taps`)
 

@@ -7,7 +7,7 @@ import signal
 import sys
 
 from specdec.audit import cli as audit_cli
-from specdec.errors import SpecdecError
+from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, PORT, ranged
 from specdec.serve import loadtest
 
 
@@ -15,31 +15,36 @@ def register(sub) -> None:
     from specdec.engine.cli import add_model_args
     from specdec.engine.policy import POLICIES
     from specdec.engine.scheduler import PREFILL_CHUNK
+    from specdec.theory.economics import MAX_DEPTH
 
     s = sub.add_parser("serve", help="an OpenAI-compatible server with continuous batching and speculation")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=int, default=8000, action=PORT)
     add_model_args(s)
-    s.add_argument("--k", type=int, default=5, help="the most tokens drafted per row and round")
+    s.add_argument("--k", type=int, default=5, action=ranged(1, MAX_DEPTH),
+                   help="the most tokens drafted per row and round")
     s.add_argument("--policy", choices=POLICIES, default="auto",
                    help="auto: each round, each row's k (0 allowed) by expected tokens per second; always: k; "
                         "never: plain decoding")
-    s.add_argument("--max-batch", type=int, default=8, help="sequences decoding at once (KV pool slots)")
-    s.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 503s")
-    s.add_argument("--context", type=int, default=None, help="positions per sequence (default: the model's)")
-    s.add_argument("--prefix-cache", type=int, default=4, metavar="N",
+    s.add_argument("--max-batch", type=int, default=8, action=AT_LEAST_1,
+                   help="sequences decoding at once (KV pool slots)")
+    s.add_argument("--max-queue", type=int, default=64, action=NON_NEGATIVE,
+                   help="requests waiting for a slot before 503s")
+    s.add_argument("--context", type=int, default=None, action=ranged(2),
+                   help="positions per sequence (default: the model's)")
+    s.add_argument("--prefix-cache", type=int, default=4, metavar="N", action=NON_NEGATIVE,
                    help="finished sequences whose keys and values are kept for prompts that start the same way "
                         "(least recently used evicted first; 0: off)")
-    s.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
+    s.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK, action=NON_NEGATIVE,
                    help="prompt tokens prefilled per step, between decode rounds (0: whole prompts)")
-    s.add_argument("--max-tokens-default", type=int, default=None,
+    s.add_argument("--max-tokens-default", type=int, default=None, action=AT_LEAST_1,
                    help="max_tokens when a request gives none (default: the rest of the context)")
     s.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY, else no key)")
     s.add_argument("--profile", metavar="FILE", help="`specdec profile` JSON for the auto policy's pass costs "
                                                       "(default: a few seconds of calibration at start-up)")
     s.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model's)")
-    s.add_argument("--max-body-bytes", type=int, default=4 << 20)
+    s.add_argument("--max-body-bytes", type=int, default=4 << 20, action=ranged(1024))
     s.add_argument("--lossy-typical-acceptance", action="store_true",
                    help="LOSSY: Medusa-style typical acceptance for every request; responses are no longer the "
                         "model's own distribution (they carry 'x-specdec-acceptance: lossy-typical')")
@@ -59,21 +64,10 @@ def run_serve(args) -> int:
     from specdec.serve.app import ServeConfig, create_app
     from specdec.serve.metrics import ServerMetrics
     from specdec.serve.worker import EngineWorker
-    from specdec.theory.economics import check_k
+    from specdec.theory.cli import load_profile
 
-    check_k(args.k)
-    if not 0 < args.port < 65536:
-        raise SpecdecError(f"--port must be in 1..65535, got {args.port}")
-    if args.prefill_chunk < 0:
-        raise SpecdecError(f"--prefill-chunk must be >= 0, got {args.prefill_chunk}")
-    if args.max_tokens_default is not None and args.max_tokens_default < 1:
-        raise SpecdecError(f"--max-tokens-default must be >= 1, got {args.max_tokens_default}")
-    if args.prefix_cache < 0:
-        raise SpecdecError(f"--prefix-cache must be >= 0, got {args.prefix_cache}")
-    if args.max_body_bytes < 1024:
-        raise SpecdecError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
-    if args.profile and not os.path.isfile(args.profile):
-        raise SpecdecError(f"--profile: no such file: {args.profile}")
+    if args.profile:
+        load_profile(args.profile)  # its shape checked before the model loads
     if args.lossy_typical_acceptance:
         print("specdec: warning: --lossy-typical-acceptance is LOSSY: responses are not the model's own "
               "distribution", file=sys.stderr)

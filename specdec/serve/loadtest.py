@@ -33,6 +33,7 @@ import httpx
 from specdec import measure
 from specdec.bench import render
 from specdec.errors import SpecdecError
+from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, POSITIVE, SEED
 
 ENDPOINTS = {"chat": "/chat/completions", "completions": "/completions"}  # paths under the /v1 base
 MAX_ERRORS = 5  # error strings kept per level
@@ -389,7 +390,7 @@ def plot_series(series: dict[str, list[LevelResult]], path: str | Path) -> None:
     run, one line style per latency."""
     from matplotlib.lines import Line2D
 
-    from specdec.theory.plots import pyplot
+    from specdec.theory.plots import pyplot, save
 
     plt = pyplot()
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -422,8 +423,7 @@ def plot_series(series: dict[str, list[LevelResult]], path: str | Path) -> None:
     ax_l.legend(handles=[Line2D([], [], color="gray", ls=style, marker=marker, label=name)
                          for _, name, style, marker in LATENCY_LINES], fontsize=8, loc="best")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot(results: list[LevelResult], path: str | Path) -> None:
@@ -446,15 +446,16 @@ def register(sub) -> None:
     p.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated client counts, one level each")
     p.add_argument("--prompts", required=True, metavar="FILE.jsonl",
                    help="Spec-Bench question.jsonl (first turns are sent), or JSONL lines of {\"prompt\": ...}")
-    p.add_argument("--requests-per-client", type=int, default=3, metavar="N", help="sent one after another")
-    p.add_argument("--max-tokens", type=int, default=64, metavar="N")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--requests-per-client", type=int, default=3, metavar="N", action=AT_LEAST_1,
+                   help="sent one after another")
+    p.add_argument("--max-tokens", type=int, default=64, metavar="N", action=AT_LEAST_1)
+    p.add_argument("--temperature", type=float, default=0.0, action=NON_NEGATIVE)
     p.add_argument("--no-stream", action="store_true", help="whole responses (no TTFT apart from E2E, no ITL)")
     p.add_argument("--api-key", metavar="KEY", help="sent as 'Authorization: Bearer KEY'")
     p.add_argument("--model", metavar="NAME", help="model name to ask for (default: the first of GET /v1/models)")
     p.add_argument("--endpoint", choices=tuple(ENDPOINTS), default="chat")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", help="per request")
-    p.add_argument("--seed", type=int, default=None, help="sent as the request's 'seed'")
+    p.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", action=POSITIVE, help="per request")
+    p.add_argument("--seed", type=int, default=None, action=SEED, help="sent as the request's 'seed'")
     p.add_argument("--json", metavar="FILE", help="write the levels and the configuration as JSON")
     p.add_argument("--markdown", metavar="FILE", help="write the table as Markdown")
     p.add_argument("--plot", metavar="FILE.png", help="throughput and latency against concurrency")
@@ -462,12 +463,11 @@ def register(sub) -> None:
 
 
 def run_cli(args) -> int:
-    from specdec.bench.cli import check_output, parse_ints
+    from specdec.bench.cli import check_outputs, parse_ints, write_outputs
     from specdec.bench.prompts import load_prompts
 
     concurrency = tuple(parse_ints(args.concurrency, "--concurrency"))
-    for out in (args.json, args.markdown, args.plot):
-        check_output(out)
+    check_outputs(args)
     prompts = [p.turns[0] for p in load_prompts(args.prompts)]
     cfg = LoadConfig(url=args.url, concurrency=concurrency, requests_per_client=args.requests_per_client,
                      max_tokens=args.max_tokens, temperature=args.temperature, stream=not args.no_stream,
@@ -479,10 +479,5 @@ def run_cli(args) -> int:
     results = run(cfg, prompts, progress=say)
     text = markdown(results)
     print(text)
-    if args.markdown:
-        Path(args.markdown).write_text(text)
-    if args.json:
-        Path(args.json).write_text(json.dumps(to_json(results, cfg), indent=1))
-    if args.plot:
-        plot(results, args.plot)
+    write_outputs(args, text, to_json(results, cfg), lambda path: plot(results, path))
     return 0

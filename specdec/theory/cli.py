@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from specdec.atomic import check_plot_path
 from specdec.errors import SpecdecError
+from specdec.inputs import SEED, number, read_json
 from specdec.theory.economics import (
     CostCurve,
     batch_model,
-    check_k,
     describe_speedup,
     plan,
     unit_verify_cost,
@@ -60,7 +61,7 @@ def register(sub) -> None:
     s.add_argument("--k", type=int, required=True)
     s.add_argument("--draft-cost", type=float, default=0.0)
     s.add_argument("--rounds", type=int, default=100_000)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, action=SEED)
     _cost_args(s)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=run_simulate)
@@ -74,14 +75,36 @@ def _cost_args(p) -> None:
 
 
 def load_profile(path: str) -> dict:
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except json.JSONDecodeError as e:
-        raise SpecdecError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    """A `specdec profile` file, its shape checked: what plan, bench and serve read from it is there and numeric."""
+    data = read_json(path)
     if not isinstance(data, dict) or "verify_cost" not in data:
         raise SpecdecError(f"{path}: not a specdec profile (no 'verify_cost' curve)")
+    check_curve(data["verify_cost"], f"{path}: verify_cost")
+    number(data.get("draft_cost"), f"{path}: draft_cost", 0, optional=True)
+    number(data.get("step_s"), f"{path}: step_s", 0, low_open=True, optional=True)
+    knee = data.get("knee") or {}
+    if not isinstance(knee, dict):
+        raise SpecdecError(f"{path}: knee must be an object, got {type(knee).__name__}")
+    for key in ("roofline_rows", "threshold_rows"):
+        number(knee.get(key), f"{path}: knee.{key}", 0, low_open=True, optional=True)
+    contexts = data.get("contexts") or []
+    if not isinstance(contexts, list) or not all(isinstance(e, dict) for e in contexts):
+        raise SpecdecError(f"{path}: contexts must be a list of objects")
+    for i, entry in enumerate(contexts):
+        number(entry.get("context"), f"{path}: contexts[{i}].context", 0)
+        number(entry.get("step_s"), f"{path}: contexts[{i}].step_s", 0, low_open=True, optional=True)
+        check_curve(entry.get("verify_cost"), f"{path}: contexts[{i}].verify_cost")
     return data
+
+
+def check_curve(curve, where: str) -> None:
+    """A verify cost curve as JSON: an object of row counts n >= 1 to positive costs."""
+    if not isinstance(curve, dict) or not curve:
+        raise SpecdecError(f"{where} must be a non-empty object of n: cost, got {json.dumps(curve)[:40]}")
+    for n, cost in curve.items():
+        if not str(n).isdigit() or int(n) < 1:
+            raise SpecdecError(f"{where}: row count {n!r} is not an integer >= 1")
+        number(cost, f"{where}[{n}]", 0, low_open=True)
 
 
 def cost_curve_from_args(args) -> tuple[CostCurve | None, float | None]:
@@ -93,15 +116,10 @@ def cost_curve_from_args(args) -> tuple[CostCurve | None, float | None]:
     if not spec:
         return None, None
     if spec.endswith(".json") or Path(spec).is_file():
-        with open(spec) as f:
-            try:
-                data = json.load(f)
-            except json.JSONDecodeError as e:
-                raise SpecdecError(f"{spec}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        data = read_json(spec)
         if isinstance(data, dict) and "verify_cost" in data:
             data = data["verify_cost"]
-        if not isinstance(data, dict):
-            raise SpecdecError(f"{spec}: expected an object of n: cost")
+        check_curve(data, f"{spec}: verify_cost")
         return CostCurve.from_mapping(data), None
     return CostCurve.parse(spec), None
 
@@ -112,27 +130,29 @@ EMIT_ONLY = ("acceptance", "method", "draft_model", "ngram_min", "ngram_max", "k
 
 def measured_acceptance(path: str, method: str | None) -> tuple[str, float, tuple[float, ...]]:
     """(method, a, a_i up to the last position reached) measured by a `specdec bench` report."""
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as e:
-        raise SpecdecError(f"cannot read {path}: {e.strerror}") from None
-    try:
-        results = json.loads(text)["results"]
-    except (ValueError, KeyError, TypeError):
-        raise SpecdecError(f"{path}: not a `specdec bench --json` report") from None
-    drafted = {name: r["overall"]["drafted"] for name, r in results.items() if r["overall"].get("alpha") is not None}
-    if not drafted:
+    data = read_json(path)
+    results = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(results, dict) or not all(isinstance(r, dict) and isinstance(r.get("overall"), dict)
+                                                for r in results.values()):
+        raise SpecdecError(f"{path}: not a `specdec bench --json` report (no 'results' of methods with 'overall')")
+    measured = {name: r["overall"] for name, r in results.items() if r["overall"].get("alpha") is not None}
+    for name, overall in measured.items():
+        number(overall["alpha"], f"{path}: results.{name}.overall.alpha", 0, 1)
+        number(overall.get("drafted"), f"{path}: results.{name}.overall.drafted", 0)
+    if not measured:
         raise SpecdecError(f"{path}: no method in it measured an acceptance rate")
-    if method is not None and method not in drafted:
-        raise SpecdecError(f"{path}: no acceptance rate for method {method!r} (there: {', '.join(drafted)})")
-    name = method or max(drafted, key=drafted.get)
-    overall = results[name]["overall"]
+    if method is not None and method not in measured:
+        raise SpecdecError(f"{path}: no acceptance rate for method {method!r} (there: {', '.join(measured)})")
+    name = method or max(measured, key=lambda m: measured[m]["drafted"])
+    overall = measured[name]
+    by_position = overall.get("acceptance_by_position") or []
+    if not isinstance(by_position, list):
+        raise SpecdecError(f"{path}: results.{name}.overall.acceptance_by_position must be a list")
     a_pos = []
-    for a in overall.get("acceptance_by_position") or []:
+    for i, a in enumerate(by_position):
         if a is None:
             break
-        a_pos.append(a)
+        a_pos.append(number(a, f"{path}: results.{name}.overall.acceptance_by_position[{i}]", 0, 1))
     return name, overall["alpha"], tuple(a_pos)
 
 
@@ -173,6 +193,7 @@ def run_plan(args) -> int:
             raise SpecdecError(f"{', '.join(given)}: only used with --emit ENGINE")
         if args.alpha is None:
             raise SpecdecError("specdec plan: the following arguments are required: --alpha")
+        check_plot_path(args.plot)
     curve, profile_c = cost_curve_from_args(args)
     c = args.draft_cost if args.draft_cost is not None else (profile_c or 0.0)
     if args.emit:
@@ -200,6 +221,7 @@ def run_plan(args) -> int:
 
 
 def run_batch(args) -> int:
+    check_plot_path(args.plot)
     model = batch_model(args.alpha, args.k, args.draft_cost, args.knee_rows, args.max_batch)
     if args.plot:
         from specdec.theory.plots import plot_batch
@@ -226,7 +248,6 @@ def run_batch(args) -> int:
 
 def run_simulate(args) -> int:
     curve, _ = cost_curve_from_args(args)
-    check_k(args.rounds, "rounds")
     sim = simulate(args.alpha, args.k, args.draft_cost, args.rounds, args.seed,
                    verify_cost=curve or unit_verify_cost)
     if args.json:

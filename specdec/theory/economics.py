@@ -34,9 +34,15 @@ def check_cost(c: float, name: str = "draft cost") -> float:
     return float(c)
 
 
-def check_k(k: int, name: str = "k") -> int:
+MAX_DEPTH = 256  # the deepest draft the models consider: far past any that pays (a ** k vanishes)
+
+
+def check_k(k: int, name: str = "k", high: int | None = MAX_DEPTH) -> int:
+    """An integer in 1..high (unbounded when high is None)."""
     if int(k) != k or k < 1:
         raise SpecdecError(f"{name} must be an integer >= 1, got {k}")
+    if high is not None and k > high:
+        raise SpecdecError(f"{name} must be an integer in 1..{high}, got {k}")
     return int(k)
 
 
@@ -211,7 +217,7 @@ def batch_model(a: float, k: int, c: float, knee_rows: float, max_batch: int = 2
     a, k, c = check_alpha(a), check_k(k), check_cost(c)
     if not (knee_rows > 0):
         raise SpecdecError(f"knee rows must be > 0, got {knee_rows}")
-    max_batch = check_k(max_batch, "max batch")
+    max_batch = check_k(max_batch, "max batch", 1 << 16)
     curve = [{"batch": b, "ratio": batch_ratio(a, k, c, b, knee_rows)} for b in range(1, max_batch + 1)]
     crossover = next((row["batch"] for row in curve if row["ratio"] < 1.0), None)
     return BatchModel(

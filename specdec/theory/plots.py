@@ -15,6 +15,16 @@ def pyplot():
     return plt
 
 
+def save(fig, path: str | Path) -> None:
+    """Write the figure whole or not at all (specdec.atomic), then free it."""
+    from specdec.atomic import savefig_atomic
+
+    try:
+        savefig_atomic(fig, path)
+    finally:
+        pyplot().close(fig)
+
+
 def _shade_slower(ax, x_max: float, y_max: float) -> None:
     ax.axhspan(0.0, 1.0, color="tab:red", alpha=0.08, label="slower than plain decoding")
     ax.axhline(1.0, color="tab:red", lw=0.8, ls="--")
@@ -37,8 +47,7 @@ def plot_plan(plan, path: str | Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save(fig, path)
 
 
 def plot_batch(model, path: str | Path) -> None:
@@ -59,5 +68,4 @@ def plot_batch(model, path: str | Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save(fig, path)

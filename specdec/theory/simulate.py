@@ -36,16 +36,21 @@ class Simulation:
 
 
 def round_yields(a: float, k: int, rounds: int, rng: np.random.Generator) -> np.ndarray:
-    """Tokens yielded by each of `rounds` rounds: the accepted prefix plus one target token."""
-    survives = rng.random((rounds, k)) < a  # [rounds, k]
-    accepted = np.cumprod(survives, axis=1).sum(axis=1)  # [rounds]: length of the surviving prefix
-    return accepted + 1
+    """Tokens yielded by each of `rounds` rounds: the accepted prefix plus one target token. Drawn in blocks of
+    about 4M draws (the same numbers as one draw of [rounds, k]), so memory stays small however many rounds."""
+    block = max(1, (1 << 22) // k)
+    out = np.empty(rounds, dtype=np.int64)
+    for start in range(0, rounds, block):
+        n = min(block, rounds - start)
+        survives = rng.random((n, k)) < a  # [n, k]
+        out[start:start + n] = np.cumprod(survives, axis=1).sum(axis=1) + 1  # the surviving prefix, plus one
+    return out
 
 
 def simulate(a: float, k: int, c: float, rounds: int, seed: int = 0,
              verify_cost: CostFn = unit_verify_cost) -> Simulation:
     a, k, c = check_alpha(a), check_k(k), check_cost(c)
-    rounds = check_k(rounds, "rounds")
+    rounds = check_k(rounds, "rounds", 10**8)
     yields = round_yields(a, k, rounds, np.random.default_rng(seed))
     counts = np.bincount(yields, minlength=k + 2)[1:]
     measured = float(yields.mean())
