@@ -71,12 +71,21 @@ class Server:
                 raise AssertionError(f"the server exited with {self.proc.returncode}:\n{self.output()}")
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    self.check_it_compiled_nothing()
                     return
             except httpx.HTTPError:
                 time.sleep(0.2)
         note = kernel_build_note()
         self.stop()
         raise AssertionError(f"the server did not come up in {timeout:.0f} s ({note}):\n{self.output()}")
+
+    def check_it_compiled_nothing(self) -> None:
+        """`make setup` builds the kernels: a server start that compiles means it did not (or that the build's
+        cache key moved), and every start on a fresh machine would pay for it."""
+        if "compiling the native kernels" in self.output():
+            self.stop()
+            raise AssertionError("the server compiled the kernels at start-up: `make setup` (specdec kernels) should "
+                                 f"have built them:\n{self.output()}")
 
     def output(self) -> str:
         self.log.flush()
