@@ -545,3 +545,13 @@ def test_the_installed_entry_point(tmp_path):
         assert run.returncode == 2, run.stderr
         assert run.stderr.startswith("specdec: error: ") and len(run.stderr.strip().splitlines()) == 1, run.stderr
         assert needle in run.stderr and "Traceback" not in run.stderr
+
+
+def test_serve_on_a_port_that_is_taken_is_one_line_before_the_model_loads(capsys):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        code = main(["serve", "--model", NO_MODEL, "--port", str(port)])
+    err = capsys.readouterr().err
+    assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in err and "Traceback" not in err, err

@@ -7,6 +7,7 @@ import signal
 import sys
 
 from specdec.audit import cli as audit_cli
+from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, PORT, ranged
 from specdec.serve import loadtest
 
@@ -53,6 +54,17 @@ def register(sub) -> None:
     audit_cli.register(sub)
 
 
+def check_bindable(host: str, port: int) -> None:
+    """A port that another process listens on (or an address this machine lacks), as one line."""
+    import socket
+
+    try:
+        with socket.create_server((host, port), reuse_port=False) as sock:
+            sock.close()
+    except OSError as e:
+        raise SpecdecError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
 def run_serve(args) -> int:
     import uvicorn
 
@@ -73,6 +85,7 @@ def run_serve(args) -> int:
               "distribution", file=sys.stderr)
     sched_cfg = SchedulerConfig(args.max_batch, args.max_queue, args.context, args.prefill_chunk or None)
     spec = ModelSpec.from_args(args)
+    check_bindable(args.host, args.port)  # before the model loads: a taken port is found in a second
     target, drafter = build(spec)
     policy = make_policy("never" if spec.drafter == "none" else args.policy, args.k, target.model,
                          args.max_batch, args.profile, drafter.free)
