@@ -49,43 +49,105 @@ constexpr int64_t QB = 32;  // weights per block
 //          (a pair's block 512 bytes, chunk c register c of both groups), d [G/2, K/32, 2, 8].
 // models/gguf_weights.py writes these planes from the file's blocks.
 struct QMatrix {
-  int64_t bits, N, K, G, B;  // G groups of 8 rows, B blocks a row
+  int64_t bits, N, K, G, B;  // G groups of 8 rows, B blocks a row; bits 4, 5, 6 or 8
   bool rows;  // the exact path's layout instead: row by row, q [N, K/32, 16 or 32], d and m [N, K/32]
   int64_t act_bits;  // interleaved layout: activation blocks of 8 bits (q8) or 15 bits in two planes (q16)
   bool paired;  // interleaved only: groups stored in pairs (see above)
-  torch::Tensor q, d, m;
+  int64_t scales = 0;  // 0: d (and m) fp16 a block; 1 (Q4_K, Q5_K) and 2 (Q6_K): super-block scales (gguf_kq.inc)
+  torch::Tensor q, d, m, hb, sc;  // hb, sc: gguf_kq.inc's high-bit and integer-scale planes
+  // A matrix stacked by rows from parts of different types (a fused [q; k; v] whose v is Q6_K while q and k are Q4_K,
+  // as in Q4_K_M files): each part computes its own columns of y.
+  std::vector<const QMatrix*> parts;
+  pybind11::list keep;  // the parts' Python objects, kept alive with this one
   QMatrix(int64_t bits, int64_t N, int64_t K, torch::Tensor q, torch::Tensor d, c10::optional<torch::Tensor> m,
-          bool rows, int64_t act_bits, bool paired)
+          bool rows, int64_t act_bits, bool paired, c10::optional<torch::Tensor> hb, c10::optional<torch::Tensor> sc,
+          int64_t scales)
       : bits(bits), N(N), K(K), G(rows ? N : (N + 7) / 8), B(K / QB), rows(rows), act_bits(act_bits),
-        paired(paired), q(q.contiguous()), d(d.contiguous()) {
-    TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8");
+        paired(paired), scales(scales), q(q.contiguous()), d(d.contiguous()) {
     TORCH_CHECK(act_bits == 8 || act_bits == 16, "act_bits must be 8 or 16");
     TORCH_CHECK(K % QB == 0 && N > 0, "K must be a multiple of 32");
     TORCH_CHECK(!paired || !rows, "only interleaved blocks are stored in pairs");
-    const int64_t per = rows ? 1 : 8;  // rows per group
-    const int64_t stored = paired ? G + G % 2 : G;  // groups held, the pair's padding included
-    TORCH_CHECK(this->q.numel() == stored * B * per * (bits == 4 ? 16 : 32), "q: 16 or 32 bytes a row and block");
-    TORCH_CHECK(this->d.dtype() == torch::kHalf && this->d.numel() == stored * B * per,
-                "d: fp16, one a row and block");
     TORCH_CHECK(this->q.element_size() == 1, "q: uint8 or int8");
-    if (bits == 4) {
-      TORCH_CHECK(m.has_value(), "4-bit blocks need their minimums");
-      this->m = m->contiguous();
-      TORCH_CHECK(this->m.dtype() == torch::kHalf && this->m.numel() == this->d.numel(), "m: fp16 like d");
-      mp_ = this->m.data_ptr<at::Half>();
+    TORCH_CHECK(this->d.dtype() == torch::kHalf, "d: fp16");
+    if (kq()) {
+      check_kq(m, hb, sc);
+    } else {
+      TORCH_CHECK(bits == 4 || bits == 8, "bits must be 4 or 8 (or 5, 6 with scales, see gguf_kq.inc)");
+      const int64_t per = rows ? 1 : 8;  // rows per group
+      const int64_t stored = paired ? G + G % 2 : G;  // groups held, the pair's padding included
+      TORCH_CHECK(this->q.numel() == stored * B * per * (bits == 4 ? 16 : 32), "q: 16 or 32 bytes a row and block");
+      TORCH_CHECK(this->d.numel() == stored * B * per, "d: fp16, one a row and block");
+      if (bits == 4) {
+        TORCH_CHECK(m.has_value(), "4-bit blocks need their minimums");
+        this->m = m->contiguous();
+        TORCH_CHECK(this->m.dtype() == torch::kHalf && this->m.numel() == this->d.numel(), "m: fp16 like d");
+        mp_ = this->m.data_ptr<at::Half>();
+      }
     }
     qp_ = static_cast<const uint8_t*>(this->q.data_ptr());  // raw pointers taken once: data_ptr() costs checks
     dp_ = this->d.data_ptr<at::Half>();
   }
-  int64_t nbytes() const { return q.numel() + 2 * d.numel() + (bits == 4 ? 2 * m.numel() : 0); }
+  explicit QMatrix(const pybind11::list& stacked)
+      : bits(0), N(0), K(0), G(0), B(0), rows(false), act_bits(8), paired(false), keep(stacked) {
+    for (const auto& item : stacked) {
+      const QMatrix* p = &item.cast<const QMatrix&>();
+      TORCH_CHECK(p->parts.empty(), "a part cannot itself have parts");
+      TORCH_CHECK(parts.empty() || (p->K == K && p->rows == rows && p->act_bits == act_bits),
+                  "parts share K and the arithmetic path");
+      K = p->K; B = p->B; rows = p->rows; act_bits = p->act_bits;
+      N += p->N;
+      parts.push_back(p);
+    }
+    TORCH_CHECK(!parts.empty(), "a stacked matrix needs parts");
+  }
+  // The 5- and 6-bit and K-quant formats of gguf_kq.inc (interleaved, not paired).
+  bool kq() const { return bits == 5 || bits == 6 || scales != 0; }
+  void check_kq(const c10::optional<torch::Tensor>& m, const c10::optional<torch::Tensor>& hb,
+                const c10::optional<torch::Tensor>& sc) {
+    TORCH_CHECK(!rows, "5- and 6-bit and K-quant blocks are interleaved");
+    const int64_t want = bits * 10 + scales;
+    TORCH_CHECK(want == 50 || want == 41 || want == 51 || want == 62,
+                "formats: bits 5 scales 0 (Q5_0, Q5_1), bits 4 or 5 scales 1 (Q4_K, Q5_K), bits 6 scales 2 (Q6_K)");
+    TORCH_CHECK(scales == 0 || K % 256 == 0, "K-quant rows are whole super-blocks of 256");
+    const int64_t S = paired ? G + G % 2 : G;  // groups stored, a pair's padding included
+    TORCH_CHECK(q.numel() == S * B * 128, "q: the low nibbles, 128 bytes a group and block");
+    const int64_t per_scale = scales == 0 ? S * B * 8 : S * (B / 8) * 8;
+    TORCH_CHECK(d.numel() == per_scale, "d: 8 fp16 a group and block (super-block for K-quants)");
+    if (scales != 2) {
+      TORCH_CHECK(m.has_value() && m->dtype() == torch::kHalf && m->numel() == per_scale, "m: fp16 like d");
+      this->m = m->contiguous();
+      mp_ = this->m.data_ptr<at::Half>();
+    }
+    if (bits > 4) {
+      TORCH_CHECK(hb.has_value() && hb->element_size() == 1 && hb->numel() == S * B * 32 * (bits - 4),
+                  "hb: 32 bytes a group and block for each bit above 4");
+      this->hb = hb->contiguous();
+      hp_ = static_cast<const uint8_t*>(this->hb.data_ptr());
+    }
+    if (scales != 0) {
+      TORCH_CHECK(sc.has_value() && sc->element_size() == 1 && sc->numel() == S * B * 16,
+                  "sc: 16 bytes a group and block");
+      this->sc = sc->contiguous();
+      sp_ = static_cast<const uint8_t*>(this->sc.data_ptr());
+    }
+  }
+  int64_t nbytes() const {
+    int64_t n = 0;
+    for (const QMatrix* p : parts) n += p->nbytes();
+    for (const torch::Tensor* t : {&q, &d, &m, &hb, &sc})
+      if (t->defined()) n += t->numel() * t->element_size();
+    return n;
+  }
   const uint8_t* qp_ = nullptr;
   const at::Half* dp_ = nullptr;
   const at::Half* mp_ = nullptr;
+  const uint8_t* hp_ = nullptr;
+  const uint8_t* sp_ = nullptr;
   // Group g, block b, for a matrix whose layout is PAIRED (= paired, a constant in the kernels' inner loops): chunk c
   // of its quants at qblock + c * (PAIRED ? 64 : 32), its 8 scales (and minimums) at dblock (mblock).
   template <bool PAIRED>
   const uint8_t* qblock(int64_t g, int64_t b) const {
-    const int64_t block = bits == 4 ? 128 : 256;  // one group's bytes a block
+    const int64_t block = bits == 8 ? 256 : 128;  // one group's bytes a block (5 and 6 bits: their nibbles)
     return PAIRED ? qp_ + ((g / 2) * B + b) * 2 * block + 32 * (g % 2) : qp_ + (g * B + b) * block;
   }
   template <bool PAIRED>
@@ -222,12 +284,14 @@ struct Q8Rows {
   std::vector<int8_t> q;  // [B, M, P, 32]: q8's quants; q16: plane 0 q and plane 1 q2, Q = 128 q + q2
   std::vector<float> d, s;  // [B, M]: scale of a unit of Q (q8: of q), and that scale * sum of the block's Q
   std::vector<int32_t> qsum;  // [B, M]: the sum of the block's Q, at most 32 (128 * 127 + 64) in size
+  std::vector<int32_t> qlo;  // [B, M]: the sum of its first 16 Q (Q6_K's halves, gguf_kq.inc)
 };
 
 // Sized for M rows of K values, before any thread quantizes into it.
 void size_rows(int64_t M, int64_t K, bool q16, Q8Rows& a) {
   a.M = M; a.K = K; a.B = K / QB; a.P = q16 ? 2 : 1;
   a.q.resize(M * K * a.P); a.d.resize(M * a.B); a.s.resize(M * a.B); a.qsum.resize(M * a.B);
+  a.qlo.resize(M * a.B);
 }
 
 // Blocks [b0, b1) of every row (a thread's share; a block's result does not depend on who computes it). Each row
@@ -267,6 +331,10 @@ void quantize_blocks(const float* x, int64_t b0, int64_t b1, bool q16, Q8Rows& a
       __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum32), _mm256_extracti128_si256(sum32, 1));
       s4 = _mm_hadd_epi32(s4, s4);
       s4 = _mm_hadd_epi32(s4, s4);
+      const __m256i lo32 = _mm256_add_epi32(sq[0], sq[1]);  // elements 0-15
+      __m128i l4 = _mm_add_epi32(_mm256_castsi256_si128(lo32), _mm256_extracti128_si256(lo32, 1));
+      l4 = _mm_hadd_epi32(l4, l4);
+      l4 = _mm_hadd_epi32(l4, l4);
       const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
       int8_t* out = a.q.data() + (b * a.M + r) * a.P * QB;
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm256_permutevar8x32_epi32(packed, perm));
@@ -278,6 +346,7 @@ void quantize_blocks(const float* x, int64_t b0, int64_t b1, bool q16, Q8Rows& a
       const int64_t at = b * a.M + r;
       a.d[at] = unit;
       a.qsum[at] = _mm_cvtsi128_si32(s4);
+      a.qlo[at] = _mm_cvtsi128_si32(l4);
       a.s[at] = unit * float(a.qsum[at]);
     }
 }
@@ -285,6 +354,7 @@ void quantize_blocks(const float* x, int64_t b0, int64_t b1, bool q16, Q8Rows& a
 namespace avx2 {
 #define SPECDEC_VNNI 0
 #include "gguf_q8.inc"
+#include "gguf_kq.inc"
 #undef SPECDEC_VNNI
 }  // namespace avx2
 
@@ -295,6 +365,7 @@ namespace avx2 {
 namespace vnni {
 #define SPECDEC_VNNI 1
 #include "gguf_q8.inc"
+#include "gguf_kq.inc"
 #undef SPECDEC_VNNI
 }  // namespace vnni
 #pragma GCC pop_options
@@ -337,7 +408,22 @@ bool use_amx = cpu_has_amx();
 constexpr int64_t AMX_MIN_ROWS = 5;
 
 // The layout decides the arithmetic: row layout -> exact, interleaved -> q8.
+void matmul(const float* x, const QMatrix& W, float* y, int64_t M);
+
+// A stacked matrix: each part into a buffer, then into its columns of y [M, N].
+void matmul_parts(const float* x, const QMatrix& W, float* y, int64_t M) {
+  static thread_local std::vector<float> buf;
+  int64_t n0 = 0;
+  for (const QMatrix* p : W.parts) {
+    buf.resize(M * p->N);
+    matmul(x, *p, buf.data(), M);
+    for (int64_t r = 0; r < M; ++r) std::copy_n(buf.data() + r * p->N, p->N, y + r * W.N + n0);
+    n0 += p->N;
+  }
+}
+
 void matmul(const float* x, const QMatrix& W, float* y, int64_t M) {
+  if (!W.parts.empty()) return matmul_parts(x, W, y, M);
   const bool q8 = !W.rows, q16 = q8 && W.act_bits == 16;
   static thread_local Q8Rows mine;  // its vectors only grow: a pass allocates nothing
   Q8Rows& a = mine;  // the caller's, by reference: in a worker thread `mine` would name the worker's own
@@ -359,7 +445,10 @@ void matmul(const float* x, const QMatrix& W, float* y, int64_t M) {
     const auto [u0, u1] = team.share(units);
     const int64_t g0 = u0 * unit, g1 = std::min(W.G, u1 * unit);  // groups of weight rows for this thread
     if (g0 >= g1) return;
-    if (q16 && use_amx && W.paired && M >= AMX_MIN_ROWS) amx::amx_rows(a, W, y, g0, g1);
+    if (W.kq()) {
+      if (q16) use_vnni ? vnni::kq_rows<true>(a, W, y, g0, g1) : avx2::kq_rows<true>(a, W, y, g0, g1);
+      else use_vnni ? vnni::kq_rows<false>(a, W, y, g0, g1) : avx2::kq_rows<false>(a, W, y, g0, g1);
+    } else if (q16 && use_amx && W.paired && M >= AMX_MIN_ROWS) amx::amx_rows(a, W, y, g0, g1);
     else if (q16) use_vnni ? vnni::q8_rows<true>(a, W, y, g0, g1) : avx2::q8_rows<true>(a, W, y, g0, g1);
     else if (q8) use_vnni ? vnni::q8_rows<false>(a, W, y, g0, g1) : avx2::q8_rows<false>(a, W, y, g0, g1);
     else exact_rows(x, W, y, M, g0, g1);
@@ -374,16 +463,30 @@ torch::Tensor gemm_gguf(torch::Tensor x, const QMatrix& W) {
   return y;
 }
 
+// qkv_bias: Qwen2's biases on q, k and v, fp32 [qkv.N], added to each row's product (one add a value: rows stay
+// independent).
 void decode_block_gguf(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1,
                        const QMatrix& qkv, const QMatrix& o, torch::Tensor norm2, const QMatrix& gate_up,
                        const QMatrix& down, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor cos,
-                       torch::Tensor sin, int64_t hq, int64_t hk, double eps) {
+                       torch::Tensor sin, int64_t hq, int64_t hk, double eps,
+                       c10::optional<torch::Tensor> qkv_bias) {
   const QMatrix* w[4] = {&qkv, &o, &gate_up, &down};
   const int64_t H = x.size(1);
   TORCH_CHECK(qkv.K == H && gate_up.K == H && o.N == H && down.N == H && gate_up.N == 2 * down.K,
               "weight shapes do not match the hidden size");
+  const float* bias = nullptr;
+  if (qkv_bias.has_value()) {
+    TORCH_CHECK(qkv_bias->dtype() == torch::kFloat32 && qkv_bias->is_contiguous() && qkv_bias->numel() == qkv.N,
+                "qkv_bias: contiguous float32 [q + k + v outputs]");
+    bias = qkv_bias->data_ptr<float>();
+  }
   specdec::decoder_block(x, slot, pos, norm1, norm2, down.K, k_cache, v_cache, cos, sin, hq, hk, eps,
-                         [&](int which, const float* in, float* out, int64_t M) { matmul(in, *w[which], out, M); });
+                         [&](int which, const float* in, float* out, int64_t M) {
+                           matmul(in, *w[which], out, M);
+                           if (which == specdec::QKV && bias != nullptr)
+                             for (int64_t r = 0; r < M; ++r)
+                               for (int64_t j = 0; j < qkv.N; ++j) out[r * qkv.N + j] += bias[j];
+                         });
 }
 
 // The decoder blocks of a model on GGUF blocks, held once so that a pass crosses from Python to C++ once: looping
@@ -392,18 +495,21 @@ void decode_block_gguf(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, t
 // decode_block_gguf takes them; the Python objects are kept alive with it.
 struct GgufStack {
   std::vector<torch::Tensor> norm1, norm2;
+  std::vector<c10::optional<torch::Tensor>> bias;
   std::vector<const QMatrix*> qkv, o, gate_up, down;
   pybind11::list keep;
   explicit GgufStack(const pybind11::list& blocks) : keep(blocks) {
     for (const auto& item : blocks) {
       const auto t = item.cast<pybind11::tuple>();
-      TORCH_CHECK(t.size() == 6, "a block is (norm1, qkv, o, norm2, gate_up, down)");
+      TORCH_CHECK(t.size() == 6 || t.size() == 7, "a block is (norm1, qkv, o, norm2, gate_up, down[, qkv_bias])");
       norm1.push_back(t[0].cast<torch::Tensor>());
       qkv.push_back(&t[1].cast<const QMatrix&>());
       o.push_back(&t[2].cast<const QMatrix&>());
       norm2.push_back(t[3].cast<torch::Tensor>());
       gate_up.push_back(&t[4].cast<const QMatrix&>());
       down.push_back(&t[5].cast<const QMatrix&>());
+      bias.push_back(t.size() == 7 && !t[6].is_none() ? c10::optional<torch::Tensor>(t[6].cast<torch::Tensor>())
+                                                       : c10::nullopt);
     }
   }
   int64_t layers() const { return int64_t(qkv.size()); }
@@ -437,7 +543,7 @@ void decode_stack_gguf(const GgufStack& stack, torch::Tensor x, torch::Tensor sl
   for (int64_t i = 0; i < L; ++i) {
     tap(i);
     decode_block_gguf(x, slot, pos, stack.norm1[i], *stack.qkv[i], *stack.o[i], stack.norm2[i], *stack.gate_up[i],
-                      *stack.down[i], k_caches[i], v_caches[i], cos, sin, hq, hk, eps);
+                      *stack.down[i], k_caches[i], v_caches[i], cos, sin, hq, hk, eps, stack.bias[i]);
   }
   tap(L);
 }
@@ -496,19 +602,29 @@ std::string set_isa(const std::string& want) {
 void specdec::register_gguf(pybind11::module& m) {
   pybind11::class_<QMatrix>(m, "QMatrix")
       .def(pybind11::init<int64_t, int64_t, int64_t, torch::Tensor, torch::Tensor, c10::optional<torch::Tensor>,
-                          bool, int64_t, bool>(),
-           "QMatrix(bits, N, K, q, d, m, rows, act_bits, paired): a [N, K] matrix of 32-weight blocks in planes "
-           "(see gguf.cpp)",
+                          bool, int64_t, bool, c10::optional<torch::Tensor>, c10::optional<torch::Tensor>, int64_t>(),
+           "QMatrix(bits, N, K, q, d, m, rows, act_bits, paired, hb, sc, scales): a [N, K] matrix of 32-weight "
+           "blocks in planes (see gguf.cpp and gguf_kq.inc)",
            pybind11::arg("bits"), pybind11::arg("N"), pybind11::arg("K"), pybind11::arg("q"), pybind11::arg("d"),
-           pybind11::arg("m"), pybind11::arg("rows"), pybind11::arg("act_bits") = 8, pybind11::arg("paired") = false)
+           pybind11::arg("m"), pybind11::arg("rows"), pybind11::arg("act_bits") = 8, pybind11::arg("paired") = false,
+           pybind11::arg("hb") = pybind11::none(), pybind11::arg("sc") = pybind11::none(),
+           pybind11::arg("scales") = 0)
+      .def(pybind11::init<const pybind11::list&>(), "QMatrix([parts]): matrices of one K stacked by rows, each part "
+           "on its own format's kernel", pybind11::arg("parts"))
       .def_readonly("bits", &QMatrix::bits)
       .def_readonly("N", &QMatrix::N)
       .def_readonly("K", &QMatrix::K)
       .def_readonly("act_bits", &QMatrix::act_bits)
       .def_readonly("paired", &QMatrix::paired)
+      .def_readonly("scales", &QMatrix::scales)
+      .def_property_readonly("stacked", [](const QMatrix& w) { return int64_t(w.parts.size()); })
       .def_property_readonly("nbytes", &QMatrix::nbytes);
   m.def("gemm_gguf", &gemm_gguf, "y [M, N] = x [M, K] . W^T on GGUF blocks (row layout: exact; interleaved: q8)");
-  m.def("decode_block_gguf", &decode_block_gguf, "one decoder block on GGUF blocks, in place");
+  m.def("decode_block_gguf", &decode_block_gguf, "one decoder block on GGUF blocks, in place",
+        pybind11::arg("x"), pybind11::arg("slot"), pybind11::arg("pos"), pybind11::arg("norm1"), pybind11::arg("qkv"),
+        pybind11::arg("o"), pybind11::arg("norm2"), pybind11::arg("gate_up"), pybind11::arg("down"),
+        pybind11::arg("k_cache"), pybind11::arg("v_cache"), pybind11::arg("cos"), pybind11::arg("sin"),
+        pybind11::arg("hq"), pybind11::arg("hk"), pybind11::arg("eps"), pybind11::arg("qkv_bias") = pybind11::none());
   pybind11::class_<GgufStack>(m, "GgufStack")
       .def(pybind11::init<const pybind11::list&>(), "GgufStack(blocks): each block's (norm1, qkv, o, norm2, gate_up, "
            "down), held for decode_stack_gguf")

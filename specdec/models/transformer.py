@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from specdec.errors import SpecdecError
 from specdec.kernels import pairs_layout
 from specdec.models.config import ACT_BITS, GGUF_PRECISIONS, ModelConfig
-from specdec.models.gguf_weights import QTensor, planes, read_matrices
+from specdec.models.gguf_weights import QTensor, RowLookup, qmatrix, read_matrices
 from specdec.models.hugepages import Arena
 from specdec.models.linear import Linear
 
@@ -98,12 +98,6 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
 
-def placed(args: tuple, arena: Arena) -> tuple:
-    """planes()'s (bits, N, K, q, d, m, rows, act_bits, paired) with q, d and m copied into the arena."""
-    bits, n, k, q, d, m, rows, act_bits, paired = args
-    return bits, n, k, arena.put(q), arena.put(d), arena.put(m), rows, act_bits, paired
-
-
 class Block:
     def __init__(self, cfg: ModelConfig, w: dict[str, torch.Tensor], i: int, precision: str, native: bool,
                  quantized: dict | None = None, kernels=None, arena: Arena | None = None):
@@ -118,10 +112,11 @@ class Block:
                     [mlp + "gate_proj.weight", mlp + "up_proj.weight"], [mlp + "down_proj.weight"]]
             integer = precision in ACT_BITS
             paired = pairs_layout(kernels)
-            qkv, o, gate_up, down = (kernels.QMatrix(*placed(planes([quantized[n] for n in names], integer,
-                                                                    ACT_BITS.get(precision, 8), paired), arena))
-                                     for names in mats)
+            qkv, o, gate_up, down = (qmatrix(kernels, [quantized[n] for n in names], integer,
+                                             ACT_BITS.get(precision, 8), paired, arena.put) for names in mats)
             self.native = (self.norm1, qkv, o, self.norm2, gate_up, down)
+            if cfg.attention_bias:  # Qwen2's, added to the [q; k; v] product (GgufStack's optional 7th entry)
+                self.native += (torch.cat([w[att + n + "_proj.bias"].float() for n in "qkv"]).contiguous(),)
             self.qmatrices = [qkv, o, gate_up, down]
             return
         qkv_w = torch.cat([w[att + "q_proj.weight"], w[att + "k_proj.weight"], w[att + "v_proj.weight"]])
@@ -176,7 +171,13 @@ class Transformer:
             self.precision = precision = "fp32"
         quantized = quantized if precision in GGUF_PRECISIONS else None
         self.act_bits = ACT_BITS.get(precision)  # the integer paths: activation bits
-        self.embed = weights["model.embed_tokens.weight"].float()  # [vocab, hidden]
+        if "model.embed_tokens.weight" in weights:
+            self.embed = weights["model.embed_tokens.weight"].float()  # [vocab, hidden]
+        elif quantized is not None and native:  # a lean folder: rows dequantized from the GGUF as looked up
+            self.embed = RowLookup(quantized["model.embed_tokens.weight"])
+        else:
+            raise SpecdecError("this model folder holds no matrices (a lean conversion for the gguf precisions); "
+                               "it runs on gguf-q16 or gguf-q8 with the native kernels")
         arena = Arena()  # the native kernels' weights, on huge pages where the OS grants them
         self.blocks = [Block(cfg, weights, i, precision, native, quantized, self.kernels, arena)
                        for i in range(cfg.num_layers)]
@@ -188,13 +189,15 @@ class Transformer:
             name = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
             head_q = quantized.get(name, quantized["model.embed_tokens.weight"])
             integer = self.act_bits is not None
-            self.lm_head_q = self.kernels.QMatrix(*placed(planes([head_q], integer, self.act_bits or 8,
-                                                                 integer and pairs_layout(self.kernels)), arena))
+            self.lm_head_q = qmatrix(self.kernels, [head_q], integer, self.act_bits or 8,
+                                     integer and pairs_layout(self.kernels), arena.put)
         else:
             self.lm_head = Linear(head, None, precision)
             self.lm_head_half = arena.put(head.half()) if native else None
         d = cfg.head_dim
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+        if cfg.rope_freq_factors is not None:  # Llama 3's scaling, as llama.cpp applies rope_freqs
+            inv_freq = inv_freq / torch.tensor(cfg.rope_freq_factors, dtype=torch.float32)
         angles = torch.arange(cfg.max_position_embeddings).float()[:, None] * inv_freq[None, :]
         angles = torch.cat([angles, angles], dim=-1).to(self.device)  # [positions, d]
         self.cos, self.sin = angles.cos(), angles.sin()
@@ -203,12 +206,13 @@ class Transformer:
     def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu",
                  gguf: Path | None = None) -> Transformer:
         """A model folder; `gguf`: the GGUF file it was converted from, whose blocks the gguf precisions run."""
+        from specdec.models.gguf_convert import is_lean
         from specdec.models.loader import check_weights, load_weights
 
         path = Path(path)
         cfg = ModelConfig.from_dir(path)
         weights = load_weights(path)
-        check_weights(weights, cfg, path)
+        check_weights(weights, cfg, path, matrices=not is_lean(path))
         quantized = read_matrices(gguf) if precision in GGUF_PRECISIONS and gguf is not None else None
         return cls(cfg, weights, precision, device, quantized)
 
@@ -281,7 +285,7 @@ class Transformer:
             logits, feats = out if taps else (out, None)
             logits = logits if last_only is not None else logits.view(b, n, -1)
             return (logits, feats.view(b, n, -1)) if taps else logits
-        x = self._layers(F.embedding(tokens, self.embed), pos, cache, None, prefill=True, taps=taps)
+        x = self._layers(self.embed[tokens], pos, cache, None, prefill=True, taps=taps)
         x, feats = x if taps else (x, None)  # [B, n, hidden], [B, n, taps * hidden]
         if last_only is not None:
             x = x[torch.arange(b, device=dev), last_only.to(dev)]  # [B, hidden]
@@ -306,7 +310,7 @@ class Transformer:
         cfg, dev = self.cfg, self.device
         tokens, slots, pos = tokens.to(dev), slots.to(dev), pos.to(dev)
         check_taps(taps, cfg.num_layers)
-        x = F.embedding(tokens, self.embed)  # [R, hidden]
+        x = self.embed[tokens]  # [R, hidden]
         feats = x.new_empty(x.shape[0], len(taps) * cfg.hidden_size) if taps else None  # [R, taps * hidden]
         if self.kernels is not None:
             block = self.kernels.decode_block if self.lm_head_q is None else self.kernels.decode_block_gguf
