@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "specdec.serve.cli",
     "specdec.heads.cli",
     "specdec.kernels.cli",
+    "specdec.models.cli",
 )
 
 

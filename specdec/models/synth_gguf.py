@@ -1,0 +1,317 @@
+"""Random-weight GGUF files with the shapes of real models and llama.cpp's per-tensor quantization mix, to measure
+speed on 1-8B models without their weights (`specdec synth-gguf`).
+
+A file holds what llama.cpp's converter and `llama-quantize` would write for that model: its metadata, tensor
+names and shapes, and each matrix in the type llama-quantize picks for it. The weights are random blocks
+(synth_blocks) scaled to a standard deviation of 1/sqrt(row length), so activations stay in a realistic range
+through the layers; norms are 1 and biases small. The tokenizer is the bundled SmolLM2's (byte-level BPE, 49,152
+tokens, with its merges and chat template), padded with unused filler tokens up to the shape's vocabulary, so that
+specdec and llama.cpp both load and tokenize the file. Rows are independent, so the Q/K row order llama.cpp's
+converter gives Llama files (pairs interleaved per head; Qwen2 keeps Hugging Face's) needs nothing done here.
+
+The Q4_K_M mix follows llama.cpp's src/llama-quant.cpp (llama_tensor_get_type and its helpers):
+  - most matrices Q4_K;
+  - attn_v and ffn_down Q6_K in the layers `use_more_bits` picks (the first and last eighth, and every third
+    layer between), else Q4_K;
+  - output.weight, or token_embd.weight when the embeddings are tied (no output.weight), Q6_K (Q8_0 when the row
+    length is not a multiple of 256); token_embd of an untied model stays Q4_K;
+  - vectors (norms, biases, rope_freqs) F32, never quantized;
+  - a row length the type's block does not divide falls back: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16.
+Not modelled (no shape here has them): the 70B rule (attn_v Q5_K), experts, fused QKV and Falcon's rules.
+The other quants are uniform, as `llama-quantize --pure` writes them: every matrix in that type (the same fallback
+when the row length does not allow it). Without --pure llama.cpp would also make output.weight Q6_K for them.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
+from gguf.gguf_writer import WriterState
+
+from specdec.atomic import atomic_file, check_writable
+from specdec.errors import SpecdecError
+from specdec.models.synth_blocks import random_matrix, row_bytes
+
+T = GGMLQuantizationType
+BUNDLED_VOCAB = 49152  # tokens in the bundled SmolLM2 tokenizer: the tiny shapes' vocabulary
+BIAS_STD = 0.02
+
+
+@dataclass(frozen=True)
+class Llama3Rope:
+    """Llama 3.1 / 3.2 rope scaling (`rope_scaling.rope_type == "llama3"` in config.json)."""
+    factor: float  # how much the longest wavelengths are stretched
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context: int = 8192  # original_max_position_embeddings
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A model's architecture, as its config.json gives it."""
+    arch: str  # general.architecture: "llama" or "qwen2"
+    hidden: int  # hidden_size (embedding_length)
+    layers: int  # num_hidden_layers (block_count)
+    heads: int  # num_attention_heads
+    kv_heads: int  # num_key_value_heads
+    head_dim: int
+    ffn: int  # intermediate_size (feed_forward_length)
+    vocab: int  # vocab_size: rows of token_embd and output
+    context: int  # max_position_embeddings (context_length)
+    rope_theta: float
+    rms_eps: float
+    tied: bool  # tie_word_embeddings: no output.weight, the output layer reads token_embd
+    qkv_bias: bool = False  # Qwen2: biases on q, k and v
+    llama3_rope: Llama3Rope | None = None  # written as the rope_freqs.weight tensor, as llama.cpp's converter does
+
+
+_LLAMA_3 = dict(arch="llama", vocab=128256, context=131072, rope_theta=500000.0, rms_eps=1e-5)
+SHAPES: dict[str, Shape] = {  # the published config.json of each model
+    "llama-3.2-1b": Shape(**_LLAMA_3, hidden=2048, layers=16, heads=32, kv_heads=8, head_dim=64, ffn=8192,
+                          tied=True, llama3_rope=Llama3Rope(factor=32.0)),
+    "llama-3.2-3b": Shape(**_LLAMA_3, hidden=3072, layers=28, heads=24, kv_heads=8, head_dim=128, ffn=8192,
+                          tied=True, llama3_rope=Llama3Rope(factor=32.0)),
+    "llama-3.1-8b": Shape(**_LLAMA_3, hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336,
+                          tied=False, llama3_rope=Llama3Rope(factor=8.0)),
+    "qwen2.5-1.5b": Shape(arch="qwen2", hidden=1536, layers=28, heads=12, kv_heads=2, head_dim=128, ffn=8960,
+                          vocab=151936, context=32768, rope_theta=1e6, rms_eps=1e-6, tied=True, qkv_bias=True),
+    # for tests: seconds to write, and specdec's own kernels run tiny-llama in Q4_0, Q4_1 and Q8_0
+    "tiny-llama": Shape(arch="llama", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512,
+                        vocab=BUNDLED_VOCAB, context=8192, rope_theta=100000.0, rms_eps=1e-5, tied=True),
+    "tiny-qwen2": Shape(arch="qwen2", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512,
+                        vocab=BUNDLED_VOCAB, context=8192, rope_theta=1e6, rms_eps=1e-6, tied=True, qkv_bias=True),
+}
+
+FILE_TYPES = {  # general.file_type; a uniform K-quant is what `--pure` makes of its "S" file type
+    "Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M, "Q4_0": LlamaFileType.MOSTLY_Q4_0, "Q4_1": LlamaFileType.MOSTLY_Q4_1,
+    "Q5_0": LlamaFileType.MOSTLY_Q5_0, "Q5_1": LlamaFileType.MOSTLY_Q5_1, "Q8_0": LlamaFileType.MOSTLY_Q8_0,
+    "Q4_K": LlamaFileType.MOSTLY_Q4_K_S, "Q5_K": LlamaFileType.MOSTLY_Q5_K_S, "Q6_K": LlamaFileType.MOSTLY_Q6_K,
+    "F16": LlamaFileType.MOSTLY_F16,
+}
+QUANTS = tuple(FILE_TYPES)
+_FALLBACK = {T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q6_K: T.Q8_0}  # for a row length 256 does not divide
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]  # numpy order: [rows, row length] for a matrix
+    layer: int  # -1 outside the blocks
+
+
+def tensor_specs(s: Shape) -> list[TensorSpec]:
+    """Every tensor of the model, in the order llama-quantize writes them (by layer, then by name)."""
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    top = {"token_embd.weight": (s.vocab, s.hidden), "output_norm.weight": (s.hidden,)}
+    if not s.tied:
+        top["output.weight"] = (s.vocab, s.hidden)
+    if s.llama3_rope:
+        top["rope_freqs.weight"] = (s.head_dim // 2,)
+    block = {"attn_norm.weight": (s.hidden,), "attn_q.weight": (q, s.hidden), "attn_k.weight": (kv, s.hidden),
+             "attn_v.weight": (kv, s.hidden), "attn_output.weight": (s.hidden, q), "ffn_norm.weight": (s.hidden,),
+             "ffn_gate.weight": (s.ffn, s.hidden), "ffn_up.weight": (s.ffn, s.hidden),
+             "ffn_down.weight": (s.hidden, s.ffn)}
+    if s.qkv_bias:
+        block |= {"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)}
+    specs = [TensorSpec(n, top[n], -1) for n in sorted(top)]
+    for i in range(s.layers):
+        specs += [TensorSpec(f"blk.{i}.{n}", block[n], i) for n in sorted(block)]
+    return specs
+
+
+def use_more_bits(layer: int, n_layers: int) -> bool:
+    """llama.cpp's choice of layers that get more bits: the first and last eighth, and every third between."""
+    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
+
+
+def _q4_k_m(t: TensorSpec, s: Shape) -> GGMLQuantizationType:
+    if t.name == "output.weight" or (s.tied and t.name == "token_embd.weight"):
+        return T.Q6_K if t.shape[1] % 256 == 0 else T.Q8_0
+    role = t.name.split(".")[-2]
+    if role in ("attn_v", "ffn_down") and use_more_bits(t.layer, s.layers):
+        return T.Q6_K
+    return T.Q4_K
+
+
+def _fits(qtype: GGMLQuantizationType, cols: int) -> bool:
+    return cols % GGML_QUANT_SIZES[qtype][0] == 0
+
+
+def _fallback(qtype: GGMLQuantizationType, cols: int, name: str) -> GGMLQuantizationType:
+    if _fits(qtype, cols):
+        return qtype
+    if qtype not in _FALLBACK:  # llama.cpp refuses these too
+        raise SpecdecError(f"{name}: rows of {cols} do not fit {qtype.name} blocks and {qtype.name} has no fallback")
+    alt = _FALLBACK[qtype]
+    return alt if _fits(alt, cols) else T.F16
+
+
+def type_mix(shape: str | Shape, quant: str) -> dict[str, GGMLQuantizationType]:
+    """The type of every tensor (name -> type) for this shape and quant, as llama-quantize chooses it."""
+    s, quant = _shape(shape), _quant(quant)
+    out = {}
+    for t in tensor_specs(s):
+        if len(t.shape) == 1:
+            out[t.name] = T.F32
+        else:
+            out[t.name] = _fallback(_q4_k_m(t, s) if quant == "Q4_K_M" else T[quant], t.shape[1], t.name)
+    return out
+
+
+def _nbytes(t: TensorSpec, qtype: GGMLQuantizationType) -> int:
+    return 4 * t.shape[0] if len(t.shape) == 1 else t.shape[0] * row_bytes(qtype, t.shape[1])
+
+
+def mix_bytes(shape: str | Shape, quant: str) -> dict[str, tuple[int, int]]:
+    """type name -> (tensors, bytes of data) for this shape and quant, largest first; no file is written."""
+    s, types = _shape(shape), type_mix(shape, quant)
+    count, size = Counter(), Counter()
+    for t in tensor_specs(s):
+        count[types[t.name].name] += 1
+        size[types[t.name].name] += _nbytes(t, types[t.name])
+    return {k: (count[k], size[k]) for k, _ in size.most_common()}
+
+
+def _shape(shape: str | Shape) -> Shape:
+    if isinstance(shape, Shape):
+        return shape
+    if shape not in SHAPES:
+        raise SpecdecError(f"unknown shape {shape!r}; supported: {', '.join(SHAPES)}")
+    return SHAPES[shape]
+
+
+def _quant(quant: str) -> str:
+    if quant.upper() not in FILE_TYPES:
+        raise SpecdecError(f"unknown quant {quant!r}; supported: {', '.join(QUANTS)}")
+    return quant.upper()
+
+
+def llama3_rope_factors(s: Shape) -> np.ndarray:
+    """float32 [head_dim / 2]: how much each rotary frequency's wavelength is stretched (llama.cpp divides the
+    frequency by it). Short wavelengths keep theirs, long ones are stretched by `factor`, and those between blend
+    the two smoothly."""
+    r = s.llama3_rope
+    freqs = 1.0 / s.rope_theta ** (np.arange(0, s.head_dim, 2, dtype=np.float32) / s.head_dim)
+    wavelen = 2 * np.pi / freqs
+    smooth = (r.original_context / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor)
+    blended = 1 / ((1 - smooth) / r.factor + smooth)
+    factors = np.where(wavelen > r.original_context / r.low_freq_factor, r.factor, blended)
+    return np.where(wavelen < r.original_context / r.high_freq_factor, 1.0, factors).astype(np.float32)
+
+
+def _data(t: TensorSpec, qtype: GGMLQuantizationType, s: Shape, rng: np.random.Generator) -> np.ndarray:
+    """The tensor's bytes (uint8): random blocks with std 1/sqrt(row length), norms of ones, small random biases,
+    the real rope factors."""
+    if len(t.shape) == 2:
+        return random_matrix(qtype, *t.shape, 1 / np.sqrt(t.shape[1]), rng)
+    if t.name.endswith("_norm.weight"):
+        v = np.ones(t.shape, np.float32)
+    elif t.name == "rope_freqs.weight":
+        v = llama3_rope_factors(s)
+    else:
+        v = rng.standard_normal(t.shape, dtype=np.float32) * np.float32(BIAS_STD)
+    return v.view(np.uint8)
+
+
+@dataclass
+class Written:
+    path: Path
+    size: int  # bytes of the file
+    mix: dict[str, tuple[int, int]]  # type -> (tensors, bytes of data)
+    seconds: float
+
+
+def write(path: str | os.PathLike, shape: str | Shape, quant: str, seed: int = 0, progress: bool = False) -> Written:
+    """Write a random-weight GGUF of this shape and quant to `path` (under a temporary name, renamed into place
+    when complete). One tensor is in memory at a time; the same seed writes the same bytes."""
+    from tqdm import tqdm
+
+    started = time.perf_counter()
+    s, quant = _shape(shape), _quant(quant)
+    check_writable(path)
+    types = type_mix(s, quant)
+    specs = tensor_specs(s)
+    w = GGUFWriter(None, s.arch)
+    _metadata(w, s, shape if isinstance(shape, str) else s.arch, quant, seed)
+    for t in specs:
+        n = _nbytes(t, types[t.name])
+        w.add_tensor_info(t.name, (n,) if len(t.shape) == 1 else (t.shape[0], n // t.shape[0]), np.dtype(np.uint8),
+                          n, raw_dtype=types[t.name])
+    with atomic_file(path) as f:
+        # GGUFWriter opens files by path; handing it ours (the state it is in once it has opened one) lets
+        # atomic_file keep the rename-into-place. It is never closed here: atomic_file flushes and closes it.
+        w.fout, w.state = [f], WriterState.EMPTY
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for i, t in enumerate(tqdm(specs, desc=f"writing {Path(path).name}", unit="tensor", disable=not progress,
+                                   leave=False)):
+            rng = np.random.default_rng([seed, i])  # per tensor: its bytes do not depend on the others
+            w.write_tensor_data(_data(t, types[t.name], s, rng))
+        w.fout = None
+    return Written(Path(path), Path(path).stat().st_size, mix_bytes(s, quant), time.perf_counter() - started)
+
+
+def _metadata(w: GGUFWriter, s: Shape, name: str, quant: str, seed: int) -> None:
+    """The keys llama.cpp's converter writes for this architecture, and the bundled tokenizer padded to s.vocab."""
+    w.add_type("model")
+    w.add_name(f"synthetic {name} {quant}")
+    w.add_description(f"random weights (specdec synth-gguf, seed {seed}): for speed measurements only")
+    w.add_context_length(s.context)
+    w.add_embedding_length(s.hidden)
+    w.add_block_count(s.layers)
+    w.add_feed_forward_length(s.ffn)
+    w.add_head_count(s.heads)
+    w.add_head_count_kv(s.kv_heads)
+    w.add_rope_freq_base(s.rope_theta)
+    w.add_layer_norm_rms_eps(s.rms_eps)
+    if s.head_dim != s.hidden // s.heads:
+        w.add_key_length(s.head_dim)
+        w.add_value_length(s.head_dim)
+    w.add_file_type(FILE_TYPES[quant])
+    if s.arch == "llama":  # LlamaModel adds these; Qwen2 takes the defaults (head_dim, the token count)
+        w.add_vocab_size(s.vocab)
+        w.add_rope_dimension_count(s.head_dim)
+    _tokenizer(w, s.vocab)
+    w.add_quantization_version(GGML_QUANT_VERSION)
+
+
+def _tokenizer(w: GGUFWriter, vocab: int) -> None:
+    """Every tokenizer.* key of the bundled GGUF, with filler tokens [PADn] (type UNUSED, as llama.cpp's converter
+    pads a vocabulary larger than its tokenizer) from its last token up to `vocab`."""
+    import gguf
+
+    fields = _bundled_tokenizer()
+    tokens = fields["tokenizer.ggml.tokens"][0]
+    if len(tokens) > vocab:
+        raise SpecdecError(f"the bundled tokenizer has {len(tokens)} tokens, more than this shape's {vocab}")
+    fillers = [f"[PAD{i}]" for i in range(len(tokens), vocab)]
+    if set(fillers) & set(tokens):
+        raise SpecdecError("a filler token name is already in the bundled tokenizer")
+    for key, (value, vtype, sub) in fields.items():
+        if key == "tokenizer.ggml.tokens":
+            value = tokens + fillers
+        elif key == "tokenizer.ggml.token_type":
+            value = value + [int(gguf.TokenType.UNUSED)] * len(fillers)
+        w.add_key_value(key, value, vtype, sub_type=sub)
+
+
+@functools.cache
+def _bundled_tokenizer() -> dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]]:
+    """key -> (value, type, element type of an array) of the bundled GGUF's tokenizer.* keys, read once a process
+    (parsing the file's metadata takes seconds)."""
+    import gguf
+
+    from specdec.models.gguf_convert import bundled_gguf_path
+
+    fields = gguf.GGUFReader(bundled_gguf_path()).fields
+    return {k: (f.contents(), f.types[0], f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None)
+            for k, f in fields.items() if k.startswith("tokenizer.")}
