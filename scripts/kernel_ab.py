@@ -52,7 +52,7 @@ def build_at(rev: str):
 
 def load_on(module, precision: str):
     """The bundled model on `module`'s kernels; 8-bit matrices unpaired if that build refuses them in pairs."""
-    planes = transformer.planes
+    qmatrix = transformer.qmatrix
     kernels_pkg.decode_kernels = lambda: module
     try:
         try:
@@ -60,11 +60,11 @@ def load_on(module, precision: str):
         except SpecdecError as e:  # the loader's wrapping of the kernel's refusal
             if "stored in pairs" not in str(e):
                 raise
-            transformer.planes = lambda parts, inter, act=8, paired=False: planes(
-                parts, inter, act, paired and parts[0].kind != "Q8_0")
+            transformer.qmatrix = lambda kernels, parts, inter, act=8, paired=False, put=(lambda t: t): qmatrix(
+                kernels, parts, inter, act, paired and parts[0].kind != "Q8_0", put)
             return load_model("default", precision).model
     finally:
-        transformer.planes = planes
+        transformer.qmatrix = qmatrix
 
 
 def main() -> int:
