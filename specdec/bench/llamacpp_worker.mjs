@@ -1,5 +1,6 @@
 // llamacpp_worker.mjs: llama.cpp (through node-llama-cpp) as a long-lived worker for `specdec bench --compare
-// llama.cpp`. Loads one GGUF once, then answers one JSON line on stdout for each JSON line on stdin.
+// llama.cpp`, and as the reference that specdec's logits and tokenizer are checked against (llamacpp_oracle.py).
+// Loads one GGUF once, then answers one JSON line on stdout for each JSON line on stdin.
 //
 //   node llamacpp_worker.mjs --model PATH.gguf [--threads 2] [--flash-attn]
 //
@@ -32,7 +33,18 @@
 // Every request starts from an empty KV cache (no prefix reuse). Lookup drafts up to k tokens, copied from the
 // request's own prompt tokens after the longest match (ngram_min..ngram_max tokens; 0 = no limit) of the
 // generated tail.
-import { readFileSync } from "node:fs";
+//
+// Two more requests, with an "op" (a request without one generates, as above):
+//   request  {"id": 2, "op": "logits", "tokens": [ids], "out": "/path/file"}
+//            the tokens as one sequence from an empty KV cache (positions 0..n-1), fed in chunks of CHUNK; every
+//            position's full logits vector (row i: the raw scores for the token after tokens[i], before any
+//            sampling) written to `out` as float32 in native byte order (little-endian here), row-major [n, vocab]
+//   reply    {"id": 2, "ok": true, "n": n, "vocab": v, "out": "/path/file"}
+//   request  {"id": 3, "op": "tokenize", "texts": ["...", ...], "special": true}
+//            llama.cpp's own tokenizer (common_tokenize) on each text, no BOS or EOS added; special: control
+//            tokens written in the text (<|im_start|>) become one token each, else they are spelled as text
+//   reply    {"id": 3, "ok": true, "tokens": [[ids], ...]}
+import { readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
@@ -201,6 +213,50 @@ async function generate(req) {
     };
 }
 
+// Chunks bound the memory of the logits maps (a position's map holds the whole vocabulary); llama.cpp gives the
+// same logits fed token by token as in one batch (measured on the bundled GGUF: identical to the bit).
+const CHUNK = 32;
+
+async function logits(req) {
+    const tokens = promptTokens({ tokens: req.tokens });
+    if (tokens.length === 0) throw new Error("the sequence has no tokens");
+    if (typeof req.out !== "string" || !req.out) throw new Error("out: expected a file path");
+    await ensureContext(tokens.length + 8);
+    await ensureSequence(false, 0, 0, 0);
+    await sequence.clearHistory();
+    let rows = null, vocab = 0;
+    for (let start = 0; start < tokens.length; start += CHUNK) {
+        const chunk = tokens.slice(start, start + CHUNK).map((t) => [t, { generateNext: { logits: true } }]);
+        const results = await sequence.controlledEvaluate(chunk);
+        for (let i = 0; i < chunk.length; i++) {
+            const map = results[i]?.next?.logits;
+            if (!map) throw new Error(`llama.cpp returned no logits at position ${start + i}`);
+            if (rows === null) {
+                vocab = map.size;
+                rows = new Float32Array(tokens.length * vocab).fill(NaN);
+            }
+            if (map.size !== vocab) throw new Error(`position ${start + i}: ${map.size} logits, not ${vocab}`);
+            const row = rows.subarray((start + i) * vocab, (start + i + 1) * vocab);
+            for (const [token, value] of map) {
+                if (!(token >= 0 && token < vocab)) throw new Error(`token id ${token} is outside the vocabulary`);
+                row[token] = value;
+            }
+        }
+    }
+    await sequence.clearHistory();
+    writeFileSync(req.out, Buffer.from(rows.buffer, rows.byteOffset, rows.byteLength));
+    return { n: tokens.length, vocab, out: req.out };
+}
+
+function tokenize(req) {
+    if (!Array.isArray(req.texts) || !req.texts.every((t) => typeof t === "string"))
+        throw new Error("texts: expected a list of strings");
+    // model.tokenize: common_tokenize(vocab, text, add_special = false, parse_special = special)
+    return { tokens: req.texts.map((t) => Array.from(model.tokenize(t, !!req.special))) };
+}
+
+const OPS = { logits, tokenize };
+
 async function shutdown(code) {
     try {
         await sequence?.dispose();
@@ -225,7 +281,8 @@ for await (const line of lines) {
     }
     if (req.op === "quit") break;
     try {
-        send({ id: req.id ?? null, ok: true, ...(await generate(req)) });
+        if (req.op !== undefined && !Object.hasOwn(OPS, req.op)) throw new Error(`unknown op: ${req.op}`);
+        send({ id: req.id ?? null, ok: true, ...(await (OPS[req.op] ?? generate)(req)) });
     } catch (e) {
         send({ id: req.id ?? null, ok: false, error: String(e?.message ?? e) });
     }
