@@ -203,3 +203,20 @@ def test_llama3_rope_scaling_is_transformers(tmp_path):
     ours = base / torch.tensor(llama3_factors(500000.0, 64, rope), dtype=torch.float32)
     assert torch.allclose(ours, inv.float(), rtol=1e-5, atol=0)
     assert not torch.allclose(base, inv.float(), rtol=1e-3)
+
+
+@pytest.mark.parametrize("paired", [False, True], ids=["groups", "pairs"])
+@pytest.mark.parametrize("kind", KQ)
+def test_the_native_packer_writes_the_numpy_definitions_planes(kernels, kind, paired):  # noqa: F811
+    """kernels.kq_pack (one pass over the file's bytes, for loading) writes exactly kq_planes' numpy planes, with
+    rows that fill no whole group or pair (21: 3 groups)."""
+    from specdec.models.gguf_weights import kq_planes
+
+    parts = [random_blocks(kind, 13, 512, seed=40), random_blocks(kind, 8, 512, seed=41)]
+    want = kq_planes(parts, 16, paired)
+    got = kq_planes(parts, 16, paired, kernels)
+    assert want[:3] == got[:3] and want[6:9] == got[6:9] and want[11] == got[11]
+    for i in (3, 4, 5, 9, 10):
+        assert (want[i] is None) == (got[i] is None), i
+        if want[i] is not None:
+            assert torch.equal(want[i].reshape(-1).view(torch.uint8), got[i].reshape(-1).view(torch.uint8)), i

@@ -23,7 +23,8 @@ import sys
 from pathlib import Path
 
 SOURCES = [Path(__file__).with_name(n) for n in ("decode_f16.cpp", "attention.cpp", "gguf.cpp")]
-HEADERS = [Path(__file__).with_name(n) for n in ("common.h", "gguf_q8.inc", "gguf_kq.inc", "gguf_amx.inc")]
+HEADERS = [Path(__file__).with_name(n)
+           for n in ("common.h", "gguf_q8.inc", "gguf_kq.inc", "gguf_pack.inc", "gguf_amx.inc")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 
 

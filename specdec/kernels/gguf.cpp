@@ -160,6 +160,8 @@ struct QMatrix {
   const at::Half* mblock(int64_t g, int64_t b) const { return mp_ + scale_at<PAIRED>(g, b); }
 };
 
+#include "gguf_pack.inc"
+
 inline __m256 load8h(const at::Half* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
@@ -619,6 +621,8 @@ void specdec::register_gguf(pybind11::module& m) {
       .def_readonly("scales", &QMatrix::scales)
       .def_property_readonly("stacked", [](const QMatrix& w) { return int64_t(w.parts.size()); })
       .def_property_readonly("nbytes", &QMatrix::nbytes);
+  m.def("kq_pack", &kq_pack, "kq_pack(kind, blocks, N, K, paired) -> [q, d, m, hb, sc]: gguf_kq.inc's planes "
+        "of a matrix's blocks as stored (see gguf_pack.inc)");
   m.def("gemm_gguf", &gemm_gguf, "y [M, N] = x [M, K] . W^T on GGUF blocks (row layout: exact; interleaved: q8)");
   m.def("decode_block_gguf", &decode_block_gguf, "one decoder block on GGUF blocks, in place",
         pybind11::arg("x"), pybind11::arg("slot"), pybind11::arg("pos"), pybind11::arg("norm1"), pybind11::arg("qkv"),

@@ -232,7 +232,25 @@ def _move_into_place(tmp: Path, out_dir: Path) -> None:
 
 
 def _open(src: Path):
-    """A GGUFReader for `src`, with unreadable or malformed files reported as SpecdecError."""
+    """A GGUFReader for `src`, with unreadable or malformed files reported as SpecdecError. The last file opened is
+    kept: gguf-py takes seconds to parse a large vocabulary (about 10 s for Llama 3's 128k tokens), and loading a
+    model reads the same file several times (architecture, types, conversion, matrices)."""
+    try:
+        st = src.stat()
+        key = (str(src.resolve()), st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = None
+    if key is not None and _last_reader[0] == key:
+        return _last_reader[1]
+    reader = _read(src)
+    _last_reader[:] = [key, reader]
+    return reader
+
+
+_last_reader: list = [None, None]  # (path, size, mtime), reader
+
+
+def _read(src: Path):
     import gguf
 
     if not src.exists():

@@ -16,6 +16,7 @@ folder has them, so one model can mix the paths: norms and the token embedding c
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +77,23 @@ def runnable(path: Path, integer: bool = True) -> bool:
         return False
 
 
+def fallback_note(path: Path) -> str | None:
+    """The line a GGUF gets when its matrices cannot run on the kernels and it falls back to fp16: which types, what
+    the kernels read, and what the fallback costs in bytes a token (None when every matrix is readable)."""
+    from specdec.models.gguf_convert import _open
+
+    reader = _open(Path(path))
+    mats = [t for t in reader.tensors if len(t.shape) == 2]
+    odd = sorted({t.tensor_type.name for t in mats} - set(KINDS))
+    if not odd:
+        return None
+    stored = sum(int(t.n_bytes) for t in mats) / 1e9
+    fp16 = sum(2 * int(t.n_elements) for t in mats) / 1e9
+    return (f"specdec: {Path(path).name} holds {', '.join(odd)} matrices, which the native kernels do not read (they "
+            f"read {', '.join(KINDS)}); running it dequantized in fp16: {fp16:.2f} GB of weights a token against "
+            f"{stored:.2f} GB as stored")
+
+
 def read_matrices(path: Path) -> dict[str, QTensor]:
     """Every quantized matrix of a llama GGUF under its Hugging Face name. A matrix in another format (F16, Q2_K,
     ...) is refused with the formats these paths read."""
@@ -103,6 +121,26 @@ def read_matrices(path: Path) -> dict[str, QTensor]:
             blocks = _unpermute_rows(blocks, n_kv)
         out[name] = QTensor(kind, blocks, rows, cols)
     return out
+
+
+def release_pages(tensors) -> None:
+    """Let the OS take back the file pages the QTensors' blocks were read from (MADV_DONTNEED on their mappings): once
+    the kernels hold their planes, keeping them would count the model twice in this process's memory. A later read
+    (an embedding row) faults its pages back in from the file."""
+    import mmap
+
+    seen = set()
+    for t in tensors:
+        base = t.blocks
+        while base is not None and not isinstance(base, np.memmap):
+            base = base.base
+        m = getattr(base, "_mmap", None)
+        if m is not None and id(m) not in seen and hasattr(m, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+            seen.add(id(m))
+            try:
+                m.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError):  # a closed map, or a platform without it: only memory is at stake
+                pass
 
 
 class RowLookup:
@@ -197,14 +235,25 @@ def qmatrix(kernels, parts: list[QTensor], interleave: bool, act_bits: int = 8, 
                 runs.append([p])
         return kernels.QMatrix([qmatrix(kernels, run, interleave, act_bits, paired, put) for run in runs])
     legacy = kinds <= set(BLOCK_BYTES)
-    args = planes(parts, interleave, act_bits, paired) if legacy else kq_planes(parts, act_bits, paired)
+    args = planes(parts, interleave, act_bits, paired) if legacy else kq_planes(parts, act_bits, paired, kernels)
     return kernels.QMatrix(*(put(a) if isinstance(a, torch.Tensor) else a for a in args))
 
 
-def kq_planes(parts: list[QTensor], act_bits: int, paired: bool = False) -> tuple:
+def kq_planes(parts: list[QTensor], act_bits: int, paired: bool = False, kernels=None) -> tuple:
     """gguf_kq.inc's planes of same-kind matrices stacked by rows: (bits, N, K, q, d, m, rows, act_bits, paired, hb,
     sc, scales), rows in groups of 8 (zero rows pad the last); `paired`: groups in pairs, as the VNNI build reads them
-    fastest. See gguf_kq.inc for each plane's layout."""
+    fastest. See gguf_kq.inc for each plane's layout. This numpy version is the definition; with `kernels` the same
+    planes come from kernels.kq_pack in one pass over the file's bytes (the tests check they are equal)."""
+    kind = parts[0].kind
+    if kernels is not None and hasattr(kernels, "kq_pack"):
+        blocks = np.concatenate([p.blocks for p in parts]) if len(parts) > 1 else parts[0].blocks
+        n, k = blocks.shape[0], parts[0].cols
+        with warnings.catch_warnings():  # the file's pages are read-only; kq_pack only reads them
+            warnings.simplefilter("ignore", UserWarning)
+            raw = torch.from_numpy(np.ascontiguousarray(blocks))
+        q, d, m, hb, sc = kernels.kq_pack(kind, raw, n, k, paired)
+        bits, scales = gguf_blocks.BITS[kind], {"Q4_K": 1, "Q5_K": 1, "Q6_K": 2}.get(kind, 0)
+        return bits, n, k, q, d, m, False, act_bits, paired, hb, sc, scales
     x = [gguf_blocks.decode(p.kind, p.blocks, p.rows, p.cols) for p in parts]
     first = x[0]
     cat = (lambda f: None if getattr(first, f) is None else np.concatenate([getattr(e, f) for e in x]))

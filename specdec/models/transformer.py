@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from specdec.errors import SpecdecError
 from specdec.kernels import pairs_layout
 from specdec.models.config import ACT_BITS, GGUF_PRECISIONS, ModelConfig
-from specdec.models.gguf_weights import QTensor, RowLookup, qmatrix, read_matrices
+from specdec.models.gguf_weights import QTensor, RowLookup, qmatrix, read_matrices, release_pages
 from specdec.models.hugepages import Arena
 from specdec.models.linear import Linear
 
@@ -194,6 +194,8 @@ class Transformer:
         else:
             self.lm_head = Linear(head, None, precision)
             self.lm_head_half = arena.put(head.half()) if native else None
+        if quantized is not None and native:
+            release_pages(quantized.values())  # the kernels hold their own planes now
         d = cfg.head_dim
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
         if cfg.rope_freq_factors is not None:  # Llama 3's scaling, as llama.cpp applies rope_freqs
