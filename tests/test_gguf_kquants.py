@@ -220,3 +220,17 @@ def test_the_native_packer_writes_the_numpy_definitions_planes(kernels, kind, pa
         assert (want[i] is None) == (got[i] is None), i
         if want[i] is not None:
             assert torch.equal(want[i].reshape(-1).view(torch.uint8), got[i].reshape(-1).view(torch.uint8)), i
+
+
+def test_a_file_the_kernels_cannot_read_says_what_its_fallback_costs(kernels, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """Never a silent fp16 fallback: an F16 GGUF runs dequantized, and says which types, what the kernels read and
+    the bytes a token it costs."""
+    from specdec.models.loader import load_model
+    from specdec.models.synth_gguf import write
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "tiny-f16.gguf"
+    write(path, "tiny-llama", "F16", seed=1)
+    assert load_model(str(path)).model.precision == "fp16"
+    err = capsys.readouterr().err
+    assert "holds F16 matrices" in err and "Q4_K" in err and "GB of weights a token" in err

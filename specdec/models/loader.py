@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +107,12 @@ def default_precision(path: Path, spec: str | None, device: str, model_type: str
         source = gguf_source(path, spec)
         if source is not None and runnable(source) and decode_kernels() is not None:
             return "gguf-q16"
+        if source is not None and model_type != "gemma3_text":  # say what the fp16 fallback costs, never silently
+            from specdec.models.gguf_weights import fallback_note
+
+            note = fallback_note(source)
+            if note:
+                print(note, file=sys.stderr)
     return "fp16"
 
 
