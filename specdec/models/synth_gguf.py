@@ -88,6 +88,18 @@ SHAPES: dict[str, Shape] = {  # the published config.json of each model
                         vocab=BUNDLED_VOCAB, context=8192, rope_theta=100000.0, rms_eps=1e-5, tied=True),
     "tiny-qwen2": Shape(arch="qwen2", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512,
                         vocab=BUNDLED_VOCAB, context=8192, rope_theta=1e6, rms_eps=1e-6, tied=True, qkv_bias=True),
+    # for the llama.cpp matrix (tests/test_llamacpp_matrix.py): the features of the other llama-family files.
+    # Llama 3 rope scaling with an original context of 128, so that at a tiny head_dim and a hundred positions the
+    # scaled frequencies turn by whole radians: of the 32 factors, 4 are 1, 4 blended and 24 are 8.
+    "tiny-llama3": Shape(arch="llama", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512,
+                         vocab=BUNDLED_VOCAB, context=2048, rope_theta=500000.0, rms_eps=1e-5, tied=True,
+                         llama3_rope=Llama3Rope(factor=8.0, original_context=128)),
+    "tiny-llama-untied": Shape(arch="llama", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512,
+                               vocab=BUNDLED_VOCAB, context=8192, rope_theta=100000.0, rms_eps=1e-5, tied=False),
+    # Mistral: llama.cpp's converter registers MistralForCausalLM under LlamaModel (arch "llama", no key for its
+    # sliding window), so a Mistral GGUF is a llama file: untied, 4 query heads a KV head, rope_theta 1e6 (v0.2).
+    "tiny-mistral": Shape(arch="llama", hidden=256, layers=2, heads=4, kv_heads=1, head_dim=64, ffn=768,
+                          vocab=BUNDLED_VOCAB, context=8192, rope_theta=1e6, rms_eps=1e-5, tied=False),
 }
 
 FILE_TYPES = {  # general.file_type; a uniform K-quant is what `--pure` makes of its "S" file type
