@@ -1,11 +1,12 @@
-"""How much each precision path changes the bundled model, against fp32: top-1 agreement of next-token
-predictions and perplexity, teacher-forced over Spec-Bench prompts.
+"""How much each precision path changes a model (the bundled one unless --model), against fp32: top-1 agreement
+of next-token predictions and perplexity, teacher-forced over Spec-Bench prompts.
 
-    .venv/bin/python scripts/quality.py [--prompts ../shared/data/spec_bench/question.jsonl] [--n 24]
+    .venv/bin/python scripts/quality.py [--prompts ../shared/data/spec_bench/question.jsonl] [--n 24] [--model M]
 
 Each path runs as decoding runs it: the native kernels fed 8 tokens a pass (as verification feeds them), the
-torch path (int8) in one pass. fp32 is the GGUF's weights dequantized exactly, so `gguf` (the same weights, in
-fp32 arithmetic on the file's blocks) differs from it only in the order of its sums.
+torch path (int8; every Gemma 3 path, gguf-q16 included) in one pass. fp32 is the GGUF's weights dequantized
+exactly, so `gguf` (the same weights, in fp32 arithmetic on the file's blocks) differs from it only in the order of
+its sums.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 from specdec.models.loader import load_model
+from specdec.runtime import encode_prompt
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 
@@ -55,14 +57,15 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--paths", default="fp16,int8,gguf,gguf-q16,gguf-q8", help="precisions to compare with fp32")
+    ap.add_argument("--model", default="default", help="'default' (bundled SmolLM2), a folder or a .gguf")
     args = ap.parse_args()
-    ref = load_model("default", "fp32")
+    ref = load_model(args.model, "fp32")
     tok = ref.tokenizer
     texts = prompts(args.prompts, args.n)
-    seqs = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}]))[: args.max_tokens] for t in texts]
+    seqs = [encode_prompt(tok, t, chat=True)[: args.max_tokens] for t in texts]  # raw text (+ <bos>) without a template
     paths = {"fp32": (ref.model, None)}
     for prec in args.paths.split(","):
-        m = load_model("default", prec).model
+        m = load_model(args.model, prec).model
         if m.kernels is None:
             paths[f"{prec} (torch path)"] = (m, None)
             continue

@@ -191,8 +191,10 @@ def test_load_model_dispatches_to_gemma3(gemma_dir, tmp_path):
     (folder / "config.json").write_text(json.dumps({**config, "final_logit_softcapping": 30.0}))
     with pytest.raises(SpecdecError, match="final_logit_softcapping"):
         load_model(str(folder), "fp16")
-    with pytest.raises(SpecdecError, match="Gemma 3 runs on the torch path: precision 'gguf'"):
-        Gemma3.from_dir(gemma_dir, "gguf")  # the GGUF-block precisions need the native (Llama) kernels
+    with pytest.raises(SpecdecError, match="Gemma 3 does not run precision 'gguf'"):
+        Gemma3.from_dir(gemma_dir, "gguf")  # the exact path reads no K-quant (gguf-q16 does: test_gemma3_gguf.py)
+    with pytest.raises(SpecdecError, match="this model is not from a GGUF file"):
+        Gemma3.from_dir(gemma_dir, "gguf-q16")
 
 
 # ---- a tiny Gemma 3 GGUF -----------------------------------------------------------------------------------------
@@ -230,10 +232,12 @@ def random_blocks(qtype, rows: int, cols: int, rng, d: float) -> np.ndarray:
 
 
 def write_gemma_gguf(path: Path, *, drop: str | None = None, extra: str | None = None, q8k: bool = False,
-                     meta: dict | None = None, tokenizer_model: str = "llama") -> dict[str, np.ndarray]:
+                     meta: dict | None = None, tokenizer_model: str = "llama",
+                     integer: bool = False) -> dict[str, np.ndarray]:
     """Write a 2-layer Gemma 3 GGUF as llama.cpp does (norms stored as w + 1, Q and K unpermuted); returns the
     Hugging Face state dict the conversion must give back. drop / extra: leave out / add a tensor; q8k: store one
-    matrix in Q8_K (no dequantizer); meta: extra metadata (key -> float)."""
+    matrix in Q8_K (no dequantizer); meta: extra metadata (key -> float); integer: every matrix in a type gguf-q16
+    reads (k and up in Q5_0, as in the real 270M, instead of F32 and F16)."""
     import gguf
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize, quantize
@@ -281,7 +285,8 @@ def write_gemma_gguf(path: Path, *, drop: str | None = None, extra: str | None =
         pre = f"model.layers.{i}."
         put(f"blk.{i}.attn_norm.weight", pre + "input_layernorm.weight", rand(D) * 4)
         put(f"blk.{i}.attn_q.weight", pre + "self_attn.q_proj.weight", rand(HEADS * HEAD_DIM, D), Q.Q5_0)
-        put(f"blk.{i}.attn_k.weight", pre + "self_attn.k_proj.weight", rand(KV * HEAD_DIM, D))
+        put(f"blk.{i}.attn_k.weight", pre + "self_attn.k_proj.weight", rand(KV * HEAD_DIM, D),
+            Q.Q5_0 if integer else Q.F32)
         put(f"blk.{i}.attn_v.weight", pre + "self_attn.v_proj.weight", rand(KV * HEAD_DIM, D), Q.Q8_0)
         put(f"blk.{i}.attn_q_norm.weight", pre + "self_attn.q_norm.weight", rand(HEAD_DIM) * 4)
         put(f"blk.{i}.attn_k_norm.weight", pre + "self_attn.k_norm.weight", rand(HEAD_DIM) * 4)
@@ -290,7 +295,7 @@ def write_gemma_gguf(path: Path, *, drop: str | None = None, extra: str | None =
         put(f"blk.{i}.post_attention_norm.weight", pre + "post_attention_layernorm.weight", rand(D) * 4)
         put(f"blk.{i}.ffn_norm.weight", pre + "pre_feedforward_layernorm.weight", rand(D) * 4)
         put(f"blk.{i}.ffn_gate.weight", pre + "mlp.gate_proj.weight", rand(FF, D), Q.Q5_0)
-        put(f"blk.{i}.ffn_up.weight", pre + "mlp.up_proj.weight", rand(FF, D), Q.F16)
+        put(f"blk.{i}.ffn_up.weight", pre + "mlp.up_proj.weight", rand(FF, D), Q.Q5_0 if integer else Q.F16)
         put(f"blk.{i}.ffn_down.weight", pre + "mlp.down_proj.weight", None, Q.Q6_K, (D, FF), d=5e-5)
         put(f"blk.{i}.post_ffw_norm.weight", pre + "post_feedforward_layernorm.weight", rand(D) * 4)
     put("output_norm.weight", "model.norm.weight", rand(D) * 4)

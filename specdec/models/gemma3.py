@@ -15,9 +15,11 @@ tests/test_gemma3.py:
   - sliding-window layers (cfg.layer_types): a query at position p sees keys in (p - window, p]; their RoPE base
     is rope_local_theta (10000), the full layers' is rope_theta (1e6)
 
-The torch path only (kernels = None; the native kernels know Llama blocks): decode and verify passes use the
+The torch path only (kernels = None; the native block kernels know Llama blocks): decode and verify passes use the
 chunked, batch-invariant attention of transformer.attend_decode with the window added to its mask, so a verify
-pass over k+1 tokens equals k+1 one-token passes bit for bit; prefill uses torch's fused attention. The cache
+pass over k+1 tokens equals k+1 one-token passes bit for bit; prefill uses torch's fused attention. At gguf-q16
+and gguf-q8 the products (q/k/v, o, gate/up, down, the tied head) are the native kernels' gemm_gguf on the GGUF's
+own blocks (linear.GgufLinear; batch-invariant by row), and everything else is this same torch path. The cache
 keeps every position, sliding layers included (a ring of `window` positions would save memory, not reads: the
 decode attention reads the keys from position 0, masked, to stay batch-invariant). exact_kv_reuse is False.
 """
@@ -31,8 +33,9 @@ import torch
 import torch.nn.functional as F
 
 from specdec.errors import SpecdecError
-from specdec.models.config import ModelConfig, check_sizes
-from specdec.models.linear import Linear
+from specdec.models.config import ACT_BITS, ModelConfig, check_sizes
+from specdec.models.hugepages import Arena
+from specdec.models.linear import GgufLinear, Linear
 from specdec.models.transformer import (
     Transformer,
     _slot_picker,
@@ -46,7 +49,8 @@ from specdec.models.transformer import (
 
 MODEL_TYPE = "gemma3_text"
 SLIDING, FULL = "sliding_attention", "full_attention"
-TORCH_PRECISIONS = ("fp32", "fp16", "int8", "bf16")  # Linear's; the GGUF-block precisions need the native kernels
+TORCH_PRECISIONS = ("fp32", "fp16", "int8", "bf16")  # Linear's
+GGUF_BLOCK_PRECISIONS = tuple(ACT_BITS)  # GgufLinear's: gguf-q16, gguf-q8 (the exact "gguf" reads no K-quant)
 
 
 @dataclass(frozen=True)
@@ -113,17 +117,25 @@ class Gemma3Config(ModelConfig):
 
 
 class Gemma3Block:
-    def __init__(self, cfg: Gemma3Config, w: dict[str, torch.Tensor], i: int, precision: str):
+    def __init__(self, cfg: Gemma3Config, w: dict[str, torch.Tensor], i: int, precision: str, gguf=None):
+        """`gguf`: (matrices by name, kernels, put) for the GGUF-block precisions, else None."""
         p = f"model.layers.{i}."
         att, mlp = p + "self_attn.", p + "mlp."
-        qkv_w = torch.cat([w[att + "q_proj.weight"], w[att + "k_proj.weight"], w[att + "v_proj.weight"]])
-        qkv_b = None
-        if cfg.attention_bias:
-            qkv_b = torch.cat([w[att + "q_proj.bias"], w[att + "k_proj.bias"], w[att + "v_proj.bias"]])
-        self.qkv = Linear(qkv_w, qkv_b, precision)
-        self.o = Linear(w[att + "o_proj.weight"], w.get(att + "o_proj.bias"), precision)
-        self.gate_up = Linear(torch.cat([w[mlp + "gate_proj.weight"], w[mlp + "up_proj.weight"]]), None, precision)
-        self.down = Linear(w[mlp + "down_proj.weight"], None, precision)
+        names = {"qkv": [att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"],
+                 "o": [att + "o_proj.weight"], "gate_up": [mlp + "gate_proj.weight", mlp + "up_proj.weight"],
+                 "down": [mlp + "down_proj.weight"]}
+        if gguf is not None:  # fused as the torch path fuses them; qmatrix stacks parts of different types
+            quantized, kernels, put = gguf
+            self.qkv, self.o, self.gate_up, self.down = (
+                GgufLinear([quantized[n] for n in names[key]], precision, kernels, put) for key in names)
+        else:
+            qkv_b = None
+            if cfg.attention_bias:
+                qkv_b = torch.cat([w[att + "q_proj.bias"], w[att + "k_proj.bias"], w[att + "v_proj.bias"]])
+            self.qkv = Linear(torch.cat([w[n] for n in names["qkv"]]), qkv_b, precision)
+            self.o = Linear(w[att + "o_proj.weight"], w.get(att + "o_proj.bias"), precision)
+            self.gate_up = Linear(torch.cat([w[n] for n in names["gate_up"]]), None, precision)
+            self.down = Linear(w[mlp + "down_proj.weight"], None, precision)
         scale = lambda name: (1.0 + w[p + name + ".weight"].float()).contiguous()  # Gemma's norms scale by 1 + w
         self.input_norm, self.post_attention_norm = scale("input_layernorm"), scale("post_attention_layernorm")
         self.pre_ff_norm, self.post_ff_norm = scale("pre_feedforward_layernorm"), scale("post_feedforward_layernorm")
@@ -132,7 +144,7 @@ class Gemma3Block:
         self.window = cfg.sliding_window if self.sliding else None  # None: every earlier key
 
     @property
-    def linears(self) -> list[Linear]:
+    def linears(self) -> list[Linear | GgufLinear]:
         return [self.qkv, self.o, self.gate_up, self.down]
 
     @property
@@ -145,20 +157,24 @@ class Gemma3(Transformer):
     """forward / forward_ragged / new_cache are Transformer's (its torch path); _layers is Gemma's."""
 
     def __init__(self, cfg: Gemma3Config, weights: dict[str, torch.Tensor], precision: str = "fp16",
-                 device: str = "cpu"):
-        if precision not in TORCH_PRECISIONS:
-            raise SpecdecError(f"Gemma 3 runs on the torch path: precision {precision!r} is not available there "
-                               f"(choose from {', '.join(TORCH_PRECISIONS)})")
+                 device: str = "cpu", quantized: dict | None = None):
+        """`quantized`: the GGUF's matrices by Hugging Face name (gguf_gemma3.read_matrices), which gguf-q16 and
+        gguf-q8 run; `weights` still gives the norms and the embedding table."""
+        gguf = self._gguf(precision, device, quantized)
         self.cfg, self.precision, self.device = cfg, precision, torch.device(device)
         weights = {name: t.to(self.device) for name, t in weights.items()}
-        self.kernels = None  # the native kernels run Llama blocks only
+        self.kernels = None  # the native block kernels run Llama blocks only (GgufLinear holds its own handle)
         self.lm_head_half = self.lm_head_q = None
         embed = weights["model.embed_tokens.weight"].float()  # [vocab, hidden]
-        self.lm_head = Linear(embed if cfg.tie_word_embeddings else weights["lm_head.weight"], None, precision)
+        if gguf is not None:
+            head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
+            self.lm_head = GgufLinear([quantized[head]], precision, *gguf[1:])
+        else:
+            self.lm_head = Linear(embed if cfg.tie_word_embeddings else weights["lm_head.weight"], None, precision)
         # transformers scales the looked-up rows, embedding(ids) * sqrt(hidden) with the scale rounded to the
         # weights' dtype; scaling the table once gives the same products
         self.embed = embed * torch.tensor(cfg.hidden_size ** 0.5, dtype=embed.dtype)  # [vocab, hidden]
-        self.blocks = [Gemma3Block(cfg, weights, i, precision) for i in range(cfg.num_layers)]
+        self.blocks = [Gemma3Block(cfg, weights, i, precision, gguf) for i in range(cfg.num_layers)]
         self.norm = (1.0 + weights["model.norm.weight"].float()).contiguous()
         # RoPE tables [positions, head_dim / 2] per base, computed once (a lookup is exact; growing the table later
         # could round a few entries differently and break the verify == one-token-passes identity)
@@ -171,12 +187,36 @@ class Gemma3(Transformer):
             self.rope[sliding] = (angles.cos(), angles.sin())
         self.cos = self.sin = None  # Transformer's single table is not used
 
+    @staticmethod
+    def _gguf(precision: str, device: str, quantized: dict | None):
+        """(quantized, kernels, put) for GgufLinear at a GGUF-block precision; None at a torch one."""
+        if precision in TORCH_PRECISIONS:
+            return None
+        if precision not in GGUF_BLOCK_PRECISIONS:
+            raise SpecdecError(f"Gemma 3 does not run precision {precision!r} (choose from "
+                               f"{', '.join(TORCH_PRECISIONS + GGUF_BLOCK_PRECISIONS)})")
+        if quantized is None:
+            raise SpecdecError(f"--precision {precision} runs a GGUF file's own blocks; this model is not from a GGUF "
+                               "file (use fp16)")
+        if torch.device(device).type != "cpu":
+            raise SpecdecError(f"--precision {precision} runs on CPU kernels; on {device} use bf16")
+        from specdec.kernels import decode_kernels
+
+        kernels = decode_kernels()
+        if kernels is None:  # decode_kernels() has said why on stderr
+            raise SpecdecError(f"--precision {precision} needs the native kernels; use fp16")
+        return quantized, kernels, Arena().put  # the planes on huge pages, as Transformer's
+
     @classmethod
-    def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu") -> Gemma3:
+    def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu",
+                 gguf: Path | None = None) -> Gemma3:
+        """A model folder; `gguf`: the GGUF file it was converted from, whose blocks gguf-q16 and gguf-q8 run."""
+        from specdec.models.gguf_gemma3 import read_matrices
         from specdec.models.loader import load_weights
 
         path = Path(path)
-        return cls(Gemma3Config.from_dir(path), load_weights(path), precision, device)
+        quantized = read_matrices(gguf) if precision in GGUF_BLOCK_PRECISIONS and gguf is not None else None
+        return cls(Gemma3Config.from_dir(path), load_weights(path), precision, device, quantized)
 
     @property
     def weight_bytes_per_token(self) -> int:

@@ -1,5 +1,6 @@
 """The Gemma 3 parts of GGUF -> Hugging Face conversion (gguf_convert does the rest): tensor names, norm weights,
-config.json and the SentencePiece tokenizer.
+config.json and the SentencePiece tokenizer; and the file's matrices as stored, under the same names, for gguf-q16
+and gguf-q8 (read_matrices).
 
 What llama.cpp's converter (convert_hf_to_gguf.py, Gemma3Model) does to a Gemma3ForCausalLM, undone here:
   - names: `blk.N.attn_norm` is input_layernorm, `post_attention_norm` post_attention_layernorm, `ffn_norm`
@@ -15,7 +16,7 @@ What llama.cpp's converter (convert_hf_to_gguf.py, Gemma3Model) does to a Gemma3
 Cost of dequantizing (Gemma 3 270M Q4_K_M: Q8_0 embeddings, Q4_K/Q5_0/Q6_K/Q8_0 blocks elsewhere, 253 MB): the
 folder holds fp32 (1.07 GB), and a decode pass at fp16 reads 536 MB of weights (335 MB of them the tied
 262144 x 640 LM head), where llama.cpp reads the GGUF's own 247 MB of tensors (178 MB of them the Q8_0 head):
-2.2x the bytes per token (4.3x at fp32, 1.1x at int8).
+2.2x the bytes per token (4.3x at fp32, 1.1x at int8). gguf-q16 reads the file's own blocks: 251 MB.
 
 The tokenizer: `tokenizer.ggml.model == "llama"`, a SentencePiece BPE vocabulary with scores but no merges. It is
 rebuilt as transformers' GGUF loader rebuilds it (integrations/gguf/gguf_tokenizer_mapping.py, gemma_tokenizer):
@@ -60,18 +61,123 @@ def check_metadata(meta: dict[str, Any], src: Path) -> None:
             raise SpecdecError(f"{src}: Gemma 3 with {ARCH}.{key} = {value!r} is not supported")
 
 
-def hf_tensor(name: str, weight: np.ndarray, src: Path) -> tuple[str, np.ndarray]:
-    """The Hugging Face name and value of a dequantized GGUF tensor."""
+def hf_name(name: str, src: Path) -> str:
+    """The Hugging Face name of a GGUF tensor."""
     m = _BLOCK.fullmatch(name)
     if m and m.group(2) in _LAYER_NAMES:
-        hf = f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
-    elif name.endswith(".weight") and name[:-len(".weight")] in _TOP_NAMES:
-        hf = f"{_TOP_NAMES[name[:-len('.weight')]]}.weight"
-    else:
-        raise SpecdecError(f"{src}: tensor {name!r} has no Hugging Face Gemma 3 equivalent")
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.weight"
+    if name.endswith(".weight") and name[:-len(".weight")] in _TOP_NAMES:
+        return f"{_TOP_NAMES[name[:-len('.weight')]]}.weight"
+    raise SpecdecError(f"{src}: tensor {name!r} has no Hugging Face Gemma 3 equivalent")
+
+
+def hf_tensor(name: str, weight: np.ndarray, src: Path) -> tuple[str, np.ndarray]:
+    """The Hugging Face name and value of a dequantized GGUF tensor."""
+    hf = hf_name(name, src)
     if hf.endswith("norm.weight"):
         weight = weight - np.float32(NORM_SHIFT)
     return hf, weight
+
+
+def read_matrices(path: Path) -> dict:
+    """Every matrix of a Gemma 3 GGUF as stored (gguf_weights.QTensor), under the names the converted folder gives
+    it. Unlike a llama file's, Q and K rows are in Hugging Face's order already (see above): nothing is permuted."""
+    from specdec.models.gguf_weights import KINDS, QTensor, row_bytes
+
+    data, table = _tensor_table(Path(path))
+    out = {}
+    for name, kind, dims, offset in table:
+        if len(dims) != 2:
+            continue  # norms (f32 vectors) come from the converted folder
+        if kind not in KINDS:
+            raise SpecdecError(f"{path}: tensor {name} is {kind}; --precision gguf-q16 and gguf-q8 read "
+                               f"{', '.join(KINDS)} blocks (use --precision fp16 for this file)")
+        cols, rows = dims  # GGUF lists the contiguous dimension first
+        size = rows * row_bytes(kind, cols)
+        out[hf_name(name, Path(path))] = QTensor(kind, data[offset:offset + size].reshape(rows, -1), rows, cols)
+    return out
+
+
+def runnable(path: Path) -> bool:
+    """gguf_weights.runnable(path) (every matrix in a format gguf-q16 and gguf-q8 read), from _tensor_table."""
+    from specdec.models.gguf_weights import KINDS
+
+    try:
+        return all(kind in KINDS for _, kind, dims, _ in _tensor_table(Path(path))[1] if len(dims) == 2)
+    except SpecdecError:
+        return False
+
+
+_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}  # struct codes
+STRING, ARRAY = 8, 9
+
+
+def _tensor_table(path: Path) -> tuple[np.ndarray, list[tuple[str, str, tuple[int, ...], int]]]:
+    """(the data section as a uint8 memmap, [(name, type name, dims, offset into it)]) of a little-endian GGUF (v2,
+    v3). gguf-py's reader would do, but it makes a numpy view of every metadata element: Gemma's 262144-token
+    vocabulary takes it ~20 s on this machine, where skipping the metadata takes well under a second."""
+    import math
+    import struct
+
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        raw = np.memmap(path, dtype=np.uint8, mode="r")
+        buf = memoryview(raw)
+        at = 4  # past the magic, checked below
+
+        def take(fmt: str):
+            nonlocal at
+            value = struct.unpack_from("<" + fmt, buf, at)
+            at += struct.calcsize("<" + fmt)
+            return value[0]
+
+        def string() -> str:
+            nonlocal at
+            n = take("Q")
+            at += n
+            return bytes(buf[at - n:at]).decode("utf-8")
+
+        def skip(kind: int) -> None:
+            nonlocal at
+            if kind == STRING:
+                n = take("Q")  # not `at += take(...)`: that adds to the value `at` had before take() moved it
+                at += n
+            elif kind == ARRAY:
+                inner, count = take("I"), take("Q")
+                if inner in _SCALAR:
+                    at += count * struct.calcsize(_SCALAR[inner])
+                else:
+                    for _ in range(count):
+                        skip(inner)
+            else:
+                at += struct.calcsize(_SCALAR[kind])
+
+        if bytes(buf[:4]) != b"GGUF" or take("I") not in (2, 3):
+            raise ValueError("not a little-endian GGUF file of version 2 or 3")
+        n_tensors, n_kv = take("Q"), take("Q")
+        alignment = 32
+        for _ in range(n_kv):
+            key, kind = string(), take("I")
+            if key == "general.alignment" and kind == 4:
+                alignment = take("I")
+            else:
+                skip(kind)
+        table, ends = [], []
+        for _ in range(n_tensors):
+            name = string()
+            dims = tuple(take("Q") for _ in range(take("I")))
+            kind, offset = GGMLQuantizationType(take("I")), take("Q")
+            per, size = GGML_QUANT_SIZES[kind]  # weights, bytes a block
+            table.append((name, kind.name, dims, offset))
+            ends.append((name, offset + math.prod(dims) // per * size))
+        start = -(-at // alignment) * alignment  # the data section, aligned
+        for name, end in ends:
+            if start + end > raw.size:
+                raise ValueError(f"tensor {name} runs past the end of the file")
+        return raw[start:], table
+    except (OSError, ValueError, KeyError, struct.error, UnicodeDecodeError) as e:
+        raise SpecdecError(f"{path}: malformed or truncated GGUF file ({type(e).__name__}: {e})") from None
 
 
 def config(meta: dict[str, Any], src: Path, tensors: dict[str, np.ndarray]) -> dict[str, Any]:

@@ -12,6 +12,10 @@ one-token passes, and so speculative greedy output identical to plain greedy out
         fixes the tensor's range at [-1, 1]: the quantisation grid is the same whatever the other rows.
         Changes a model this small noticeably (top-1 agreement ~0.8): an option, never the default.
   bf16  plain F.linear on bf16 weights: the path for CUDA (fbgemm kernels are CPU-only).
+
+GgufLinear, the same call on a GGUF's own blocks (gguf-q16, gguf-q8): kernels.gemm_gguf, whose rows are
+batch-invariant by construction (each row's activations are quantized in its own blocks of 32). It serves models
+whose blocks the fused native kernels do not run (Gemma 3): their glue stays torch.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.errors import SpecdecError
-from specdec.models.config import GGUF_PRECISIONS, PRECISIONS
+from specdec.models.config import ACT_BITS, GGUF_PRECISIONS, PRECISIONS
 
 MIN_ROWS = 3  # fbgemm fp16 takes another code path below 3 rows
 
@@ -77,3 +81,25 @@ class Linear:
         xs = torch.cat([x / scale, self._range_row])  # [rows+1, in], range exactly [-1, 1]
         y = torch.ops.quantized.linear_dynamic(xs, self.packed, False)[:rows] * scale
         return y if self.bias is None else y + self.bias
+
+
+class GgufLinear:
+    """y = x W^T for x [rows, in_features], W the matrices `parts` (gguf_weights.QTensor) stacked by rows, as stored
+    in the file. `put` places the kernel's planes (an Arena's, for huge pages)."""
+
+    def __init__(self, parts: list, precision: str, kernels, put=lambda t: t):
+        from specdec.kernels import pairs_layout
+        from specdec.models.gguf_weights import qmatrix
+
+        if precision not in ACT_BITS:  # the exact path reads no K-quant, so no Gemma 3 file
+            raise SpecdecError(f"GgufLinear takes {', '.join(ACT_BITS)}, not {precision!r}")
+        self.precision, self.kernels = precision, kernels
+        self.out_features, self.in_features = sum(p.rows for p in parts), parts[0].cols
+        self.qm = qmatrix(kernels, parts, True, ACT_BITS[precision], pairs_layout(kernels), put)
+
+    @property
+    def nbytes(self) -> int:
+        return self.qm.nbytes
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernels.gemm_gguf(x.contiguous(), self.qm)  # [rows, out_features]

@@ -96,14 +96,16 @@ def check_weights(weights: dict, cfg, path: Path, matrices: bool = True) -> None
 
 
 def default_precision(path: Path, spec: str | None, device: str, model_type: str | None) -> str:
-    """bf16 on CUDA; on CPU, for a llama-family GGUF whose blocks the kernels read, gguf-q16: the fastest path whose
-    top-1 agreement with the fp32 model is >= 0.999 (docs/results/quality-gguf.md); else fp16."""
+    """bf16 on CUDA; on CPU, for a llama-family or Gemma 3 GGUF whose blocks the kernels read, gguf-q16: the fastest
+    path whose top-1 agreement with the fp32 model is >= 0.999 (docs/results/quality-gguf.md); else fp16."""
     if device == "cuda":
         return "bf16"
-    if model_type in SUPPORTED_TYPES:
+    if model_type in SUPPORTED_TYPES + ("gemma3_text",):
         from specdec.kernels import decode_kernels
         from specdec.models.gguf_weights import gguf_source, runnable
 
+        if model_type == "gemma3_text":  # the same check, without gguf-py's ~20 s read of a 262k-token vocabulary
+            from specdec.models.gguf_gemma3 import runnable
         source = gguf_source(path, spec)
         if source is not None and runnable(source) and decode_kernels() is not None:
             return "gguf-q16"
@@ -155,8 +157,10 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
     try:
         if model_type == "gemma3_text":
             from specdec.models.gemma3 import Gemma3
+            from specdec.models.gguf_weights import gguf_source
 
-            return LoadedModel(Gemma3.from_dir(path, precision, device), tokenizer, name, path, "specdec")
+            gguf = gguf_source(path, spec) if precision in GGUF_PRECISIONS else None
+            return LoadedModel(Gemma3.from_dir(path, precision, device, gguf), tokenizer, name, path, "specdec")
         if model_type in SUPPORTED_TYPES:
             from specdec.models.transformer import Transformer
 
