@@ -148,13 +148,18 @@ def test_fp16_verify_pass_equals_one_token_passes_bit_for_bit(gemma_dir):
     with prompts inside one window, across windows, and across the 64-position attention chunk."""
     model = ours(str(gemma_dir), "fp16")
     assert model.kernels is None and not model.exact_kv_reuse
+    verify_equals_one_token_passes(model)
+
+
+
+def verify_equals_one_token_passes(model) -> None:
+    """Prompts inside one window (8), across windows and across the 64-position chunk, at k = 1, 4 and 9."""
     g = torch.Generator().manual_seed(2)
     for k in (1, 4, 9):
         prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (60, 5, 18)]
         drafts = [torch.randint(0, VOCAB, (k,), generator=g).tolist() for _ in prompts]
         verify, single = verify_vs_one_token(model, prompts, drafts)
         assert torch.equal(verify, single), f"k = {k}: " + mismatch_report(verify, single)
-
 
 @pytest.mark.parametrize("k", [2, 5])
 def test_speculative_greedy_equals_plain_greedy(gemma_dir, k):

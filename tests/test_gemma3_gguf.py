@@ -27,7 +27,7 @@ from specdec.models.linear import GgufLinear, Linear
 from specdec.models.loader import load_model
 from tests.conftest import divergence_message, greedy_reference
 from tests.test_engine_model import mismatch_report, ours_prefill_then_decode, verify_vs_one_token
-from tests.test_gemma3 import real, real_dir, real_gguf, write_gemma_gguf  # noqa: F401 (fixtures)
+from tests.test_gemma3 import real, real_dir, real_gguf, verify_equals_one_token_passes, write_gemma_gguf  # noqa: F401
 from tests.test_gguf_kernels import kernels  # noqa: F401 (fixture)
 
 VOCAB = 265 + 20  # test_gemma3's tiny tokenizer
@@ -116,12 +116,7 @@ def test_logits_close_to_fp32(tiny, kernels, precision):  # noqa: F811
 def test_verify_pass_equals_one_token_passes_bit_for_bit(tiny, kernels, precision):  # noqa: F811
     """As test_gemma3 checks fp16: prompts inside one window (8), across windows, across the 64-position chunk."""
     model = tiny_model(tiny, precision)
-    g = torch.Generator().manual_seed(2)
-    for k in (1, 4, 9):
-        prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (60, 5, 18)]
-        drafts = [torch.randint(0, VOCAB, (k,), generator=g).tolist() for _ in prompts]
-        verify, single = verify_vs_one_token(model, prompts, drafts)
-        assert torch.equal(verify, single), f"k = {k}: " + mismatch_report(verify, single)
+    verify_equals_one_token_passes(model)
 
 
 @pytest.mark.parametrize("k", [2, 5])

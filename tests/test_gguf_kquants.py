@@ -15,7 +15,7 @@ import torch
 from specdec.errors import SpecdecError
 from specdec.models import gguf_blocks
 from specdec.models.gguf_weights import QTensor, dequantize, qmatrix
-from tests.test_gguf_kernels import int_reference, isa, kernels, paired  # noqa: F401 (fixtures)
+from tests.test_gguf_kernels import int_reference, isa, kernels, paired, split_equals_one_thread  # noqa: F401
 
 KQ = ["Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 SCALE_AT = {"Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}  # fp16 fields of a block
@@ -120,15 +120,7 @@ def test_a_split_product_is_the_whole_product(kernels):  # noqa: F811
     """400 weight rows are split between threads; each part equals the same rows on one thread."""
     qm = qmatrix(kernels, [random_blocks("Q6_K", 400, 256, seed=8)], True, 16, paired=True)
     x = torch.randn(17, 256, generator=torch.Generator().manual_seed(9))
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = [kernels.gemm_gguf(x[:m], qm) for m in (1, 6, 17)]
-        torch.set_num_threads(max(2, threads))
-        two = [kernels.gemm_gguf(x[:m], qm) for m in (1, 6, 17)]
-    finally:
-        torch.set_num_threads(threads)
-    assert all(torch.equal(a, b) for a, b in zip(one, two))
+    split_equals_one_thread(kernels, qm, x)
 
 
 def test_a_fused_matrix_of_mixed_types_runs_each_part_on_its_own_kernel(kernels):  # noqa: F811
