@@ -15,7 +15,14 @@ import torch
 from specdec.errors import SpecdecError
 from specdec.models import gguf_blocks
 from specdec.models.gguf_weights import QTensor, dequantize, qmatrix
-from tests.test_gguf_kernels import int_reference, isa, kernels, paired, split_equals_one_thread  # noqa: F401
+from tests.test_gguf_kernels import (  # noqa: F401 (fixtures)
+    computes_the_definition,
+    int_reference,
+    isa,
+    kernels,
+    paired,
+    split_equals_one_thread,
+)
 
 KQ = ["Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 SCALE_AT = {"Q5_0": [0], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}  # fp16 fields of a block
@@ -53,15 +60,7 @@ def test_a_wrong_scale_unpacking_fails_the_oracle():
 def test_integer_paths_compute_their_definition(kernels, kind, act_bits, isa, paired):  # noqa: F811
     parts = [random_blocks(kind, 21, 512, seed=10)]  # 21 rows: 3 groups, a padded group and a padded pair
     qm = qmatrix(kernels, parts, True, act_bits, paired)
-    x = np.random.default_rng(1).standard_normal((17, 512)).astype(np.float32)  # tiles of 4 or 8 and a remainder
-    x[0, :32] = 0.0  # an all-zero block (scale 0)
-    x[1, 32:64] *= 1000  # a block far larger than the others
-    got = kernels.gemm_gguf(torch.from_numpy(x), qm).double().numpy()
-    ref = int_reference(x, parts, act_bits)
-    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
-    if act_bits == 16:  # 128 times finer than q8: nearly the fp32 product on the same weights
-        exact = x.astype(np.float64) @ dequantize(parts).double().numpy().T
-        assert np.abs(got - exact).max() < np.abs(int_reference(x, parts, 8) - exact).max() / 30
+    computes_the_definition(kernels, qm, parts, act_bits, finer=30)
 
 
 @pytest.mark.parametrize("kind", KQ)
