@@ -1,7 +1,7 @@
 """The drafters side by side on held-out Spec-Bench prompts, in one run: plain decoding, prompt lookup, suffix
 decoding, the trained EAGLE-3 head, and cascades. Greedy, batch 1, every method rotated per prompt.
 
-Held out: the first items of each category, which `specdec train-draft` never trains on (heads/data.HOLDOUT).
+Held out: the first items of each category, which `specdec train-draft` never trains on (train/data.HOLDOUT).
 Prints, per category and overall: end-to-end and decode-phase speedup over plain, acceptance a, tokens per
 target pass, identical output; and the head's cost per drafting step against a target pass (its c).
 
@@ -28,8 +28,8 @@ from specdec.drafters.base import NoDrafter
 from specdec.engine.calibrate import AUTO_MAX_K, calibrate, parse_k
 from specdec.engine.generate import Engine
 from specdec.engine.policy import Auto
-from specdec.heads.data import HOLDOUT
 from specdec.runtime import ModelSpec, build
+from specdec.train.data import HOLDOUT
 
 
 def head_cost(target, drafter, reps: int = 30) -> dict:

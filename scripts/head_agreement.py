@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.heads import data
 from specdec.heads.bundled import head_dir
 from specdec.heads.eagle import EagleHead
-from specdec.heads.train import TrainConfig, batch_of, draft_index, held_out, items_of
 from specdec.models.loader import load_model
+from specdec.train import data
+from specdec.train.distill import TrainConfig, batch_of, draft_index, held_out, items_of
 
 
 def agreement(head: EagleHead, items, embed: torch.Tensor, temperatures=(1.0, 0.7)) -> dict:

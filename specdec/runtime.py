@@ -81,14 +81,32 @@ def _drafter(name: str, spec: ModelSpec, target):
 
         return SuffixDrafter()
     if name == "eagle":
-        from specdec.heads.bundled import load_head
-
         return load_head(spec.draft_head, spec.model, target)
     # as the target's when that was chosen (a GGUF path only fits a GGUF draft: then the draft's own default)
     same = spec.precision if spec.precision not in GGUF_PRECISIONS else None
     draft = load_model(spec.draft_model, spec.draft_precision or same, spec.device)
     DraftModelDrafter.check_compatible(target.tokenizer, draft.tokenizer)
     return DraftModelDrafter(draft.model, target.model.cfg.vocab_size)
+
+
+def load_head(path: str | None, model: str, target):
+    """An EagleDrafter for `target` (a LoadedModel) from the head in `path` (None: the bundled model's), checked
+    against the target it was trained for."""
+    from specdec.drafters.eagle import EagleDrafter
+    from specdec.heads.bundled import MIN_CONFIDENCE, head_dir, saved_for
+    from specdec.heads.eagle import EagleHead
+
+    where = head_dir(path, model)
+    head = EagleHead.load(where)
+    saved_for(where, target)
+    if not getattr(target.model, "supports_taps", False):
+        raise SpecdecError("--drafter eagle reads the target's hidden states, which this model's forward pass "
+                           "does not expose")
+    if max(head.cfg.taps) > target.model.cfg.num_layers:
+        raise SpecdecError(f"{where}: the head reads layer {max(head.cfg.taps)}; the target has "
+                           f"{target.model.cfg.num_layers}")
+    # where the target runs on the native CPU kernels, so does the head's layer
+    return EagleDrafter(head, target.model.embed, MIN_CONFIDENCE, kernels=getattr(target.model, "kernels", None))
 
 
 def encode_text(tokenizer, text: str) -> list[int]:

@@ -355,10 +355,11 @@ def test_gguf_metadata_defaults_follow_llama_cpp(tmp_path):
     tensors = {"model.embed_tokens.weight": np.zeros((10, 64), np.float32), "model.norm.weight": np.zeros(64)}
     modules = gguf_gemma3._LAYER_NAMES.values()
     tensors |= {f"model.layers.{i}.{m}.weight": np.zeros(1) for i in range(12) for m in modules}
-    config = gguf_gemma3.config(meta, tmp_path, tensors)
+    shapes = {name: t.shape for name, t in tensors.items()}
+    config = gguf_gemma3.config(meta, tmp_path, shapes)
     assert config["layer_types"] == ([SLIDING] * 5 + [FULL]) * 2 and config["query_pre_attn_scalar"] == 32
     config = gguf_gemma3.config({**meta, "gemma3.attention.scale": 0.125, "gemma3.rope.freq_base_swa": 500.0},
-                                tmp_path, tensors)
+                                tmp_path, shapes)
     assert config["query_pre_attn_scalar"] == 64.0 and config["rope_local_base_freq"] == 500.0
 
 

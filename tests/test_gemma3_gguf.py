@@ -22,6 +22,7 @@ from specdec.engine.generate import Engine, GenerationConfig
 from specdec.errors import SpecdecError
 from specdec.models import gguf_gemma3
 from specdec.models.gemma3 import Gemma3
+from specdec.models.gguf_file import open_gguf
 from specdec.models.gguf_weights import dequantize
 from specdec.models.linear import GgufLinear, Linear
 from specdec.models.loader import load_model
@@ -60,7 +61,7 @@ def test_matrices_are_the_files_blocks_under_the_folders_names(tiny):
     got = gguf_gemma3.read_matrices(path)
     folder_w = load_file(str(folder / "model.safetensors"))
     assert set(got) == {name for name, w in folder_w.items() if w.ndim == 2}
-    for t in gc._open(path).tensors:
+    for t in open_gguf(path).tensors:
         if len(t.shape) == 2:
             name = gguf_gemma3.hf_name(t.name, path)
             assert got[name].kind == t.tensor_type.name

@@ -242,11 +242,16 @@ def tiny_cache(tiny, tmp_path, monkeypatch):
 
 
 def test_cache_root(monkeypatch, tmp_path):
+    """One cache for converted models and built kernels (specdec.paths), read when asked, not at import."""
+    from specdec import paths
+    from specdec.kernels import kernels_dir
+
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    assert gc.cache_root() == tmp_path
+    assert paths.cache_root() == tmp_path
+    assert kernels_dir().parent == paths.kernels_root() == tmp_path / "kernels"
     monkeypatch.delenv("SPECDEC_CACHE")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert gc.cache_root() == tmp_path / "home" / ".cache" / "specdec"
+    assert paths.cache_root() == tmp_path / "home" / ".cache" / "specdec"
 
 
 def test_cache_is_reused_and_rebuilt(tiny_cache, monkeypatch, capsys):
@@ -352,7 +357,9 @@ def test_unreadable_gguf(tiny, tmp_path, monkeypatch):
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
             return open(file, *args, **kwargs)
 
-        monkeypatch.setattr(gc, "open", refuse, raising=False)  # the module's name `open` shadows the builtin
+        from specdec.models import gguf_file  # the module that opens GGUF files
+
+        monkeypatch.setattr(gguf_file, "open", refuse, raising=False)  # the module's name `open` shadows the builtin
     with pytest.raises(SpecdecError, match=rf"^{re.escape(str(path))}: cannot read \(Permission denied\)$"):
         gc.convert_gguf(path, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()

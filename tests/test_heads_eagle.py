@@ -14,10 +14,10 @@ from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.errors import SpecdecError
-from specdec.heads import data
 from specdec.heads.eagle import EagleHead, HeadConfig, default_taps
-from specdec.heads.train import TrainConfig, accuracy, batch_of, draft_vocabulary, init_head, items_of, train
 from specdec.sampling.warp import SamplingConfig
+from specdec.train import data
+from specdec.train.distill import TrainConfig, accuracy, batch_of, draft_vocabulary, init_head, items_of, train
 from tests.test_engine_sampling import PASS_LEVEL, PROMPT, SAMPLES, TARGET, VOCAB, exact_distribution, goodness_of_fit
 
 TINY = dict(vocab=64, std=0.3)  # peaky: greedy answers are varied, not one repeated token
@@ -85,6 +85,7 @@ def test_soft_labels_are_the_targets_distribution_over_the_draft_vocabulary(trai
     assert torch.equal(tgt[0, answer] >= 0, head.t2d[y[answer]]) and (tgt[0, :e.prompt_len - 1] == -100).all()
 
 
+@pytest.mark.slow  # a second training run
 def test_soft_labels_train_too_and_need_data_that_holds_them(trained, tmp_path):
     """The fixture's head learned hard labels (a random target's argmax is what its drafts must hit); soft labels
     teach the head the target's choices as well, from a fresh start. Data or a checkpoint that cannot serve the
@@ -213,6 +214,7 @@ def test_the_native_layer_computes_the_torch_layer(trained):
     assert rel < 5e-2 and agree >= 4
 
 
+@pytest.mark.slow  # 10^5 rounds each
 @pytest.mark.parametrize("cascade,native", [(False, False), (True, False), (False, True)],
                          ids=["eagle", "ngram,eagle", "eagle-native"])
 def test_sampling_with_the_head_is_exact(tiny_model, cascade, native):
@@ -284,7 +286,7 @@ def test_training_continues_from_a_saved_head(trained, tmp_path):
     """`train-draft --init DIR`: the second run starts from the saved head (its weights, its draft vocabulary),
     so its curve starts where the first run ended, not where a fresh head would; a head that cannot be continued
     on this target is refused before any work."""
-    from specdec.heads.cli import init_dir, start_from
+    from specdec.train.cli import init_dir, start_from
 
     model, head, *_, prompts = trained
     head.save(tmp_path / "h", dtype=torch.float32, meta={"tokenizer_fingerprint": "abc",

@@ -60,9 +60,9 @@ def source_digest() -> str:
 
 def kernels_dir() -> Path:
     """Where this version's module is built and kept."""
-    from specdec.models.gguf_convert import cache_root
+    from specdec.paths import kernels_root
 
-    return cache_root() / "kernels" / source_digest()
+    return kernels_root() / source_digest()
 
 
 @functools.lru_cache(maxsize=1)

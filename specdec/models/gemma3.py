@@ -211,8 +211,8 @@ class Gemma3(Transformer):
     def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu",
                  gguf: Path | None = None) -> Gemma3:
         """A model folder; `gguf`: the GGUF file it was converted from, whose blocks gguf-q16 and gguf-q8 run."""
+        from specdec.models.checkpoint import load_weights
         from specdec.models.gguf_gemma3 import read_matrices
-        from specdec.models.loader import load_weights
 
         path = Path(path)
         quantized = read_matrices(gguf) if precision in GGUF_BLOCK_PRECISIONS and gguf is not None else None

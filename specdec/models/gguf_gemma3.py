@@ -1,6 +1,6 @@
-"""The Gemma 3 parts of GGUF -> Hugging Face conversion (gguf_convert does the rest): tensor names, norm weights,
-config.json and the SentencePiece tokenizer; and the file's matrices as stored, under the same names, for gguf-q16
-and gguf-q8 (read_matrices).
+"""The Gemma 3 parts of GGUF -> Hugging Face conversion (gguf_convert does the rest; gguf_arch chooses this module
+for gemma3 files): tensor names, norm weights, config.json and the SentencePiece tokenizer; and the file's matrices
+as stored, under the same names, for gguf-q16 and gguf-q8 (read_matrices).
 
 What llama.cpp's converter (convert_hf_to_gguf.py, Gemma3Model) does to a Gemma3ForCausalLM, undone here:
   - names: `blk.N.attn_norm` is input_layernorm, `post_attention_norm` post_attention_layernorm, `ffn_norm`
@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from specdec.errors import SpecdecError
+from specdec.models.gguf_file import decimal
 
 ARCH = "gemma3"
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -180,9 +181,10 @@ def _tensor_table(path: Path) -> tuple[np.ndarray, list[tuple[str, str, tuple[in
         raise SpecdecError(f"{path}: malformed or truncated GGUF file ({type(e).__name__}: {e})") from None
 
 
-def config(meta: dict[str, Any], src: Path, tensors: dict[str, np.ndarray]) -> dict[str, Any]:
-    """Gemma3TextConfig fields (transformers 5's rope_parameters, and the 4.x rope_theta / rope_local_base_freq)."""
-    from specdec.models.gguf_convert import _decimal
+def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
+           factors: list[float] | None = None) -> dict[str, Any]:
+    """Gemma3TextConfig fields (transformers 5's rope_parameters, and the 4.x rope_theta / rope_local_base_freq);
+    `shapes`: every tensor's shape by Hugging Face name; `factors` (a rope_freqs tensor) never applies to Gemma 3."""
 
     def need(key: str) -> Any:
         if f"{ARCH}.{key}" not in meta:
@@ -204,12 +206,12 @@ def config(meta: dict[str, Any], src: Path, tensors: dict[str, np.ndarray]) -> d
         types = [SLIDING if (i + 1) % int(pattern) else FULL for i in range(layers)]
     scale = meta.get(f"{ARCH}.attention.scale")
     if scale:
-        query_scalar = _decimal(float(scale) ** -2)
+        query_scalar = decimal(float(scale) ** -2)
     else:
         query_scalar = hidden // heads if layers == 62 else head_dim  # llama.cpp: the 27B, and the others
-    theta = _decimal(meta.get(f"{ARCH}.rope.freq_base", 1_000_000.0))
-    local_theta = _decimal(meta.get(f"{ARCH}.rope.freq_base_swa", DEFAULT_LOCAL_THETA))
-    _check_tensors(tensors, layers, src)
+    theta = decimal(meta.get(f"{ARCH}.rope.freq_base", 1_000_000.0))
+    local_theta = decimal(meta.get(f"{ARCH}.rope.freq_base_swa", DEFAULT_LOCAL_THETA))
+    _check_tensors(shapes, layers, src)
     ids = {k: meta.get(f"tokenizer.ggml.{k}") for k in ("bos_token_id", "eos_token_id", "padding_token_id")}
     return {
         "architectures": ["Gemma3ForCausalLM"],
@@ -221,7 +223,7 @@ def config(meta: dict[str, Any], src: Path, tensors: dict[str, np.ndarray]) -> d
         "num_key_value_heads": int(meta.get(f"{ARCH}.attention.head_count_kv", heads)),
         "head_dim": head_dim,
         "hidden_activation": "gelu_pytorch_tanh",
-        "rms_norm_eps": _decimal(meta.get(f"{ARCH}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "rms_norm_eps": decimal(meta.get(f"{ARCH}.attention.layer_norm_rms_epsilon", 1e-6)),
         "query_pre_attn_scalar": query_scalar,
         "sliding_window": int(need("attention.sliding_window")),
         "layer_types": types,
@@ -230,8 +232,8 @@ def config(meta: dict[str, Any], src: Path, tensors: dict[str, np.ndarray]) -> d
         "rope_parameters": {FULL: {"rope_type": "default", "rope_theta": theta},
                             SLIDING: {"rope_type": "default", "rope_theta": local_theta}},
         "max_position_embeddings": int(need("context_length")),
-        "vocab_size": int(tensors["model.embed_tokens.weight"].shape[0]),
-        "tie_word_embeddings": "lm_head.weight" not in tensors,
+        "vocab_size": int(shapes["model.embed_tokens.weight"][0]),
+        "tie_word_embeddings": "lm_head.weight" not in shapes,
         "attention_bias": False,
         "final_logit_softcapping": None,
         "attn_logit_softcapping": None,
@@ -242,11 +244,11 @@ def config(meta: dict[str, Any], src: Path, tensors: dict[str, np.ndarray]) -> d
     }
 
 
-def _check_tensors(tensors: dict[str, np.ndarray], layers: int, src: Path) -> None:
+def _check_tensors(shapes: dict[str, tuple[int, ...]], layers: int, src: Path) -> None:
     """Every tensor the model reads is present, so a broken file fails here and not at load."""
     wanted = ["model.embed_tokens.weight", "model.norm.weight"] + [
         f"model.layers.{i}.{module}.weight" for i in range(layers) for module in _LAYER_NAMES.values()]
-    missing = [name for name in wanted if name not in tensors]
+    missing = [name for name in wanted if name not in shapes]
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise SpecdecError(f"{src}: not a complete Gemma 3 model; missing {', '.join(missing[:3])}{more}")

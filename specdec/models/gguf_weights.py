@@ -9,13 +9,13 @@ tile loads each kind of value with one instruction: nibbles (or int8 quants), fp
 fp16 minimums m (w = d q + m). Q4_0 (w = d (q - 8)) becomes m = -8 d, which is exact in fp16. The planes hold the
 file's bytes (Q4_0 adds 2 bytes of m a block), and the values are the file's, bit for bit.
 
-Q and K rows are put back in Hugging Face's rotate-half order (llama.cpp interleaves them), as the converted
-folder has them, so one model can mix the paths: norms and the token embedding come from the folder.
+A file's matrices are read by its architecture's module (gguf_llama, gguf_gemma3: gguf_arch chooses), which puts Q
+and K rows back in Hugging Face's rotate-half order where llama.cpp interleaved them, as the converted folder has
+them, so one model can mix the paths: norms and the token embedding come from the folder.
 """
 
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,7 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.models import gguf_blocks
+from specdec.models.gguf_file import open_gguf
 
 # bytes per block of 32 weights, as stored in the file: the types every gguf precision reads
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
@@ -50,29 +51,11 @@ class QTensor:
     cols: int
 
 
-def gguf_source(model_dir: Path, spec: str | None) -> Path | None:
-    """The GGUF file a model came from: the bundled file, a .gguf given directly, or the one a converted folder
-    records; None when the model is not from a GGUF (or its file is gone)."""
-    from specdec.models import gguf_convert
-
-    if spec in ("default", "", None):
-        return gguf_convert.bundled_gguf_path()
-    if Path(spec).suffix.lower() == ".gguf" and Path(spec).is_file():
-        return Path(spec)
-    try:
-        source = Path(json.loads((Path(model_dir) / gguf_convert.MARKER).read_text())["source"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return source if source.is_file() else None
-
-
 def runnable(path: Path, integer: bool = True) -> bool:
     """True when every matrix of the file is in a format these kernels read (`integer`: on gguf-q16 and gguf-q8)."""
-    from specdec.models.gguf_convert import _open
-
     kinds = KINDS if integer else tuple(BLOCK_BYTES)
     try:
-        return all(t.tensor_type.name in kinds for t in _open(Path(path)).tensors if len(t.shape) == 2)
+        return all(t.tensor_type.name in kinds for t in open_gguf(Path(path)).tensors if len(t.shape) == 2)
     except SpecdecError:
         return False
 
@@ -80,9 +63,7 @@ def runnable(path: Path, integer: bool = True) -> bool:
 def fallback_note(path: Path) -> str | None:
     """The line a GGUF gets when its matrices cannot run on the kernels and it falls back to fp16: which types, what
     the kernels read, and what the fallback costs in bytes a token (None when every matrix is readable)."""
-    from specdec.models.gguf_convert import _open
-
-    reader = _open(Path(path))
+    reader = open_gguf(Path(path))
     mats = [t for t in reader.tensors if len(t.shape) == 2]
     odd = sorted({t.tensor_type.name for t in mats} - set(KINDS))
     if not odd:
@@ -92,35 +73,6 @@ def fallback_note(path: Path) -> str | None:
     return (f"specdec: {Path(path).name} holds {', '.join(odd)} matrices, which the native kernels do not read (they "
             f"read {', '.join(KINDS)}); running it dequantized in fp16: {fp16:.2f} GB of weights a token against "
             f"{stored:.2f} GB as stored")
-
-
-def read_matrices(path: Path) -> dict[str, QTensor]:
-    """Every quantized matrix of a llama GGUF under its Hugging Face name. A matrix in another format (F16, Q2_K,
-    ...) is refused with the formats these paths read."""
-    from specdec.models.gguf_convert import _hf_name, _metadata, _open
-
-    reader = _open(Path(path))
-    meta = _metadata(reader, Path(path))
-    arch = meta["general.architecture"]
-    n_heads = int(meta[f"{arch}.attention.head_count"])
-    n_kv = int(meta.get(f"{arch}.attention.head_count_kv", n_heads))
-    out: dict[str, QTensor] = {}
-    for t in reader.tensors:
-        if len(t.shape) != 2 or t.name == "rope_freqs.weight":
-            continue  # norms (f32 vectors) come from the converted folder
-        kind = t.tensor_type.name
-        name = _hf_name(t.name, Path(path))
-        if kind not in KINDS:
-            raise SpecdecError(f"{path}: tensor {t.name} is {kind}; --precision gguf-q16 and gguf-q8 read "
-                               f"{', '.join(KINDS)} blocks (use --precision fp16 for this file)")
-        cols, rows = int(t.shape[0]), int(t.shape[1])  # GGUF lists the contiguous dimension first
-        blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, row_bytes(kind, cols))
-        if arch == "llama" and name.endswith("q_proj.weight"):  # llama.cpp reorders llama's Q and K only
-            blocks = _unpermute_rows(blocks, n_heads)
-        elif arch == "llama" and name.endswith("k_proj.weight"):
-            blocks = _unpermute_rows(blocks, n_kv)
-        out[name] = QTensor(kind, blocks, rows, cols)
-    return out
 
 
 def release_pages(tensors) -> None:
@@ -165,12 +117,6 @@ class RowLookup:
 
     def to(self, device) -> RowLookup:
         return self
-
-
-def _unpermute_rows(blocks: np.ndarray, n_heads: int) -> np.ndarray:
-    """gguf_convert._unpermute on whole rows of blocks (a row's blocks move with it)."""
-    half = blocks.shape[0] // n_heads // 2
-    return blocks.reshape(n_heads, half, 2, -1).swapaxes(1, 2).reshape(blocks.shape)
 
 
 def planes(parts: list[QTensor], interleave: bool, act_bits: int = 8, paired: bool = False) -> tuple:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.errors import SpecdecError
 from specdec.models.config import GGUF_PRECISIONS, PRECISIONS, SUPPORTED_TYPES, read_config
+from specdec.paths import cache_root
 
 
 @dataclass
@@ -36,63 +36,13 @@ def resolve_model_dir(spec: str, lean: bool = False) -> Path:
             raise SpecdecError(f"{spec}: a model is a folder (config.json + safetensors) or a .gguf file")
         st = path.stat()
         key = hashlib.sha1(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:10]
-        out = gguf_convert.cache_root() / f"{path.stem}-{key}{'-lean' if lean else ''}"
+        out = cache_root() / f"{path.stem}-{key}{'-lean' if lean else ''}"
         if not gguf_convert.is_complete(out):
             gguf_convert.convert_gguf(path, out, lean=lean)
         return out
     if not (path / "config.json").is_file():
         raise SpecdecError(f"{spec}: no config.json in this folder")
     return path
-
-
-INDEX = "model.safetensors.index.json"
-
-
-def load_weights(path: Path) -> dict:
-    """Every tensor of a model folder: from the shards its index names (each must be there), else from every
-    *.safetensors file in it."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    files = shard_files(path) if (path / INDEX).exists() else sorted(path.glob("*.safetensors"))
-    if not files:
-        raise SpecdecError(f"{path}: no weights in this folder (no *.safetensors file)")
-    weights = {}
-    for f in files:
-        try:
-            weights.update(load_file(f))
-        except (OSError, SafetensorError) as e:
-            raise SpecdecError(f"{f}: not a readable safetensors file ({e})") from None
-    return weights
-
-
-def shard_files(path: Path) -> list[Path]:
-    """The files the folder's safetensors index names, each checked to be there."""
-    try:
-        weight_map = json.loads((path / INDEX).read_text(encoding="utf-8"))["weight_map"]
-        names = sorted(set(weight_map.values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        raise SpecdecError(f"{path / INDEX}: not a safetensors index (no 'weight_map' of tensor: file)") from None
-    for name in names:
-        if not isinstance(name, str) or Path(name).name != name:
-            raise SpecdecError(f"{path / INDEX}: {name!r} is not a file name in this folder")
-        if not (path / name).is_file():
-            raise SpecdecError(f"{path}: shard {name} (named by {INDEX}) is missing")
-    return [path / name for name in names]
-
-
-def check_weights(weights: dict, cfg, path: Path, matrices: bool = True) -> None:
-    """Every tensor config.json implies is there with its shape (lm_head.weight may be absent); without `matrices`
-    (a lean conversion, gguf_convert) only the vectors."""
-    for name, shape in cfg.weight_shapes().items():
-        if not matrices and len(shape) == 2:
-            continue
-        t = weights.get(name)
-        if t is None and name != "lm_head.weight":
-            raise SpecdecError(f"{path}: the weights have no {name}")
-        if t is not None and tuple(t.shape) != shape:
-            raise SpecdecError(f"{path}: {name} has shape {list(t.shape)}, but config.json implies {list(shape)}")
 
 
 def default_precision(path: Path, spec: str | None, device: str, model_type: str | None) -> str:
@@ -102,10 +52,12 @@ def default_precision(path: Path, spec: str | None, device: str, model_type: str
         return "bf16"
     if model_type in SUPPORTED_TYPES + ("gemma3_text",):
         from specdec.kernels import decode_kernels
-        from specdec.models.gguf_weights import gguf_source, runnable
+        from specdec.models.gguf_arch import ARCHS, for_model_type
+        from specdec.models.gguf_convert import gguf_source
 
-        if model_type == "gemma3_text":  # the same check, without gguf-py's ~20 s read of a 262k-token vocabulary
-            from specdec.models.gguf_gemma3 import runnable
+        # each architecture's own check (Gemma 3's without gguf-py's ~20 s read of a 262k-token vocabulary); a
+        # mistral folder reads as llama
+        runnable = (for_model_type(model_type) or ARCHS["llama"]).runnable
         source = gguf_source(path, spec)
         if source is not None and runnable(source) and decode_kernels() is not None:
             return "gguf-q16"
@@ -121,14 +73,16 @@ def default_precision(path: Path, spec: str | None, device: str, model_type: str
 def lean_load(spec: str | None, precision: str | None, device: str) -> bool:
     """Whether a .gguf model loads lean (its matrices read from the file, never dequantized to a folder): a llama or
     qwen2 file on a gguf precision, given or the default (the kernels build and read every matrix's type)."""
-    from specdec.models import gguf_convert
+    from specdec.models.gguf_arch import ARCHS
+    from specdec.models.gguf_file import architecture
 
     if spec in ("default", "", None) or device != "cpu" or (precision and precision not in GGUF_PRECISIONS):
         return False
     path = Path(spec).expanduser()
     if path.suffix.lower() != ".gguf" or not path.is_file():
         return False
-    if gguf_convert.architecture(path) not in gguf_convert.ARCHITECTURES:
+    arch = ARCHS.get(architecture(path))
+    if arch is None or not arch.lean:
         return False
     from specdec.kernels import decode_kernels
     from specdec.models.gguf_weights import runnable
@@ -157,7 +111,7 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
     try:
         if model_type == "gemma3_text":
             from specdec.models.gemma3 import Gemma3
-            from specdec.models.gguf_weights import gguf_source
+            from specdec.models.gguf_convert import gguf_source
 
             gguf = gguf_source(path, spec) if precision in GGUF_PRECISIONS else None
             return LoadedModel(Gemma3.from_dir(path, precision, device, gguf), tokenizer, name, path, "specdec")
@@ -166,7 +120,7 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
 
             gguf = None
             if precision in GGUF_PRECISIONS:
-                from specdec.models.gguf_weights import gguf_source
+                from specdec.models.gguf_convert import gguf_source
 
                 gguf = gguf_source(path, spec)
             model = Transformer.from_dir(path, precision, device, gguf)

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from specdec.errors import SpecdecError
 from specdec.kernels import pairs_layout
 from specdec.models.config import ACT_BITS, GGUF_PRECISIONS, ModelConfig
-from specdec.models.gguf_weights import QTensor, RowLookup, qmatrix, read_matrices, release_pages
+from specdec.models.gguf_llama import read_matrices
+from specdec.models.gguf_weights import QTensor, RowLookup, qmatrix, release_pages
 from specdec.models.hugepages import Arena
 from specdec.models.linear import Linear
 
@@ -152,7 +153,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class Transformer:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], precision: str = "fp16",
                  device: str = "cpu", quantized: dict[str, QTensor] | None = None):
-        """`quantized`: the GGUF's matrices (models.gguf_weights.read_matrices), needed by the gguf precisions."""
+        """`quantized`: the GGUF's matrices (models.gguf_llama.read_matrices), needed by the gguf precisions."""
         if precision in GGUF_PRECISIONS and quantized is None:
             raise SpecdecError(f"--precision {precision} runs a GGUF file's own blocks; this model is not from a "
                                "GGUF file (use fp16)")
@@ -208,8 +209,8 @@ class Transformer:
     def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu",
                  gguf: Path | None = None) -> Transformer:
         """A model folder; `gguf`: the GGUF file it was converted from, whose blocks the gguf precisions run."""
+        from specdec.models.checkpoint import check_weights, load_weights
         from specdec.models.gguf_convert import is_lean
-        from specdec.models.loader import check_weights, load_weights
 
         path = Path(path)
         cfg = ModelConfig.from_dir(path)

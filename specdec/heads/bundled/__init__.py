@@ -1,7 +1,7 @@
-"""The draft heads shipped with the package, and loading a head for a target.
+"""The draft heads shipped with the package: where they are, and the checks a saved head passes before use.
 
 `smollm2-135m-instruct/` is the EAGLE-3 head for the bundled model; RECIPE.md beside it gives the command that
-trained it.
+trained it. Turning a head into a drafter for a target is runtime.load_head's (a drafter sits above the heads).
 """
 
 from __future__ import annotations
@@ -43,21 +43,3 @@ def saved_for(where: Path, target) -> dict:
     if trained_for and trained_for != target.tokenizer.fingerprint():
         raise SpecdecError(f"{where}: this draft head was trained for a target with another vocabulary")
     return saved
-
-
-def load_head(path: str | None, model: str, target):
-    """An EagleDrafter for `target` (a LoadedModel), checked against the target it was trained for."""
-    from specdec.drafters.eagle import EagleDrafter
-    from specdec.heads.eagle import EagleHead
-
-    where = head_dir(path, model)
-    head = EagleHead.load(where)
-    saved_for(where, target)
-    if not getattr(target.model, "supports_taps", False):
-        raise SpecdecError("--drafter eagle reads the target's hidden states, which this model's forward pass "
-                           "does not expose")
-    if max(head.cfg.taps) > target.model.cfg.num_layers:
-        raise SpecdecError(f"{where}: the head reads layer {max(head.cfg.taps)}; the target has "
-                           f"{target.model.cfg.num_layers}")
-    # where the target runs on the native CPU kernels, so does the head's layer
-    return EagleDrafter(head, target.model.embed, MIN_CONFIDENCE, kernels=getattr(target.model, "kernels", None))

@@ -23,8 +23,8 @@ from tqdm import tqdm
 
 from specdec.atomic import atomic_file
 from specdec.errors import SpecdecError
-from specdec.heads.data import Example, Features
 from specdec.heads.eagle import EagleHead, HeadConfig
+from specdec.train.data import Example, Features
 
 STEP_WEIGHT = 0.8  # EAGLE-3's per-step loss decay
 

@@ -60,10 +60,10 @@ def register(sub) -> None:
 def train_cmd(args) -> int:
     import torch
 
-    from specdec.heads import data
     from specdec.heads.eagle import HeadConfig, default_taps
-    from specdec.heads.train import TrainConfig, coverage, draft_vocabulary, init_head, train
     from specdec.models.loader import load_model
+    from specdec.train import data
+    from specdec.train.distill import TrainConfig, coverage, draft_vocabulary, init_head, train
 
     if args.device not in ("cpu", "cuda"):
         raise SpecdecError(f"unknown device {args.device!r} (cpu or cuda)")

@@ -1,0 +1,155 @@
+"""The llama and qwen2 parts of GGUF -> Hugging Face conversion (gguf_convert does the rest): tensor names, the
+row order of Q and K, config.json, and the file's matrices as stored, under the same names, for the gguf precisions
+(read_matrices). Their byte-level BPE tokenizer is rebuilt by gguf_tokenizer.
+
+Names: `blk.N.attn_q.weight` is `model.layers.N.self_attn.q_proj.weight` and so on (`hf_name`). Rows of Q and K:
+llama.cpp's converter reorders each head's rows of a llama file from Hugging Face's rotate-half layout (first half,
+second half) to interleaved pairs (x0, y0, x1, y1, ...); `unpermute` undoes it. Qwen2 files convert as llama does,
+with q/k/v biases and no reordering of Q and K (llama.cpp reorders only llama's). Llama 3's rope scaling, stored by
+llama.cpp as a `rope_freqs` tensor (a divisor per rotary frequency), goes to config.json as
+`specdec_rope_freq_factors`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specdec.errors import SpecdecError
+from specdec.models.config import FREQ_FACTORS
+from specdec.models.gguf_file import decimal, need_int, open_gguf, read_metadata
+from specdec.models.gguf_weights import KINDS, QTensor, row_bytes
+
+ARCHES = ("llama", "qwen2")  # general.architecture values read here (gguf_arch.ARCHS maps them to this module)
+PERMUTED = "llama"  # the architecture whose Q and K rows llama.cpp interleaves
+_LAYER_NAMES = {  # llama.cpp per-block tensor -> Hugging Face module under model.layers.N
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def check_metadata(meta: dict[str, Any], src: Path) -> None:
+    """Refuse rope scaling other than Llama 3's (a rope_freqs tensor)."""
+    arch = meta["general.architecture"]
+    if meta.get(f"{arch}.rope.scaling.type", "none") not in ("none", None):
+        raise SpecdecError(f"{src}: rope scaling {meta[f'{arch}.rope.scaling.type']!r} is not supported (Llama 3's "
+                           "rope_freqs tensor is)")
+
+
+def hf_name(name: str, src: Path) -> str:
+    """The Hugging Face name of a GGUF tensor."""
+    m = _BLOCK.fullmatch(name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    stem, _, kind = name.rpartition(".")
+    if stem in _TOP_NAMES and kind in ("weight", "bias"):
+        return f"{_TOP_NAMES[stem]}.{kind}"
+    raise SpecdecError(f"{src}: tensor {name!r} has no Hugging Face Llama equivalent")
+
+
+def hf_tensor(name: str, weight: np.ndarray, src: Path, meta: dict[str, Any]) -> tuple[str, np.ndarray]:
+    """The Hugging Face name and value of a dequantized GGUF tensor (weight: [out_features, in_features] for a
+    matrix): a llama file's Q and K rows back in rotate-half order."""
+    hf = hf_name(name, src)
+    if meta["general.architecture"] == PERMUTED and hf.endswith(("q_proj.weight", "k_proj.weight")):
+        heads = need_int(meta, src, "attention.head_count")
+        if hf.endswith("k_proj.weight"):
+            heads = int(meta.get(f"{PERMUTED}.attention.head_count_kv", heads))
+        weight = unpermute(weight, heads)
+    return hf, weight
+
+
+def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row order. w: [n_heads * head_dim, in]; within each head llama.cpp stores the rotary
+    pairs interleaved, row 2i = x_i and row 2i+1 = y_i, where Hugging Face stores all x_i first, then all y_i.
+    Rows of quantized blocks ([rows, row bytes]) move the same way: a row's blocks move with it."""
+    rows = w.shape[0]
+    half = rows // n_heads // 2
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)  # [h, half, 2] -> [h, 2, half]
+
+
+def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
+           factors: list[float] | None) -> dict[str, Any]:
+    """LlamaConfig (Qwen2Config) fields, written with both the 4.x `rope_theta` and the 5.x `rope_parameters`
+    spellings; `shapes`: every tensor's shape by Hugging Face name; `factors`: the rope_freqs tensor's values."""
+    arch = meta["general.architecture"]
+    hidden = need_int(meta, src, "embedding_length")
+    n_heads = need_int(meta, src, "attention.head_count")
+    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // n_heads))
+    if int(meta.get(f"{arch}.rope.dimension_count", head_dim)) != head_dim:
+        raise SpecdecError(f"{src}: partial rotary embeddings are not supported")
+    rope_theta = decimal(meta.get(f"{arch}.rope.freq_base", 10000.0))
+    ids = {k: meta.get(f"tokenizer.ggml.{k}") for k in ("bos_token_id", "eos_token_id", "padding_token_id")}
+    qwen = arch == "qwen2"
+    config = {
+        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
+        "model_type": arch,
+        "hidden_size": hidden,
+        "intermediate_size": need_int(meta, src, "feed_forward_length"),
+        "num_hidden_layers": need_int(meta, src, "block_count"),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv", n_heads)),
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": decimal(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": rope_theta},
+        "max_position_embeddings": need_int(meta, src, "context_length"),
+        "vocab_size": int(shapes["model.embed_tokens.weight"][0]),
+        "tie_word_embeddings": "lm_head.weight" not in shapes,
+        "attention_bias": qwen,
+        "mlp_bias": False,
+        "bos_token_id": ids["bos_token_id"],
+        "eos_token_id": ids["eos_token_id"],
+        "pad_token_id": ids["padding_token_id"],
+        "torch_dtype": "float32",
+    }
+    if factors is not None:
+        if len(factors) != head_dim // 2:
+            raise SpecdecError(f"{src}: rope_freqs has {len(factors)} values; head size {head_dim} needs "
+                               f"{head_dim // 2}")
+        config[FREQ_FACTORS] = factors
+    return config
+
+
+def build_tokenizer(meta: dict[str, Any]):
+    """(tokenizers.Tokenizer, tokenizer_config dict): the byte-level BPE vocabulary (gguf_tokenizer)."""
+    from specdec.models.gguf_tokenizer import build_tokenizer
+
+    return build_tokenizer(meta)
+
+
+def read_matrices(path: Path) -> dict[str, QTensor]:
+    """Every quantized matrix of a llama or qwen2 GGUF under its Hugging Face name. A matrix in another format (F16,
+    Q2_K, ...) is refused with the formats these paths read."""
+    reader = open_gguf(Path(path))
+    meta = read_metadata(reader, Path(path))
+    arch = meta.get("general.architecture")
+    if arch not in ARCHES:
+        raise SpecdecError(f"{path}: architecture {arch!r} is not one of {', '.join(ARCHES)}")
+    check_metadata(meta, Path(path))
+    n_heads = int(meta[f"{arch}.attention.head_count"])
+    n_kv = int(meta.get(f"{arch}.attention.head_count_kv", n_heads))
+    out: dict[str, QTensor] = {}
+    for t in reader.tensors:
+        if len(t.shape) != 2 or t.name == "rope_freqs.weight":
+            continue  # norms (f32 vectors) come from the converted folder
+        kind = t.tensor_type.name
+        name = hf_name(t.name, Path(path))
+        if kind not in KINDS:
+            raise SpecdecError(f"{path}: tensor {t.name} is {kind}; --precision gguf-q16 and gguf-q8 read "
+                               f"{', '.join(KINDS)} blocks (use --precision fp16 for this file)")
+        cols, rows = int(t.shape[0]), int(t.shape[1])  # GGUF lists the contiguous dimension first
+        blocks = np.asarray(t.data, dtype=np.uint8).reshape(rows, row_bytes(kind, cols))
+        if arch == PERMUTED and name.endswith("q_proj.weight"):  # llama.cpp reorders llama's Q and K only
+            blocks = unpermute(blocks, n_heads)
+        elif arch == PERMUTED and name.endswith("k_proj.weight"):
+            blocks = unpermute(blocks, n_kv)
+        out[name] = QTensor(kind, blocks, rows, cols)
+    return out
