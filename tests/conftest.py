@@ -14,8 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.drafters.base import Draft, pad_rows
-
 torch.set_num_threads(int(os.environ.get("SPECDEC_TEST_THREADS", "1")))
 
 
@@ -128,49 +126,6 @@ class FakeTokenizer:
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return "".join(chr(ord("a") + i) for i in ids)
-
-
-class ScriptedDrafter:
-    """Drafts from a known continuation: for row r, the next k tokens of `futures[r]` (prompt + the plain
-    output), of which only the first `correct(round)` are right and the rest are junk (token + 1 mod vocab).
-    Records every proposal, and calls `on_propose(contexts)` first (the engine's state between rounds)."""
-
-    name = "scripted"
-
-    def __init__(self, futures, vocab: int, correct=lambda i: 10**9, on_propose=None):
-        self.futures, self.vocab, self.correct, self.on_propose = futures, vocab, correct, on_propose
-        self.rounds = 0
-        self.proposed: list[list[list[int]]] = []  # per round, per row
-        self.heard: list[list[int]] = []  # per round, the accepted counts
-
-    free = False
-
-    def reserve(self, slots, capacity) -> int:
-        return capacity
-
-    def open(self, slot, prompt, sampling) -> None:
-        self.row_of = getattr(self, "row_of", {})
-        self.row_of[slot] = next(r for r, f in enumerate(self.futures) if list(f[:len(prompt)]) == list(prompt)
-                                 and r not in self.row_of.values())
-
-    def close(self, slot) -> None:
-        pass
-
-    def propose(self, slots, contexts, ks) -> Draft:
-        if self.on_propose:
-            self.on_propose(contexts)
-        j = self.correct(self.rounds)
-        self.rounds += 1
-        rows = []
-        for slot, ctx, k in zip(slots, contexts, ks):
-            future = self.futures[self.row_of[slot]]
-            true = list(future[len(ctx):len(ctx) + k])
-            rows.append([t if i < j else (t + 1) % self.vocab for i, t in enumerate(true)])
-        self.proposed.append(rows)
-        return Draft(pad_rows(rows, max(ks, default=0)))
-
-    def accepted(self, slots, num_accepted) -> None:
-        self.heard.append(list(num_accepted))
 
 
 def prefill_cache(model, prompts, capacity: int):

@@ -8,10 +8,15 @@ round's output tokens, position by position and prefix by prefix, must follow th
 verification, `verify_round`, decides each round). Deliberately broken drafters must fail: one that reports a q
 moved by 0.01 in total variation from the q it samples, one that samples the warped q but reports the unwarped
 one, and one that never warps.
+
+And every drafter declares the capabilities the step loop reads (drafters/base.py): set by the drafter itself, of
+the declared type, and saying what the drafter does.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -20,13 +25,18 @@ import pytest
 import torch
 from scipy import stats
 
+import specdec.drafters
+from specdec.drafters.base import CAPABILITIES, Drafter, NoDrafter
+from specdec.drafters.cascade import CascadeDrafter
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.eagle import EagleDrafter
-from specdec.engine.generate import verify_round
+from specdec.drafters.ngram import NgramDrafter
+from specdec.drafters.suffix import SuffixDrafter
 from specdec.heads.eagle import HeadConfig, default_taps
-from specdec.heads.train import init_head
+from specdec.sampling.rounds import verify_round
 from specdec.sampling.verify import PAD
 from specdec.sampling.warp import SamplingConfig, warp_probs
+from specdec.train.distill import init_head
 from tests.sampler_harness import chi_square_pvalue, conditional_pvalues, pooled_chi_square
 from tests.warp_oracle import reference_warp_rows
 
@@ -238,6 +248,7 @@ def rounds(tiny_model, target):
     return {name: run_rounds(target, spec.make(tiny_model), ROUNDS, seed=1) for name, spec in PROB_DRAFTERS.items()}
 
 
+@pytest.mark.slow  # the 10^5 rounds of each drafter (about 3 minutes on 2 cores)
 @pytest.mark.parametrize("name", PROB_DRAFTERS)
 def test_drafted_tokens_follow_the_reported_q(rounds, name):
     for i, pv in draws_follow_q_pvalues(rounds[name]):
@@ -254,6 +265,7 @@ def test_q_is_the_warped_draft_distribution(tiny_model, name, sampling):
     assert problem is None, f"{name}: {problem}"
 
 
+@pytest.mark.slow  # the 10^5 rounds of each drafter (about 3 minutes on 2 cores)
 @pytest.mark.parametrize("name", PROB_DRAFTERS)
 def test_speculative_rounds_are_exact(target, rounds, name):
     r = rounds[name]
@@ -277,6 +289,7 @@ def output_distribution(p: torch.Tensor, q_sampled: torch.Tensor, q_reported: to
     return kept + (1 - kept.sum()) * residual / residual.sum()
 
 
+@pytest.mark.slow  # 46 s
 def test_the_exactness_test_has_power_against_a_q_off_by_0_01(tiny_model, target):
     """At ROUNDS samples the chi-square at the first position alone rejects the 0.01 shift at REJECT_LEVEL with
     probability >= 0.95 (non-central chi-square with the shift's exact effect on the output), and it does."""
@@ -300,6 +313,7 @@ def test_the_exactness_test_has_power_against_a_q_off_by_0_01(tiny_model, target
     assert worst < REJECT_LEVEL, f"a q off by TV 0.01 passed the draws-follow-q test: p = {worst:.2e}"
 
 
+@pytest.mark.slow
 def test_reporting_the_unwarped_q_fails_exactness_and_the_contract(tiny_model, target):
     spec = PROB_DRAFTERS["draft-model"]
     r = run_rounds(target, ReportsUnwarpedQ(tiny_model("fp16", **DRAFT), VOCAB), ROUNDS // 5, seed=2)
@@ -320,3 +334,48 @@ def test_a_drafter_that_never_warps_breaks_the_support_contract(tiny_model, targ
     r = run_rounds(target, NeverWarps(tiny_model("fp16", **DRAFT), VOCAB), CHUNK, seed=3)
     assert min(pv for _, _, pv in exactness_pvalues(target, r)) > PASS_LEVEL  # still exact
     assert (r.drafts[:, 0] == PAD).sum() == 0
+
+
+# ---- every drafter declares its capabilities ------------------------------------------------------------------
+
+def every_drafter(tiny_model) -> dict:
+    """One of each drafter in specdec.drafters, in each mode that changes a capability."""
+    draft = lambda: DraftModelDrafter(tiny_model("fp16", **DRAFT), VOCAB)  # noqa: E731
+    eagle = lambda: EagleDrafter(_eagle_head(tiny_model), tiny_model("fp16", **TARGET).embed)  # noqa: E731
+    return {"none": NoDrafter(), "ngram": NgramDrafter(), "ngram-unrated": NgramDrafter(rated=False),
+            "suffix": SuffixDrafter(), "suffix-private": SuffixDrafter(max_tokens=0), "draft-model": draft(),
+            "eagle": eagle(), "ngram,draft-model": CascadeDrafter([NgramDrafter(), draft()]),
+            "suffix,eagle": CascadeDrafter([SuffixDrafter(max_tokens=0), eagle()])}
+
+
+def test_every_drafter_class_is_in_the_list(tiny_model):
+    made = {type(d) for d in every_drafter(tiny_model).values()}
+    for info in pkgutil.iter_modules(specdec.drafters.__path__):
+        module = importlib.import_module(f"specdec.drafters.{info.name}")
+        for cls in vars(module).values():
+            if isinstance(cls, type) and cls.__module__ == module.__name__ and hasattr(cls, "propose") \
+                    and cls is not Drafter:
+                assert Drafter in cls.__mro__ and cls in made, cls
+
+
+def test_every_drafter_declares_its_capabilities(tiny_model):
+    """Each capability set by the drafter itself (its class or the instance), not left to the protocol's default,
+    and of the declared type."""
+    kinds = {"name": str, "free": bool, "confident": bool, "taps": tuple, "learns": bool, "catch_up_s": float}
+    assert set(kinds) == set(CAPABILITIES)
+    for label, d in every_drafter(tiny_model).items():
+        mro = type(d).__mro__
+        own = mro[:mro.index(Drafter)]  # the drafter's classes, the protocol's defaults left out
+        for cap, kind in kinds.items():
+            assert cap in vars(d) or any(cap in vars(c) for c in own), f"{label} does not declare {cap}"
+            assert isinstance(getattr(d, cap), kind), (label, cap, getattr(d, cap))
+        assert all(isinstance(t, int) for t in d.taps)
+
+
+def test_capabilities_say_what_the_drafters_do(tiny_model):
+    d = every_drafter(tiny_model)
+    assert [n for n, x in d.items() if x.free] == ["none", "ngram", "ngram-unrated", "suffix", "suffix-private"]
+    assert [n for n, x in d.items() if x.confident] == ["ngram", "eagle", "ngram,draft-model", "suffix,eagle"]
+    assert [n for n, x in d.items() if x.taps] == ["eagle", "suffix,eagle"]
+    assert d["suffix,eagle"].taps == d["eagle"].taps
+    assert [n for n, x in d.items() if x.learns] == ["ngram", "suffix", "ngram,draft-model"]

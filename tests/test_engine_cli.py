@@ -259,9 +259,9 @@ def test_generate_with_a_head_or_a_cascade_equals_plain(capsys, tmp_path, tiny_c
     import torch
 
     from specdec.heads.eagle import HeadConfig, default_taps
-    from specdec.heads.train import init_head
     from specdec.models.tokenizer import Tokenizer
     from specdec.models.transformer import Transformer
+    from specdec.train.distill import init_head
 
     model = Transformer.from_dir(tiny_cli_model)
     torch.manual_seed(0)

@@ -14,12 +14,12 @@ from specdec.drafters.suffix import SuffixDrafter
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.engine.policy import Auto, PassCost
 from tests.conftest import (
-    ScriptedDrafter,
     divergence_message,
     first_divergence,
     greedy_reference,
     greedy_reference_rows,
 )
+from tests.drafting import ScriptedDrafter
 
 VOCAB = 64
 TARGET = dict(vocab=VOCAB)  # tiny target: std 0.02 weights, its greedy output soon repeats (n-grams match)
@@ -44,7 +44,7 @@ def drafter_for(name: str, tiny_model, precision: str = "fp16"):
         return CascadeDrafter([NgramDrafter(4, 1), drafter_for("eagle", tiny_model, precision)])
     if name in ("eagle", "eagle-native"):  # an untrained head (trained ones: test_heads_eagle)
         from specdec.heads.eagle import HeadConfig, default_taps
-        from specdec.heads.train import init_head
+        from specdec.train.distill import init_head
 
         model = tiny_model(precision, **TARGET)
         torch.manual_seed(0)
@@ -193,7 +193,7 @@ def cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
 @pytest.mark.parametrize("name", ["none", "ngram", "suffix", "draft-model", "eagle", "ngram,eagle"])
 def test_bundled_greedy_equals_plain(bundled, plain_for, name, precision):
     from specdec.drafters.cascade import CascadeDrafter
-    from specdec.heads.bundled import load_head
+    from specdec.runtime import load_head
 
     loaded = bundled(precision)
     ids, plain = plain_for(precision)

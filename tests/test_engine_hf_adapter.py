@@ -9,7 +9,8 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.errors import SpecdecError
-from tests.conftest import ScriptedDrafter, first_divergence
+from tests.conftest import first_divergence
+from tests.drafting import ScriptedDrafter
 
 VOCAB = 48
 PROMPT = [5, 6, 7, 8, 5, 6]

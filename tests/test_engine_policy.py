@@ -1,13 +1,16 @@
 """The speculation policy: `auto` picks each row's k by expected tokens per second from a pass-cost curve and
 per-row acceptance. The serving rule of thumb (shorten k as load rises, stop speculating above some batch) must
-come out of the optimisation, and a row whose drafts keep being accepted keeps drafting when others stop."""
+come out of the optimisation, and a row whose drafts keep being accepted keeps drafting when others stop. Every
+policy implements the whole protocol, and the round's choice asks the drafter for what each path needs."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
+from specdec.drafters.base import Draft, Drafter, pad_rows
 from specdec.engine.generate import GenerationConfig
-from specdec.engine.policy import Auto, FixedK, Never, PassCost, RowView
+from specdec.engine.policy import Auto, FixedK, Never, PassCost, Policy, RowView, choose_drafts
 from specdec.engine.sequence import Sequence
 from specdec.errors import SpecdecError
 
@@ -173,3 +176,59 @@ def test_confidence_is_calibrated_by_what_verification_accepts():
         auto.learn_confidence([0.5], int(i % 10 == 0))
     assert auto.calibration == pytest.approx(0.2, abs=0.02)
     assert auto.trim(rows(1, 0.5, cap=1), [[0.5]]) == [0]
+
+
+# ---- the whole protocol, and the round's per-row choice -----------------------------------------------------
+
+def test_every_policy_implements_the_whole_protocol():
+    names = [n for n in vars(Policy) if not n.startswith("_")] + list(Policy.__annotations__)
+    assert {"max_k", "trims", "plan", "trim", "observe", "learn", "learn_confidence"} <= set(names)
+    for policy in (FixedK(3), Never(), Auto(CPU, max_k=4)):
+        for name in names:
+            assert hasattr(policy, name), (policy, name)
+    assert [p.trims for p in (FixedK(3), Never(), Auto(CPU, max_k=4))] == [False, False, True]
+
+
+class Offers(Drafter):
+    """Offers `k` copies of token 7 for every row (as many as asked), with confidence `conf` per token or none;
+    records what it was asked for."""
+
+    name, taps, learns, catch_up_s = "offers", (), False, 0.0
+
+    def __init__(self, free: bool, conf: float | None = None):  # conf: exact in float32 (0.75)
+        self.free, self.confident, self.conf, self.asked = free, conf is not None, conf, []
+
+    def propose(self, slots, contexts, ks):
+        self.asked.append(list(ks))
+        width = max(ks, default=0)
+        conf = None if self.conf is None else torch.full((len(ks), width), self.conf)
+        return Draft(pad_rows([[7] * k for k in ks], width), confidence=conf)
+
+
+def test_a_planned_drafter_is_asked_for_what_the_plan_wants():
+    d = Offers(free=False)
+    c = choose_drafts(FixedK(3), d, [0, 1], [[1], [1]], [RowView([0] * 3, [0] * 3, 2), RowView([0] * 3, [0] * 3, 0)],
+                      greedy=True)
+    assert d.asked == [[2, 0]] and c.drafts == [[7, 7], []] and c.steps == 2 and c.offered is None
+    d = Offers(free=False)
+    assert choose_drafts(Never(), d, [0], [[1]], [RowView([0], [0], 1)], True).drafts == [[]] and d.asked == []
+
+
+def test_a_free_drafter_offers_all_the_room_and_the_rest_is_shadowed():
+    d = Offers(free=True)
+    auto = Auto(CPU, max_k=4, explore=False)
+    poor, good = RowView([50] * 4, [1] * 4, 4), RowView([50] * 4, [49] * 4, 4)
+    c = choose_drafts(auto, d, [0, 1], [[1], [1]], [poor, good], greedy=False)
+    assert d.asked == [[4, 4]] and c.offered == [[7] * 4, [7] * 4]
+    assert c.drafts[0] == [] and len(c.drafts[1]) > 0 and c.steps == len(c.drafts[1])
+
+
+def test_a_confident_drafter_is_trimmed_at_temperature_0_and_planned_when_sampling():
+    rows = [RowView([0] * 4, [0] * 4, 4)] * 2
+    d = Offers(free=False, conf=0.75)
+    c = choose_drafts(Auto(Q16, max_k=4), d, [0, 1], [[1], [1]], rows, greedy=True)
+    assert d.asked == [[4, 4]] and c.steps == 4 and c.confidence == [[0.75] * len(x) for x in c.drafts]
+    assert any(c.drafts)
+    d = Offers(free=False, conf=0.75)
+    c = choose_drafts(Auto(Q16, max_k=4), d, [0, 1], [[1], [1]], rows, greedy=False)
+    assert c.confidence is None and d.asked in ([], [[len(x) for x in c.drafts]])

@@ -8,7 +8,8 @@ import torch
 
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.engine.generate import Engine, GenerationConfig
-from tests.conftest import ScriptedDrafter, greedy_reference_rows, prefill_cache, teacher_forced
+from tests.conftest import greedy_reference_rows, prefill_cache, teacher_forced
+from tests.drafting import ScriptedDrafter
 
 VOCAB = 64
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6, 5], [2, 7, 1, 8]]  # different lengths, each <= 16 (the draft never prefills)

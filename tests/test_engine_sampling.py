@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-import specdec.engine.scheduler as scheduler
+import specdec.sampling.rounds as rounds
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.engine.policy import FixedK
@@ -107,7 +107,7 @@ def test_speculative_bonus_token_matches_the_exact_distribution(tiny_model, exac
 
 def test_broken_verify_rule_fails_the_same_test(tiny_model, exact3, monkeypatch):
     """Resampling from p instead of the residual after a rejection: the same test must reject it."""
-    monkeypatch.setattr(scheduler, "rejection_sample", broken_no_residual)
+    monkeypatch.setattr(rounds, "rejection_sample", broken_no_residual)
     tokens, _ = sample(tiny_model, SamplingConfig(1.0, seed=12), 3, 3)
     pv = goodness_of_fit(tokens, exact3)
     print(f"broken rule (no residual): chi-square p = {pv:.3g}")
@@ -127,6 +127,7 @@ def test_warped_speculative_sampling_matches_the_warped_target(tiny_model, sampl
     assert pv > PASS_LEVEL, f"warped speculative samples fail the chi-square test: p = {pv:.2e}"
 
 
+@pytest.mark.slow  # 13 s of rounds through the step loop
 def test_rows_joining_mid_run_with_their_own_settings_sample_exactly(tiny_model):
     """The step loop as a server runs it: sequences arrive in waves while others are mid-generation, half at
     temperature 1 and half with top-p 0.8, each with its own seed, in ragged passes where rows verify different

@@ -3,14 +3,18 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import Engine, GenerationConfig
+from specdec.engine.sequence import STOP_WINDOW, Sequence
 from specdec.engine.stats import AcceptanceMeter, RequestStats, RoundRecord
 from specdec.errors import SpecdecError
-from tests.conftest import FakeTokenizer, ScriptedDrafter, greedy_reference, greedy_reference_rows
+from tests.conftest import FakeTokenizer, greedy_reference, greedy_reference_rows
+from tests.drafting import ScriptedDrafter
 
 VOCAB = 26  # the fake tokenizer spells token i as one letter
 PROMPT = [1, 2, 3, 4, 5, 6]
@@ -193,3 +197,116 @@ def test_no_draft_past_the_token_budget(model, plain, budget, last):
     assert [(len(r.drafted), r.accepted, r.emitted) for r in res.stats.rounds] == [(4, 4, 5), last]
     assert res.token_ids == plain[:budget] and res.stats.alpha == 1.0
     assert res.origins == ["prefill"] + ["accepted"] * 4 + ["bonus"] + ["accepted"] * last[1] + ["bonus"]
+
+
+# ---- stop strings, checked incrementally -------------------------------------------------------------------------
+
+class CountingTokenizer:
+    """Wraps a tokenizer and counts the token ids it decodes."""
+
+    def __init__(self, inner):
+        self.inner, self.decoded = inner, 0
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        self.decoded += len(ids)
+        return self.inner.decode(ids)
+
+
+class ByteTokenizer:
+    """Token i is byte i; text is the bytes read as UTF-8 (a character split between tokens is U+FFFD until its
+    last byte arrives)."""
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def reference_cut(output: list[int], offered: list[int], stop: tuple[str, ...], tokenizer) -> int | None:
+    """The obviously right rule: the first i whose whole text output + offered[:i] holds a stop string."""
+    for i in range(1, len(offered) + 1):
+        if any(s in tokenizer.decode(output + offered[:i]) for s in stop):
+            return i
+    return None
+
+
+def stream(tokens: list[int], stop: tuple[str, ...], tokenizer, seed: int) -> tuple[list[int], str | None]:
+    """Emit `tokens` in rounds of 1..6, checking every round against reference_cut. Returns (output, finish)."""
+    rng = random.Random(seed)
+    s = Sequence([0], GenerationConfig(len(tokens) + 1, stop=stop))
+    at = 0
+    while at < len(tokens) and s.finish is None:
+        offered = tokens[at:at + rng.randint(1, 6)]
+        want = reference_cut(s.output, offered, stop, tokenizer)
+        kept = s.emit(offered, ["accepted"] * len(offered), set(), tokenizer)
+        assert kept == offered[:want or len(offered)], (at, offered, want, kept)
+        assert s.finish == ("stop" if want else None)
+        at += len(offered)
+    return s.output, s.finish
+
+
+def test_stop_check_decodes_a_bounded_window_per_round():
+    """The tokens decoded per round do not grow with the output: 2,000 tokens in rounds of 5, no stop string
+    ever found; the last rounds decode no more than the first full ones."""
+    tok = CountingTokenizer(FakeTokenizer())
+    s = Sequence([0], GenerationConfig(2500, stop=("zzz", "yx")))
+    per_round = []
+    for r in range(400):
+        before = tok.decoded
+        s.emit([r % 20, (r + 1) % 20, (r + 2) % 20, 3, 4], ["accepted"] * 5, set(), tok)
+        per_round.append(tok.decoded - before)
+    assert s.finish is None and s.num_generated == 2000
+    window = 3 + STOP_WINDOW  # output tokens decoded before the round's: the longest stop string's length + 8
+    bound = window + sum(window + i for i in range(1, 6))  # the window, then each of the round's 5 prefixes after it
+    assert max(per_round) <= bound and per_round[-1] == per_round[20], (per_round[:3], per_round[-3:])
+
+
+def test_stop_strings_spanning_rounds_are_found():
+    tok = FakeTokenizer()  # token i is one letter
+    s = Sequence([0], GenerationConfig(50, stop=("cdef",)))
+    assert s.emit([1, 2], ["accepted"] * 2, set(), tok) == [1, 2] and s.finish is None  # "bc"
+    assert s.emit([3, 4], ["accepted"] * 2, set(), tok) == [3, 4] and s.finish is None  # "bcde"
+    assert s.emit([5, 6, 7], ["accepted"] * 3, set(), tok) == [5] and s.finish == "stop"  # "bcdef": cut at f
+    assert s.text(tok) == "b"
+    far = Sequence([0], GenerationConfig(500, stop=("xyz",)))  # past the window: the output is long
+    far.emit([i % 20 for i in range(100)], ["accepted"] * 100, set(), tok)
+    far.emit([23, 24], ["accepted"] * 2, set(), tok)
+    assert far.finish is None
+    assert far.emit([25, 1], ["accepted"] * 2, set(), tok) == [25] and far.finish == "stop"
+
+
+def test_a_stop_string_whose_character_spans_rounds_is_found():
+    """é is two bytes: the first round ends inside it (its text ends in U+FFFD), the next completes it."""
+    tok = ByteTokenizer()
+    s = Sequence([0], GenerationConfig(500, stop=("é!",)))
+    s.emit(list(b"x" * 40), ["accepted"] * 40, set(), tok)
+    e = list("é!".encode())
+    assert s.emit(e[:1], ["accepted"], set(), tok) == e[:1] and s.finish is None
+    assert s.emit(e[1:] + [65], ["accepted"] * 2, set(), tok) == e[1:] and s.finish == "stop"
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_incremental_stop_check_equals_decoding_the_whole_output(seed):
+    """Random UTF-8 text (one to four bytes a character) as byte tokens in random rounds, with stop strings taken
+    from the text (some spanning characters' bytes and rounds) or absent: every round keeps what the whole-text
+    rule keeps."""
+    rng = random.Random(seed)
+    alphabet = ["a", "b", " ", "é", "€", "😀", "ß", "\n"]
+    text = "".join(rng.choice(alphabet) for _ in range(rng.randint(40, 200)))
+    tokens = list(text.encode())
+    at = rng.randrange(len(text) // 2, len(text))
+    stop = (text[at:at + rng.randint(1, 5)], "never" if seed % 2 else "€€€€€€€€€€€€€€€€€")
+    stream(tokens, stop, ByteTokenizer(), seed)
+    stream(tokens, ("qq", "\ufffd"), ByteTokenizer(), seed)  # U+FFFD itself: found where a character is split
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_incremental_stop_check_equals_it_on_the_bundled_tokenizer(bundled_path, seed):
+    """Byte-level BPE (merges, a leading-space marker, multi-byte characters over several tokens)."""
+    from specdec.models.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(bundled_path)
+    rng = random.Random(seed)
+    words = ["the", " cat", " sat", "é", "über", " 😀", " naïve", "\n", "  ", "12", "€5", " 日本語", "."]
+    text = "".join(rng.choice(words) for _ in range(150))
+    at = rng.randrange(len(text) // 2, len(text) - 5)
+    for stop in ((text[at:at + rng.randint(1, 6)],), ("zzzq",)):
+        stream(tok.encode(text), stop, tok, seed)

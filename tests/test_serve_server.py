@@ -30,6 +30,9 @@ from tests.serving import (
     write_served_model,
 )
 
+# a server in a subprocess per test or module: the `servers` part of the slow suites (make test-all)
+pytestmark = pytest.mark.slow
+
 openai = pytest.importorskip("openai")
 
 
@@ -253,6 +256,40 @@ def test_a_full_queue_gets_503_not_a_hang(long_model_dir):
         assert s.client(None).completions.create(model=name, prompt="w1", max_tokens=2).usage.completion_tokens
     finally:
         s.stop()
+
+
+def test_one_queue_rule_for_the_worker_and_the_step_loop(tiny_model):
+    """In process, no HTTP: the worker refuses a request when the requests not yet in a slot (its inbox counting
+    as waiting) outnumber the free slots by max_queue; the step loop's own admit refuses by the same rule, and
+    admitting what the worker accepted never trips it."""
+    import asyncio
+
+    from specdec.engine.scheduler import Scheduler, SchedulerConfig
+    from specdec.engine.sequence import GenerationConfig
+    from specdec.serve.metrics import ServerMetrics
+    from specdec.serve.worker import EngineWorker, QueueFull
+
+    model, cfg = tiny_model("fp16", vocab=32), SchedulerConfig(max_batch=2, max_queue=3)
+    sched = Scheduler(model, None, cfg=cfg)
+    worker = EngineWorker(sched, ServerMetrics(1))  # not started: its inbox holds what is submitted
+    loop = asyncio.new_event_loop()
+    try:
+        for _ in range(5):  # 2 free slots + 3 waiting
+            worker.submit(worker.new_sequence([1, 2], GenerationConfig(4)), loop)
+        with pytest.raises(QueueFull, match="at capacity"):
+            worker.submit(worker.new_sequence([1, 2], GenerationConfig(4)), loop)
+        assert worker.load == (0, 5)
+        worker._take_inbox()  # what the engine thread does first: all five admitted, none refused
+        worker._publish()
+        assert worker.load == (0, 5) and worker.state["requests_open"] == 5 and worker.state["problems"] == []
+        sched.step()  # two take the slots
+        assert worker.load == (2, 3)
+        with pytest.raises(QueueFull):
+            worker.submit(worker.new_sequence([1, 2], GenerationConfig(4)), loop)
+        with pytest.raises(QueueFull):
+            sched.admit(sched.new_sequence([1, 2], GenerationConfig(4)))
+    finally:
+        loop.close()
 
 
 def test_clients_that_disconnect_mid_stream_free_their_slots(long_model_dir):

@@ -1,5 +1,6 @@
 """The rejection sampler: exact in distribution (with power against broken samplers), equal to a slow
-reference loop, greedy fast path, ragged rows and the numerical edge cases."""
+reference loop, greedy fast path, ragged rows and the numerical edge cases; and a whole round verified in one call
+equal to its rows verified one by one."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from specdec.sampling.lossy import LossyAcceptanceWarning, verify_typical_lossy
+from specdec.sampling.rounds import RowRule, draw_rows, verify_round, verify_rows
 from specdec.sampling.verify import (
     PAD,
     draw_random,
@@ -15,6 +17,7 @@ from specdec.sampling.verify import (
     verify,
     verify_greedy,
 )
+from specdec.sampling.warp import SamplingConfig, warp_probs
 from tests.sampler_harness import (
     broken_no_residual,
     broken_swapped_ratio,
@@ -191,3 +194,112 @@ def test_argmax_rows_is_torch_argmax_with_its_tie_and_nan_rules():
     assert argmax_rows(y) == y.argmax(-1).tolist()
     assert argmax_rows(y.half()) == y.half().argmax(-1).tolist()  # other dtypes: torch itself
     assert argmax_rows(y[0, 0]) == 100  # one row: an int
+
+
+# ---- a whole round in one call: ragged rows, each with its own rule --------------------------------------------
+
+RULES = [RowRule(SamplingConfig(0.0)), RowRule(SamplingConfig(1.0)), RowRule(SamplingConfig(0.7, top_k=5)),
+         RowRule(SamplingConfig(1.3, top_p=0.8)), RowRule(SamplingConfig(1.0, top_k=20, top_p=0.9)),
+         RowRule(SamplingConfig(0.0), lossy_typical=True), RowRule(SamplingConfig(0.8), lossy_typical=True)]
+
+
+def _ragged_round(seed: int, rows: int = 24, k: int = 5, vocab: int = 50, with_q: bool = True):
+    """A round's inputs: drafts PAD-padded to k with every length 0..k present, q (a drafter's, or None), logits
+    padded [rows, k+1, vocab] (NaN past each row's length + 1), and a rule per row, every rule present."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = [i % (k + 1) for i in range(rows)]
+    tokens = torch.full((rows, k), PAD, dtype=torch.long)  # [rows, k_max]
+    q = torch.softmax(3 * torch.randn(rows, k, vocab, generator=g), -1) if with_q else None  # [rows, k_max, vocab]
+    logits = 3 * torch.randn(rows, k + 1, vocab, generator=g)  # [rows, k_max+1, vocab]
+    for r, n in enumerate(lengths):
+        if n:
+            draws = torch.multinomial(q[r, :n], 1, generator=g).view(-1) if with_q else \
+                torch.randint(0, vocab, (n,), generator=g)
+            # half of them the target's argmax, so that greedy rows accept some
+            top = logits[r, :n].argmax(-1)
+            tokens[r, :n] = torch.where(torch.rand(n, generator=g) < 0.5, top, draws)
+        logits[r, n + 1:] = float("nan")
+    rules = [RULES[(r * 5 + seed) % len(RULES)] for r in range(rows)]
+    return tokens, q, logits, rules, lengths
+
+
+def flat(logits: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+    """[sum(lengths + 1), vocab]: each row's live positions, row after row, as the target's ragged pass gives them."""
+    return torch.cat([logits[r, :n + 1] for r, n in enumerate(lengths)])
+
+
+def _one_row(tokens, q, logits, rule: RowRule, n: int, accept_u, noise):
+    """The row alone (batch of 1, its own k), by the rule's own function, with its slice of the random numbers."""
+    t, lg = tokens[:, :n], logits[:, :n + 1]  # [1, n], [1, n+1, vocab]
+    s = rule.sampling
+    if rule.lossy_typical:
+        return verify_typical_lossy(t, torch.softmax(lg.float(), -1) if s.greedy else warp_probs(lg, s), noise)
+    if s.greedy:
+        return verify_greedy(t, lg)
+    return rejection_sample(t, None if q is None else q[:, :n], warp_probs(lg, s), accept_u[:, :n], noise)
+
+
+@pytest.mark.filterwarnings("ignore::specdec.sampling.lossy.LossyAcceptanceWarning")
+@pytest.mark.parametrize("with_q", [True, False], ids=["q", "one-hot"])
+@pytest.mark.parametrize("seed", range(4))
+def test_a_round_in_one_call_equals_each_row_alone(seed, with_q):
+    """Same uniforms and noise, same tokens: every row of a ragged round (k from 0 to 5, greedy, sampled with and
+    without top-k/top-p, typical) verified in one call gives what verifying it alone gives."""
+    tokens, q, logits, rules, lengths = _ragged_round(seed, with_q=with_q)
+    g = torch.Generator().manual_seed(100 + seed)
+    accept_u = torch.rand(tokens.shape, generator=g)  # [rows, k_max]
+    noise = torch.empty(tokens.shape[0], logits.shape[-1]).exponential_(generator=g)  # [rows, vocab]
+    out = verify_rows(tokens, q, flat(logits, lengths), rules, accept_u, noise)
+    assert out.tokens.shape == (tokens.shape[0], tokens.shape[1] + 1)
+    for r, (rule, n) in enumerate(zip(rules, lengths)):
+        one = _one_row(tokens[r:r + 1], None if q is None else q[r:r + 1], logits[r:r + 1], rule, n,
+                       accept_u[r:r + 1], noise[r:r + 1])
+        a = int(one.num_accepted[0])
+        assert int(out.num_accepted[r]) == a, (r, rule, n)
+        assert out.tokens[r, :n + 1].tolist() == one.tokens[0].tolist(), (r, rule, n)
+        assert (out.tokens[r, n + 1:] == PAD).all()
+    assert {int(a) for a in out.num_accepted} > {0}  # some rows accept drafts
+
+
+@pytest.mark.filterwarnings("ignore::specdec.sampling.lossy.LossyAcceptanceWarning")
+@pytest.mark.parametrize("seed", range(3))
+def test_each_row_draws_from_its_own_stream_as_it_would_alone(seed):
+    """draw_rows + verify_rows against verify_round row by row, each row with its own generator seeded the same:
+    the same tokens, and every stream left where the row alone leaves it."""
+    tokens, q, logits, rules, lengths = _ragged_round(seed)
+    alone = [torch.Generator().manual_seed(7 * r + seed) for r in range(len(rules))]
+    together = [torch.Generator().manual_seed(7 * r + seed) for r in range(len(rules))]
+    accept_u, noise = draw_rows(rules, lengths, logits.shape[-1], together)
+    out = verify_rows(tokens, q, flat(logits, lengths), rules, accept_u, noise)
+    for r, (rule, n) in enumerate(zip(rules, lengths)):
+        one = verify_round(tokens[r:r + 1, :n], None if q is None or rule.sampling.greedy else q[r:r + 1, :n],
+                           logits[r:r + 1, :n + 1], rule.sampling, alone[r], rule.lossy_typical)
+        assert out.tokens[r, :n + 1].tolist() == one.tokens[0].tolist(), (r, rule, n)
+        assert torch.equal(alone[r].get_state(), together[r].get_state()), r
+
+
+def test_a_greedy_round_draws_nothing():
+    tokens, q, logits, rules, lengths = _ragged_round(0)
+    greedy = [RowRule(SamplingConfig(0.0))] * len(rules)
+    gens = [torch.Generator().manual_seed(r) for r in range(len(rules))]
+    assert draw_rows(greedy, lengths, logits.shape[-1], gens) == (None, None)
+    out = verify_rows(tokens, q, flat(logits, lengths), greedy, None, None)
+    for r, n in enumerate(lengths):
+        assert out.tokens[r, :n + 1].tolist() == verify_greedy(tokens[r:r + 1, :n], logits[r:r + 1, :n + 1]).tokens[
+            0].tolist()
+
+
+def test_making_one_row_ragged_changes_no_other_row():
+    """Six full rows, then the same round with the last row one draft shorter (its logits one position fewer):
+    the other rows' tokens, read at other offsets of the flat logits, stay the same."""
+    q = _ragged_round(1, rows=6, k=3)[1]  # [6, 3, 50]
+    tokens = torch.randint(0, 50, (6, 3), generator=torch.Generator().manual_seed(0))
+    logits = torch.randn(6, 4, 50, generator=torch.Generator().manual_seed(1))
+    rules = [RowRule(SamplingConfig(0.9, top_k=10, seed=s)) for s in range(6)]
+    g = torch.Generator().manual_seed(2)
+    u, noise = torch.rand(6, 3, generator=g), torch.empty(6, 50).exponential_(generator=g)
+    full = verify_rows(tokens, q, flat(logits, [3] * 6), rules, u, noise)
+    ragged = tokens.clone()
+    ragged[5, 2] = PAD
+    part = verify_rows(ragged, q, flat(logits, [3] * 5 + [2]), rules, u, noise)
+    assert torch.equal(full.tokens[:5], part.tokens[:5]) and torch.equal(full.num_accepted[:5], part.num_accepted[:5])

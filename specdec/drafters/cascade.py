@@ -6,6 +6,9 @@ right more often than a model), a trained head last. Every member sees every seq
 ones that read the target's hidden states get them for every position, so a head that sat out some rounds
 catches up when it is asked again. A row drafted by a deterministic member gets a one-hot q, and a row's
 confidence is its member's (NaN from a member that gives none; none at all when no member gave any).
+
+Its capabilities are its members': free when all are, confident, learning or tapping the target when any is, and
+its catch-up time the sum of the members' that drafted in the last round.
 """
 
 from __future__ import annotations
@@ -14,12 +17,12 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Draft, Drafter
 from specdec.errors import SpecdecError
 from specdec.sampling.verify import PAD
 
 
-class CascadeDrafter:
+class CascadeDrafter(Drafter):
     def __init__(self, members: Sequence, min_tokens: int = 2):
         """min_tokens: a member's draft is taken when it has at least this many tokens (or all the row's k)."""
         if len(members) < 2:
@@ -29,8 +32,10 @@ class CascadeDrafter:
         self.members, self.min_tokens = list(members), min_tokens
         self.name = ",".join(m.name for m in self.members)
         self.free = all(m.free for m in self.members)
-        self.confident = any(getattr(m, "confident", False) for m in self.members)
-        self.taps = next((tuple(m.taps) for m in self.members if getattr(m, "taps", ())), ())
+        self.confident = any(m.confident for m in self.members)
+        self.taps = next((tuple(m.taps) for m in self.members if m.taps), ())
+        self.learns = any(m.learns for m in self.members)
+        self.catch_up_s = 0.0
         self.used: dict[int, object] = {}  # slot -> the member whose draft it took last round
         self.counts = {m.name: 0 for m in self.members}  # rows drafted by each member
 
@@ -48,7 +53,7 @@ class CascadeDrafter:
 
     def features(self, slot: int, start: int, feats: torch.Tensor) -> None:
         for m in self.members:
-            if getattr(m, "taps", ()):
+            if m.taps:
                 m.features(slot, start, feats)
 
     def propose(self, slots, contexts, ks) -> Draft:
@@ -59,11 +64,13 @@ class CascadeDrafter:
         given: set[int] = set()  # rows whose q came from a member
         rated = self.confident  # whether any row's member gave confidences
         todo = [i for i, k in enumerate(ks) if k > 0]
+        self.catch_up_s = 0.0
         for j, m in enumerate(self.members):
             if not todo:
                 break
             last = j == len(self.members) - 1
             d = m.propose([slots[i] for i in todo], [contexts[i] for i in todo], [ks[i] for i in todo])
+            self.catch_up_s += m.catch_up_s
             rest = []
             for r, i in enumerate(todo):
                 row = [t for t in d.tokens[r].tolist() if t != PAD]

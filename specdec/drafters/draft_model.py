@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Draft, Drafter
 from specdec.errors import SpecdecError
 from specdec.sampling.verify import PAD, draw_random
 from specdec.sampling.warp import SamplingConfig, warp_probs
@@ -22,9 +22,12 @@ from specdec.sampling.warp import SamplingConfig, warp_probs
 PREFILL_ABOVE = 16  # feeds longer than this use the model's prefill attention
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     name = "draft-model"
     free = False
+    confident = False
+    taps = ()
+    learns = False
 
     def __init__(self, model, target_vocab: int, seed_offset: int = 7919):
         self.model, self.target_vocab, self.seed_offset = model, target_vocab, seed_offset

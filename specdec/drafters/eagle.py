@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Draft, Drafter
 from specdec.errors import SpecdecError
 from specdec.heads.eagle import EagleHead
 from specdec.sampling.verify import PAD, draw_random
@@ -54,10 +54,12 @@ class TorchHead:
         return out, logits[-1]
 
 
-class EagleDrafter:
+class EagleDrafter(Drafter):
     name = "eagle"
     free = False
     confident = True  # at temperature 0 (NaN otherwise): Draft.confidence is the head's top-1 probability
+    learns = False
+    catch_up_s = 0.0  # feeding the head the context's new positions is part of drafting here
 
     def __init__(self, head: EagleHead, embed: torch.Tensor, min_confidence: float = 0.0, seed_offset: int = 104729,
                  kernels=None):
@@ -81,7 +83,7 @@ class EagleDrafter:
 
             if supported(self.head):
                 self.layer = KernelHead(self.head, kernels)
-        self.taps = c.taps  # the target layers whose features the scheduler passes to `features`
+        self.taps = tuple(c.taps)  # the target layers whose features the scheduler passes to `features`
         self.ids = head.target_ids()  # [draft_vocab] target id of each draft id
         self.g = None
         self.valid: dict[int, int] = {}  # per slot: head positions fed with the target's features

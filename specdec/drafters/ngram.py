@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec.drafters.base import Draft, pad_rows
+from specdec.drafters.base import Draft, Drafter, pad_rows
 from specdec.errors import SpecdecError
 
 BUCKETS = (1, 2, 3, 4, 6, 10, 16)  # match lengths: bucket b holds lengths from BUCKETS[b] to the next bound - 1
@@ -73,15 +73,19 @@ class AcceptanceTable:
         return (self.right[b][j] + 1.0) / (self.judged[b][j] + 2.0)
 
 
-class NgramDrafter:
+class NgramDrafter(Drafter):
     name = "ngram"
     free = True
+    taps = ()
+    catch_up_s = 0.0
 
     def __init__(self, max_n: int = 4, min_n: int = 1, rated: bool = True):
         """rated: return each draft's confidences (False: none, and the planner goes by each row's record)."""
         if not (1 <= min_n <= max_n):
             raise SpecdecError(f"n-gram sizes need 1 <= min_n <= max_n, got {min_n}..{max_n}")
         self.max_n, self.min_n, self.rated = max_n, min_n, rated
+        self.confident = rated  # each draft comes with its measured rates per match length
+        self.learns = rated  # ... measured across every request of this process
         self.rows: dict[int, _RowIndex] = {}  # slot -> its sequence's index
         self.table = AcceptanceTable()  # shared by every sequence of this process
 

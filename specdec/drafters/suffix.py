@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specdec.drafters.base import Draft, pad_rows
+from specdec.drafters.base import Draft, Drafter, pad_rows
 from specdec.errors import SpecdecError
 
 
@@ -219,9 +219,12 @@ class _Row:
     ctx: Sequence[int] | None = None  # the context last passed to propose
 
 
-class SuffixDrafter:
+class SuffixDrafter(Drafter):
     name = "suffix"
     free = True
+    confident = False
+    taps = ()
+    catch_up_s = 0.0
 
     def __init__(self, max_depth: int = 24, min_prob: float = 0.1, max_tokens: int = 1 << 18,
                  local_weight: float = 2.0):
@@ -239,6 +242,7 @@ class SuffixDrafter:
             raise SpecdecError(f"suffix drafter: local_weight must be positive, got {local_weight!r}")
         self.max_depth, self.min_prob, self.local_weight = max_depth, min_prob, local_weight
         self.shared = _SharedIndex(max_depth, max_tokens)
+        self.learns = max_tokens > 0  # finished sequences feed the shared index
         self.rows: dict[int, _Row] = {}  # slot -> its sequence
 
     def reserve(self, slots: int, capacity: int) -> int:

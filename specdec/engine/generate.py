@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from specdec.drafters.base import Drafter, NoDrafter
 from specdec.engine.policy import Auto, FixedK, Never
 from specdec.engine.prefix import PrefixCache
-from specdec.engine.scheduler import PREFILL_CHUNK, Scheduler, SchedulerConfig, verify_round
+from specdec.engine.scheduler import PREFILL_CHUNK, Scheduler, SchedulerConfig
 from specdec.engine.sequence import GenerationConfig, Sequence
 from specdec.engine.stats import AcceptanceMeter, RequestStats
 from specdec.errors import SpecdecError
@@ -29,7 +29,7 @@ class GenerationResult:
     origins: list[str]  # per generated token: "prefill" | "accepted" | "recovered" | "bonus"
 
 
-__all__ = ["Engine", "GenerationConfig", "GenerationResult", "verify_round"]
+__all__ = ["Engine", "GenerationConfig", "GenerationResult"]
 
 # on_tokens(row, token_ids, origins) is called as tokens become final
 TokenCallback = Callable[[int, list[int], list[str]], None]
@@ -40,7 +40,7 @@ class Engine:
         """prefix_cache: how many finished sequences to keep (keys and values over the model's whole context)
         for later prompts that start the same way; 0 keeps none."""
         self.model, self.tokenizer, self.device = model, tokenizer, device
-        self.meter = AcceptanceMeter()  # running acceptance rate across requests
+        self.meter = AcceptanceMeter()  # running acceptance rate across requests (benchmarks report it)
         self.prefix = PrefixCache(model, prefix_cache, model.cfg.max_position_embeddings) if prefix_cache else None
 
     def generate(
@@ -65,7 +65,8 @@ class Engine:
         context = min(limit, longest + cfg.max_new_tokens + policy.max_k + 2)
         sched = Scheduler(self.model, self.tokenizer, drafter, policy,
                           SchedulerConfig(max_batch=len(prompts), max_queue=None, context=context,
-                                          prefill_chunk=prefill_chunk), self.meter, self.prefix)
+                                          prefill_chunk=prefill_chunk), prefix_cache=self.prefix)
+        sched.on_round = self._meter_round
         seqs = []
         for r, p in enumerate(prompts):
             seed = cfg.sampling.seed
@@ -84,3 +85,8 @@ class Engine:
             s.stats.generated_tokens = s.num_generated
             results.append(GenerationResult(s.output, s.text(self.tokenizer), s.finish, s.stats, s.origins))
         return results
+
+    def _meter_round(self, rows, drafted: list[int], accepted: list[int], emitted: list[int]) -> None:
+        """A decode round into the running acceptance rate, row by row."""
+        for d, a in zip(drafted, accepted):
+            self.meter.update(d, a)

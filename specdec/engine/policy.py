@@ -1,4 +1,5 @@
-"""How far to speculate, each round, for each row: `always` (a fixed k), `never` (k = 0), or `auto`.
+"""How far to speculate, each round, for each row: `always` (a fixed k), `never` (k = 0), or `auto`; and
+`choose_drafts`, the round's per-row choice that asks the drafter and the policy in the order they need.
 
 `auto` chooses every row's k (0 allowed) to maximise the batch's expected tokens per second:
 
@@ -11,6 +12,9 @@ matches as long), and pass_seconds the measured cost of a target pass over that 
 batch size is hard-coded: while a pass is memory-bound extra rows cost almost nothing and every row drafts; once
 compute binds, each extra row costs a share of a pass and only rows whose drafts are accepted often enough keep
 drafting.
+
+Every policy implements the whole `Policy` protocol (no-op methods where it has nothing to learn), so the step
+loop never asks what a policy can do.
 """
 
 from __future__ import annotations
@@ -19,8 +23,13 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
+import torch
+
+from specdec.drafters.base import Drafter
 from specdec.errors import SpecdecError
+from specdec.sampling.verify import PAD
 from specdec.theory.economics import check_k
 
 POLICIES = ("auto", "always", "never")
@@ -35,11 +44,41 @@ class RowView:
     cap: int  # the most tokens this row may draft now (cache room, budget, drafts available)
 
 
+class Policy(Protocol):
+    """How many drafts each row verifies. `trims`: the policy can cut drafts already drafted by the drafter's
+    confidence in them (`trim`); without it, drafts are planned (`plan`) and confidences go unread."""
+
+    max_k: int  # the most drafts a row verifies in a round
+    trims: bool
+
+    def plan(self, rows: Sequence[RowView]) -> list[int]:
+        """Each row's k before drafting, up to its cap."""
+        ...
+
+    def trim(self, rows: Sequence[RowView], confidence: Sequence[Sequence[float]]) -> list[int]:
+        """Each row's k after drafting rows[i].cap tokens that came with confidence[i][j] (NaN: none)."""
+        ...
+
+    def observe(self, rows: int, seconds: float, draft_seconds: float, max_k: int) -> None:
+        """A round's costs: its target pass over `rows` token-rows, and `max_k` drafting steps."""
+        ...
+
+    def learn(self, judged: Sequence[int], hits: Sequence[int]) -> None:
+        """A round's evidence per draft position, verified and shadow-scored: judged, and accepted."""
+        ...
+
+    def learn_confidence(self, confidence: Sequence[float], accepted: int) -> None:
+        """One row's round, from drafts it trimmed by confidence: those the target judged, the first `accepted`
+        of them accepted."""
+        ...
+
+
 @dataclass
 class FixedK:
     """`always`: k drafts for every row (fewer when the cache or the budget is nearly full)."""
 
     k: int
+    trims = False
 
     def __post_init__(self) -> None:
         check_k(self.k)
@@ -51,7 +90,16 @@ class FixedK:
     def plan(self, rows: Sequence[RowView]) -> list[int]:
         return [min(self.k, r.cap) for r in rows]
 
+    def trim(self, rows: Sequence[RowView], confidence: Sequence[Sequence[float]]) -> list[int]:
+        return self.plan(rows)  # confidences do not move a fixed k
+
     def observe(self, rows: int, seconds: float, draft_seconds: float, max_k: int) -> None:
+        pass
+
+    def learn(self, judged: Sequence[int], hits: Sequence[int]) -> None:
+        pass
+
+    def learn_confidence(self, confidence: Sequence[float], accepted: int) -> None:
         pass
 
 
@@ -60,11 +108,21 @@ class Never:
     """`never`: plain decoding through the same loop."""
 
     max_k: int = 0
+    trims = False
 
     def plan(self, rows: Sequence[RowView]) -> list[int]:
         return [0] * len(rows)
 
+    def trim(self, rows: Sequence[RowView], confidence: Sequence[Sequence[float]]) -> list[int]:
+        return [0] * len(rows)
+
     def observe(self, rows: int, seconds: float, draft_seconds: float, max_k: int) -> None:
+        pass
+
+    def learn(self, judged: Sequence[int], hits: Sequence[int]) -> None:
+        pass
+
+    def learn_confidence(self, confidence: Sequence[float], accepted: int) -> None:
         pass
 
 
@@ -123,6 +181,7 @@ class Auto:
     prior_hits: list[float] = field(default_factory=list)
     conf_sum: float = 0.0  # decayed sums over verified drafts that came with a confidence: the confidences,
     conf_hits: float = 0.0  # ... and the accepted ones
+    trims = True
 
     def __post_init__(self) -> None:
         check_k(self.max_k, "max k")
@@ -208,3 +267,52 @@ class Auto:
             self.draft_step_s = 0.9 * self.draft_step_s + 0.1 * draft_seconds / max_k
         else:
             self.draft_step_s *= 0.99
+
+
+@dataclass
+class Choice:
+    """A round's drafts, as the policy chose them from what the drafter offered."""
+
+    drafts: list[list[int]]  # per row: the tokens to verify (none allowed)
+    probs: torch.Tensor | None  # [rows, >= max k, vocab] the drafter's q for them, or None (q one-hot)
+    steps: int  # drafting steps the round ran: what the policy's drafting cost is counted per
+    # per row, the kept drafts' confidences, where the policy trimmed a confident drafter's drafts by them
+    confidence: list[list[float]] | None = None
+    # per row, all a free drafter offered (drafts[r] is its verified prefix; the rest is shadow-scored)
+    offered: list[list[int]] | None = None
+
+
+def choose_drafts(policy: Policy, drafter: Drafter, slots: Sequence[int], contexts: Sequence[Sequence[int]],
+                  rows: Sequence[RowView], greedy: bool) -> Choice:
+    """The round's per-row choice. rows[i].cap is the most row i may draft (cache room, token budget); `greedy`:
+    every row samples at temperature 0.
+
+    Either drafts first, then the plan: a free drafter's cost nothing, and the ones not verified are shadow-scored;
+    a confident drafter's come with how sure it is of each token (it stops itself where unsure), and the policy
+    keeps the prefix of each draft that pays at the measured pass costs (sampled rows' drafts come without
+    confidences, so they are planned first). Or the plan first, then drafting only what the plan asks for."""
+    caps = [r.cap for r in rows]
+    trims = policy.trims and drafter.confident and any(caps) and greedy
+    if not (drafter.free and policy.max_k > 0) and not trims:
+        ks = policy.plan(rows)
+        if not any(ks):
+            return Choice([[] for _ in rows], None, 0)
+        d = drafter.propose(slots, contexts, ks)
+        drafts = [[t for t in row if t != PAD][:k] for row, k in zip(d.tokens.tolist(), ks)]
+        return Choice(drafts, d.probs, max(len(x) for x in drafts))
+    d = drafter.propose(slots, contexts, caps)
+    offered = [[t for t in row if t != PAD] for row in d.tokens.tolist()]
+    views = [RowView(r.judged, r.hits, len(o)) for r, o in zip(rows, offered)]
+    if drafter.free:
+        # a lookup's confidences (its measured rate for matches as long) stand for the row's estimates at any
+        # temperature: its q is one-hot, so they estimate acceptance there too
+        if d.confidence is not None and policy.trims:
+            ks = policy.trim(views, d.confidence.tolist())
+        else:
+            ks = policy.plan(views)
+        drafts = [o[:k] for o, k in zip(offered, ks)]
+        return Choice(drafts, d.probs, max(len(x) for x in drafts), offered=offered)
+    steps = max(len(o) for o in offered)
+    conf = d.confidence.tolist() if d.confidence is not None else [[math.nan] * steps for _ in rows]
+    ks = policy.trim(views, conf)
+    return Choice([o[:k] for o, k in zip(offered, ks)], d.probs, steps, confidence=[c[:k] for c, k in zip(conf, ks)])

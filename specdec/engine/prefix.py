@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec.engine.target import TargetTraits
 from specdec.errors import SpecdecError
 
 
@@ -37,7 +38,7 @@ class PrefixCache:
     def __init__(self, model, entries: int, capacity: int):
         if entries < 1:
             raise SpecdecError(f"a prefix cache needs at least 1 entry, got {entries}")
-        if not getattr(model, "exact_kv_reuse", False):
+        if not TargetTraits.of(model).exact_kv_reuse:
             raise SpecdecError("prefix caching needs the native kernels (this model's prefill and decode "
                                "compute keys differently, so reuse would change outputs)")
         self.cache = model.new_cache(entries, capacity)

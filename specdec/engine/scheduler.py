@@ -7,9 +7,10 @@
      IDLE_CHUNKS times that while nothing decodes and chunking cannot change a prompt's cache; chunk
      boundaries fixed per prompt, so a prompt's prefill never depends on its company), and samples the
      first token of each prompt that completes;
-  3. runs one decode round for every running sequence: the policy picks each row's k (0 allowed), the
-     drafter drafts, ONE ragged target pass scores every row's own drafts, and each row is verified with its
-     own sampling settings and random stream;
+  3. runs one decode round for every running sequence: the drafter drafts and the policy picks each row's k
+     (0 allowed; engine/policy.py `choose_drafts`), ONE ragged target pass scores every row's own drafts, and
+     ONE call verifies every row, each with its own sampling settings and random stream (sampling/rounds.py);
+     then the rows keep what was accepted, and the drafter and the policy learn from the round;
 returning the events: tokens that became final and sequences that finished.
 
 Rollback is free: the pool is addressed by position, and a row's length advances only by what was accepted.
@@ -17,22 +18,22 @@ Rollback is free: the pool is addressed by position, and a row's length advances
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from specdec.drafters.base import Drafter, NoDrafter
-from specdec.engine.policy import Never, RowView
+from specdec.drafters.base import Drafter, NoDrafter, pad_rows
+from specdec.engine.policy import Choice, Never, Policy, RowView, choose_drafts
 from specdec.engine.prefix import PrefixCache
-from specdec.engine.sequence import Sequence
-from specdec.engine.stats import AcceptanceMeter, RoundRecord
+from specdec.engine.sequence import GenerationConfig, Sequence
+from specdec.engine.stats import RoundRecord
+from specdec.engine.target import TargetTraits
 from specdec.errors import SpecdecError
-from specdec.sampling.lossy import verify_typical_lossy
-from specdec.sampling.verify import PAD, VerifyOutput, argmax_rows, draw_random, rejection_sample, verify_greedy
-from specdec.sampling.warp import SamplingConfig, warp_probs
+from specdec.sampling.rounds import RowRule, draw_rows, sample_plain, verify_rows
+from specdec.sampling.verify import VerifyOutput
 
 # Prompt tokens prefilled per step. Measured on the bundled model (2 cores): 64-token chunks take 100-150 ms
 # each, a 1,536-token prompt prefills as fast in them as in one pass (3.0 s), and streams already decoding wait
@@ -71,47 +72,18 @@ class Event:
     finished: bool
 
 
-def verify_round(
-    tokens: torch.Tensor,  # [B, k] long, PAD-padded drafts
-    draft_probs: torch.Tensor | None,  # [B, k, vocab] the drafter's warped q, or None (q one-hot)
-    logits: torch.Tensor,  # [B, k+1, vocab] the target's logits over the last token and the drafts
-    sampling: SamplingConfig,
-    generator: torch.Generator,
-    lossy_typical: bool = False,
-) -> VerifyOutput:
-    """One round's verification: greedy, exact rejection sampling against the warped target, or (opt-in,
-    LOSSY) typical acceptance."""
-    b, k = tokens.shape
-    if lossy_typical:
-        _, noise = draw_random(b, 0, logits.shape[-1], generator, logits.device)
-        return verify_typical_lossy(tokens, warp_probs(logits, sampling) if not sampling.greedy else
-                                    torch.softmax(logits.float(), -1), noise)
-    if sampling.greedy:
-        return verify_greedy(tokens, logits)
-    u, noise = draw_random(b, k, logits.shape[-1], generator, logits.device)
-    return rejection_sample(tokens, draft_probs, warp_probs(logits, sampling), u, noise)
-
-
-def sample_plain(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> int:
-    """One token from the (warped) target distribution. logits [vocab]."""
-    if sampling.greedy:
-        return argmax_rows(logits)
-    probs = warp_probs(logits.view(1, -1), sampling)  # [1, vocab]
-    _, noise = draw_random(1, 0, logits.shape[-1], generator, logits.device)
-    return int((probs / noise).argmax(dim=-1))
+# on_round(rows, drafted, accepted, emitted): after each decode round, per row in the same order
+RoundCallback = Callable[[list[Sequence], list[int], list[int], list[int]], None]
 
 
 class Scheduler:
-    def __init__(self, model, tokenizer, drafter: Drafter | None = None, policy=None,
-                 cfg: SchedulerConfig | None = None, meter: AcceptanceMeter | None = None,
-                 prefix_cache: PrefixCache | None = None):
+    def __init__(self, model, tokenizer, drafter: Drafter | None = None, policy: Policy | None = None,
+                 cfg: SchedulerConfig | None = None, prefix_cache: PrefixCache | None = None):
         self.model, self.tok = model, tokenizer
+        self.target = TargetTraits.of(model)
         self.drafter = drafter or NoDrafter()
         self.policy = Never() if isinstance(self.drafter, NoDrafter) or policy is None else policy
-        # drafts cut to what pays after drafting, from the drafter's confidence (the auto policy)
-        self._trims = getattr(self.drafter, "confident", False) and hasattr(self.policy, "trim")
         self.cfg = cfg or SchedulerConfig()
-        self.meter = meter or AcceptanceMeter()
         limit = model.cfg.max_position_embeddings
         self.context = min(self.cfg.context or limit, limit)  # tokens a sequence may hold, prompt included
         served = self.drafter.reserve(self.cfg.max_batch, self.context)
@@ -122,28 +94,41 @@ class Scheduler:
         self.slots: list[Sequence | None] = [None] * self.cfg.max_batch
         self.waiting: deque[Sequence] = deque()
         self.eos = set(tokenizer.eos_token_ids) if tokenizer is not None else set()
-        self.device = getattr(model, "device", "cpu")
-        self.on_round = None  # optional callback(seqs, drafted, accepted, emitted): metrics
+        self.on_round: RoundCallback | None = None  # metrics
         # a drafter that reads the target's hidden states (a trained head) names the layers to tap
-        taps = tuple(getattr(self.drafter, "taps", ()))
-        if taps and not getattr(model, "supports_taps", False):
+        if self.drafter.taps and not self.target.supports_taps:
             raise SpecdecError(f"the {self.drafter.name} drafter reads the target's hidden states, which this "
                                "model's forward pass does not expose")
-        self._taps = {"taps": taps} if taps else {}
+        self._taps = {"taps": self.drafter.taps} if self.drafter.taps else {}
 
     # --- membership --------------------------------------------------------------------------------------
+
+    def new_sequence(self, prompt: list[int], cfg: GenerationConfig, rid: object = None) -> Sequence:
+        """A request as this loop runs it: its random stream on the target's device, evidence for every draft
+        position the policy may use."""
+        return Sequence(prompt, cfg, rid, device=self.target.device, max_k=max(self.policy.max_k, 1))
 
     def check(self, seq: Sequence) -> None:
         """Refuse what can never run: a prompt with no room for one generated token."""
         if seq.prompt_len + 1 > self.context:
             raise SpecdecError(f"prompt of {seq.prompt_len} tokens does not fit the context of {self.context}")
 
-    def admit(self, seq: Sequence, check_queue: bool = True) -> None:
-        """Queue a sequence; QueueFull when the queue is at its limit (unless the caller already decided)."""
+    def check_queue(self, pending: int = 0) -> None:
+        """The one queue-full rule: QueueFull when the sequences waiting for a slot (queued here, plus `pending`
+        that a caller holds for this loop) outnumber the free slots by max_queue or more.
+
+        Between a check and the admission of what it let through (the server's engine thread admits its inbox
+        later), that count only shrinks: slots free up, queued sequences take slots or leave. So `admit`, which
+        checks again, never refuses what an earlier check accepted, even when that check ran on another thread
+        during a step (a step takes a slot before it shrinks the queue)."""
+        limit = self.cfg.max_queue
+        if limit is not None and len(self.waiting) + pending - len(self._free()) >= limit:
+            raise QueueFull(f"the server is at capacity ({limit} requests waiting); retry later")
+
+    def admit(self, seq: Sequence) -> None:
+        """Queue a sequence; SpecdecError when it can never run, QueueFull when the queue is at its limit."""
         self.check(seq)
-        if check_queue and self.cfg.max_queue is not None and len(self.waiting) >= self.cfg.max_queue \
-                and not self._free():
-            raise QueueFull(f"the queue is full ({self.cfg.max_queue} requests waiting)")
+        self.check_queue()
         self.waiting.append(seq)  # seq.t0 stays its arrival: time to first token includes the wait
 
     def evict(self, seq: Sequence) -> None:
@@ -174,8 +159,17 @@ class Scheduler:
         return len(self.waiting)
 
     @property
+    def load(self) -> tuple[int, int]:
+        """(sequences in slots, sequences queued)"""
+        return sum(s is not None for s in self.slots), len(self.waiting)
+
+    @property
     def idle(self) -> bool:
         return not self.waiting and all(s is None for s in self.slots)
+
+    def holds(self) -> set[int]:
+        """id() of every sequence in a slot or the queue."""
+        return {id(s) for s in self.slots if s is not None} | {id(s) for s in self.waiting}
 
     # --- a read-only view (counts only: nothing of a prompt) ---------------------------------------------
 
@@ -210,11 +204,13 @@ class Scheduler:
         for slot in self._free():
             if not self.waiting:
                 break
-            seq = self.waiting.popleft()
+            # the slot is taken before the queue shrinks: a queue check from another thread in between counts
+            # one waiting too many, never one too few (see check_queue)
+            seq = self.slots[slot] = self.waiting[0]
+            self.waiting.popleft()
             seq.slot, seq.length, seq.prefilled = slot, 0, 0
             if self.prefix is not None:  # a stored prefix of the prompt is copied in, not prefilled
                 seq.length = seq.prefilled = seq.stats.cached_tokens = self.prefix.load(seq.prompt, self.cache, slot)
-            self.slots[slot] = seq
             self.drafter.open(slot, seq.prompt, seq.cfg.sampling)
         events += self._prefill()
         events += self._decode()
@@ -229,7 +225,7 @@ class Scheduler:
         # Where a prompt's keys do not depend on its chunking (the native kernels), and no sequence waits for a
         # decode round, several chunks go in one pass: each pass reads all the weights, so fewer passes are faster.
         idle = not any(s.running for s in self.slots if s is not None)
-        span = IDLE_CHUNKS if idle and getattr(self.model, "exact_kv_reuse", False) else 1
+        span = IDLE_CHUNKS if idle and self.target.exact_kv_reuse else 1
         budget = (self.cfg.prefill_chunk or float("inf")) * span
         for seq in sorted((s for s in self.slots if s is not None and s.prefilled < s.prompt_len),
                           key=lambda s: s.t0):
@@ -253,10 +249,10 @@ class Scheduler:
             events.append(Event(seq, kept, ["prefill"] * len(kept), seq.finish is not None))
         return events
 
+    # --- one decode round: draft, choose, score, verify, commit, observe ----------------------------------
+
     def _decode(self) -> list[Event]:
         rows = [s for s in self.slots if s is not None and s.running]
-        if not rows:
-            return []
         for s in rows:  # a row whose context fills its slot cannot take another pass
             if s.length >= self.context:
                 s.finish = "length"
@@ -264,96 +260,88 @@ class Scheduler:
         rows = [s for s in rows if s.finish is None]
         if not rows:
             return done
+        depth = len(rows[0].judged)
+        before = ([sum(s.judged[j] for s in rows) for j in range(depth)],  # evidence before this round
+                  [sum(s.hits[j] for s in rows) for j in range(depth)])
+        td = time.perf_counter()
+        choice = self._choose(rows)
+        tv = time.perf_counter()
+        logits, feats = self._score(rows, choice.drafts)
+        out = self._verify(rows, choice, logits)
+        accepted = out.num_accepted.tolist()  # per row
+        events = self._commit(rows, choice, out, feats, tv - td, tv)
+        self._observe(rows, choice, accepted, before, len(logits), tv - td, time.perf_counter() - tv)
+        if self.on_round is not None:
+            self.on_round(rows, [len(d) for d in choice.drafts], accepted, [len(e.tokens) for e in events])
+        return done + events
+
+    def _choose(self, rows: list[Sequence]) -> Choice:
+        """Draft, and let the policy choose how many of each row's drafts to verify (0 allowed)."""
         # room: positions length..length+k must exist, and drafting past the token budget is wasted
         caps = [max(0, min(self.policy.max_k, self.context - 1 - s.length,
                            s.cfg.max_new_tokens - s.num_generated - 1)) for s in rows]
-        slots = [s.slot for s in rows]
-        contexts = [s.tokens for s in rows]
-        depth = len(rows[0].judged)
-        judged0 = [sum(s.judged[j] for s in rows) for j in range(depth)]  # evidence before this round
-        hits0 = [sum(s.hits[j] for s in rows) for j in range(depth)]
-        td = time.perf_counter()
-        drafts: list[list[int]] = [[] for _ in rows]
-        confidence: list[list[float]] | None = None  # per row, the kept drafts' confidences (trimmed rounds)
-        steps = None  # drafting steps run, where more were drafted than kept
-        probs = None
-        trims = self._trims and any(caps) and all(s.cfg.sampling.greedy for s in rows)
-        if (self.drafter.free and self.policy.max_k > 0) or trims:
-            # drafts first, then the plan. A free drafter's cost nothing, and the ones not verified are
-            # shadow-scored. A confident drafter's come with how sure it is of each token (it stops itself where
-            # unsure), and the planner keeps the prefix of each draft that pays at the measured pass costs.
-            # (Sampled rows' drafts come without confidences: they are planned before drafting, below.)
-            d = self.drafter.propose(slots, contexts, caps)
-            offered = [[t for t in row if t != PAD] for row in d.tokens.tolist()]
-            views = [RowView(s.judged, s.hits, len(o)) for s, o in zip(rows, offered)]
-            if self.drafter.free:
-                # a lookup's confidences (its measured rate for matches as long) stand for the row's estimates
-                # at any temperature: its q is one-hot, so they estimate acceptance there too
-                if d.confidence is not None and hasattr(self.policy, "trim"):
-                    ks = self.policy.trim(views, d.confidence.tolist())
-                else:
-                    ks = self.policy.plan(views)
-                for s, o, k in zip(rows, offered, ks):
-                    if k < len(o):
-                        s.set_shadow(o, verified=k)
-            else:
-                steps = max(len(o) for o in offered)
-                conf = d.confidence.tolist() if d.confidence is not None else [[math.nan] * steps for _ in rows]
-                ks = self.policy.trim(views, conf)
-                confidence = [c[:k] for c, k in zip(conf, ks)]
-            drafts = [o[:k] for o, k in zip(offered, ks)]
-            probs = d.probs  # [n, max k, vocab] or None
-        else:
-            ks = self.policy.plan([RowView(s.judged, s.hits, c) for s, c in zip(rows, caps)])
-            if any(ks):
-                d = self.drafter.propose(slots, contexts, ks)
-                drafts = [[t for t in row if t != PAD][:k] for row, k in zip(d.tokens.tolist(), ks)]
-                probs = d.probs  # [n, max k, vocab] or None
-        tv = time.perf_counter()
+        choice = choose_drafts(self.policy, self.drafter, [s.slot for s in rows], [s.tokens for s in rows],
+                               [RowView(s.judged, s.hits, c) for s, c in zip(rows, caps)],
+                               all(s.cfg.sampling.greedy for s in rows))
+        if choice.offered is not None:  # a free drafter's drafts beyond what is verified are shadow-scored
+            for s, o, d in zip(rows, choice.offered, choice.drafts):
+                if len(d) < len(o):
+                    s.set_shadow(o, verified=len(d))
+        return choice
+
+    def _score(self, rows: list[Sequence], drafts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """ONE ragged target pass over every row's last token and its drafts, at the row's own positions.
+        Returns logits [R, vocab] and the tapped features [R, taps * hidden] (None without taps), R = sum(k + 1)."""
         toks, sl, pos = [], [], []
         for s, dr in zip(rows, drafts):
             toks += [s.tokens[-1]] + dr
             sl += [s.slot] * (len(dr) + 1)
             pos += range(s.length, s.length + len(dr) + 1)
-        logits = self.model.forward_ragged(torch.tensor(toks), torch.tensor(sl), torch.tensor(pos), self.cache,
-                                           **self._taps)
-        logits, feats = logits if self._taps else (logits, None)  # [R, vocab], [R, taps * hidden]
-        events, off, accepted = list(done), 0, []
-        for i, (s, dr) in enumerate(zip(rows, drafts)):
-            n = len(dr)
-            q = None if probs is None or s.cfg.sampling.greedy else probs[i:i + 1, :n]  # [1, n, vocab]
-            out = verify_round(torch.tensor([dr], dtype=torch.long).view(1, n), q,
-                               logits[off:off + n + 1].unsqueeze(0), s.cfg.sampling, s.generator,
-                               s.cfg.lossy_typical_acceptance)
-            off += n + 1
-            a = int(out.num_accepted[0])
-            accepted.append(a)
-            if confidence is not None:  # the positions the target judged: a accepted, then one rejected
-                self.policy.learn_confidence(confidence[i][: a + 1], a)
+        out = self.model.forward_ragged(torch.tensor(toks), torch.tensor(sl), torch.tensor(pos), self.cache,
+                                        **self._taps)
+        return out if self._taps else (out, None)
+
+    def _verify(self, rows: list[Sequence], choice: Choice, logits: torch.Tensor) -> VerifyOutput:
+        """Every row verified in one call, each by its own sampling settings and random stream."""
+        lengths = [len(d) for d in choice.drafts]
+        k = max(lengths)
+        tokens = pad_rows(choice.drafts, k)  # [rows, k_max]
+        probs = None if choice.probs is None else choice.probs[:, :k]  # [rows, k_max, vocab]
+        rules = [RowRule(s.cfg.sampling, s.cfg.lossy_typical_acceptance) for s in rows]
+        u, noise = draw_rows(rules, lengths, logits.shape[-1], [s.generator for s in rows], logits.device)
+        return verify_rows(tokens, probs, logits, rules, u, noise)  # logits [R, vocab], flat as the pass gave them
+
+    def _commit(self, rows: list[Sequence], choice: Choice, out: VerifyOutput, feats: torch.Tensor | None,
+                draft_s: float, tv: float) -> list[Event]:
+        """Each row keeps its accepted drafts and the target's own token; its length advances by as many. tv: when
+        the target pass began (a row's verify time runs to when its tokens are out)."""
+        events, off = [], 0
+        for i, (s, dr) in enumerate(zip(rows, choice.drafts)):
+            n, a = len(dr), int(out.num_accepted[i])
             if feats is not None:  # the target's features where it ran the kept tokens
-                self.drafter.features(s.slot, s.length, feats[off - n - 1:off - n + a])
-            emitted = out.tokens[0, : a + 1].tolist()
+                self.drafter.features(s.slot, s.length, feats[off:off + a + 1])
+            off += n + 1
+            emitted = out.tokens[i, : a + 1].tolist()
             kind = "bonus" if a == n else "recovered"
             kept = s.emit(emitted, ["accepted"] * a + [kind], self.eos, self.tok)
             s.length += a + 1
             s.record(n, a)
             t1 = time.perf_counter()
             s.stats.rounds.append(RoundRecord(drafted=dr, accepted=a, token=emitted[-1], kind=kind,
-                                              emitted=len(kept), draft_s=tv - td, verify_s=t1 - tv,
-                                              t=t1 - s.t0))
-            self.meter.update(n, a)
+                                              emitted=len(kept), draft_s=draft_s, verify_s=t1 - tv, t=t1 - s.t0))
             events.append(Event(s, kept, (["accepted"] * a + [kind])[: len(kept)], s.finish is not None))
-        t1 = time.perf_counter()
-        drafted = [len(d) for d in drafts]
-        spec = [i for i, n in enumerate(drafted) if n]
-        if spec:
-            self.drafter.accepted([slots[i] for i in spec], [accepted[i] for i in spec])
-        self.policy.observe(len(toks), t1 - tv, tv - td - getattr(self.drafter, "catch_up_s", 0.0),
-                            max(drafted) if steps is None else steps)
-        learn = getattr(self.policy, "learn", None)
-        if learn is not None:  # the round's evidence, verified and shadow-scored, into the running prior
-            learn([sum(s.judged[j] for s in rows) - b for j, b in enumerate(judged0)],
-                  [sum(s.hits[j] for s in rows) - b for j, b in enumerate(hits0)])
-        if self.on_round is not None:
-            self.on_round(rows, drafted, accepted, [len(e.tokens) for e in events[len(done):]])
         return events
+
+    def _observe(self, rows: list[Sequence], choice: Choice, accepted: list[int], before: tuple[list, list],
+                 width: int, draft_s: float, verify_s: float) -> None:
+        """What the drafter and the policy learn from the round: acceptance, confidence, costs, evidence."""
+        spec = [i for i, d in enumerate(choice.drafts) if d]
+        if spec:
+            self.drafter.accepted([rows[i].slot for i in spec], [accepted[i] for i in spec])
+        if choice.confidence is not None:  # the positions the target judged: a accepted, then one rejected
+            for c, a in zip(choice.confidence, accepted):
+                self.policy.learn_confidence(c[: a + 1], a)
+        self.policy.observe(width, verify_s, draft_s - self.drafter.catch_up_s, choice.steps)
+        judged0, hits0 = before  # the round's evidence, verified and shadow-scored, into the running prior
+        self.policy.learn([sum(s.judged[j] for s in rows) - b for j, b in enumerate(judged0)],
+                          [sum(s.hits[j] for s in rows) - b for j, b in enumerate(hits0)])

@@ -16,6 +16,8 @@ from specdec.engine.stats import RequestStats
 from specdec.errors import SpecdecError
 from specdec.sampling.warp import SamplingConfig
 
+STOP_WINDOW = 8  # output tokens decoded before a round's new ones, beyond the longest stop string's length
+
 
 @dataclass(frozen=True)
 class GenerationConfig:
@@ -33,6 +35,21 @@ def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
     """The text up to the first stop string it contains."""
     found = [text.find(s) for s in stop if s in text]
     return text[: min(found)] if found else text
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """The length of the longest common prefix of a and b."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def new_generator(seed: int | None, device="cpu") -> torch.Generator:
@@ -107,13 +124,24 @@ class Sequence:
         return kept
 
     def _cut_at_stop(self, kept: list[int], tokenizer) -> list[int]:
-        """Keep tokens up to the one that completes a stop string; the text is cut at the stop string."""
-        base = self.output
+        """Keep tokens up to the one that completes a stop string; the text is cut at the stop string.
+
+        Incremental: the output so far holds no stop string (every earlier token was checked), so a new one must
+        end in text that the new tokens changed or added. Each prefix of the round's tokens is decoded after a
+        window of the output's last tokens (STOP_WINDOW more than the longest stop string has characters, so
+        that merges across tokens, such as a character's UTF-8 bytes split between two, decode as in the whole
+        text), and a stop string is looked for only where it could end past the point at which the text stopped
+        agreeing with the previous prefix's. Each token costs a decode of that window, not of the output."""
+        longest = max(len(s) for s in self.cfg.stop)
+        window = self.tokens[max(self.prompt_len, len(self.tokens) - longest - STOP_WINDOW):]
+        seen = tokenizer.decode(window)
         for i in range(1, len(kept) + 1):
-            text = tokenizer.decode(base + kept[:i])
-            if any(s in text for s in self.cfg.stop):
+            text = tokenizer.decode(window + kept[:i])
+            same = _common_prefix(seen, text)  # text before this agrees with the previous prefix's
+            if any(text.find(s, max(0, same - max(len(s), 1) + 1)) >= 0 for s in self.cfg.stop):
                 self.finish = "stop"
                 return kept[:i]
+            seen = text
         return kept
 
     def text(self, tokenizer) -> str:

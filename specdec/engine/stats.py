@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdec import measure
+from specdec.measure import decode_tokens_per_s as decode_rate
+from specdec.measure import inter_token_latencies as gaps
+from specdec.measure import tokens_per_s as rate
 
 
 @dataclass
@@ -54,7 +56,7 @@ class RequestStats:
 
     @property
     def tokens_per_s(self) -> float:
-        return measure.tokens_per_s(self.generated_tokens, self.total_s)
+        return rate(self.generated_tokens, self.total_s)
 
     def per_position_acceptance(self) -> list[float]:
         """For each draft position i: of the rounds that drafted a token there, the share that accepted it."""
@@ -67,12 +69,12 @@ class RequestStats:
 
     def inter_token_latencies(self) -> list[float]:
         """Gaps between consecutive generated tokens (0 for tokens that arrive in the same round)."""
-        return measure.inter_token_latencies(self.token_times)
+        return gaps(self.token_times)
 
     @property
     def decode_tokens_per_s(self) -> float:
         """Tokens after the first per second after the first: the decode phase, prefill excluded (0 without one)."""
-        return measure.decode_tokens_per_s(self.generated_tokens, self.total_s, self.ttft_s) or 0.0
+        return decode_rate(self.generated_tokens, self.total_s, self.ttft_s) or 0.0
 
     @property
     def draft_s(self) -> float:

@@ -18,7 +18,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdec.engine.scheduler import QueueFull
 from specdec.engine.sequence import GenerationConfig, Sequence, cut_at_stop
 from specdec.errors import SpecdecError
 from specdec.models.tokenizer import IncrementalDecoder
@@ -26,7 +25,7 @@ from specdec.runtime import encode_messages, encode_text
 from specdec.sampling.warp import SamplingConfig
 from specdec.serve import protocol
 from specdec.serve.protocol import APIError, GenRequest
-from specdec.serve.worker import EngineWorker, Ticket
+from specdec.serve.worker import EngineWorker, QueueFull, Ticket
 
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 DISCONNECT_POLL_S = 0.5  # how often a non-streamed request checks that its client is still there
@@ -49,7 +48,7 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
     from specdec.explain import STATIC_DIR
 
     app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
-    context = worker.sched.context
+    context = worker.context
     created = int(time.time())
     static = {p.name: p for p in STATIC_DIR.iterdir() if p.is_file()}
     label = {ACCEPTANCE_HEADER: "lossy-typical" if cfg.lossy_typical_acceptance else "exact"}
@@ -120,7 +119,7 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
         max_tokens = req.max_tokens or min(room, cfg.max_tokens_default or room)
         sampling = SamplingConfig(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed)
         gen = GenerationConfig(max_tokens, sampling, req.stop, cfg.lossy_typical_acceptance)
-        return Sequence(ids, gen, device=worker.sched.device, max_k=max(worker.sched.policy.max_k, 1))
+        return worker.new_sequence(ids, gen)
 
     def usage_of(seq: Sequence) -> dict:
         st = seq.stats

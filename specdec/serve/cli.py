@@ -1,4 +1,5 @@
-"""`specdec serve` (the OpenAI-compatible server) and `specdec loadtest` (its load generator)."""
+"""`specdec serve`: the OpenAI-compatible server. (Its load generator, `specdec loadtest`, and `specdec audit`
+are clients: they live in specdec.bench and specdec.audit, and the server imports neither.)"""
 
 from __future__ import annotations
 
@@ -6,10 +7,8 @@ import os
 import signal
 import sys
 
-from specdec.audit import cli as audit_cli
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, PORT, ranged
-from specdec.serve import loadtest
 
 
 def register(sub) -> None:
@@ -50,8 +49,6 @@ def register(sub) -> None:
                    help="LOSSY: Medusa-style typical acceptance for every request; responses are no longer the "
                         "model's own distribution (they carry 'x-specdec-acceptance: lossy-typical')")
     s.set_defaults(func=run_serve)
-    loadtest.register(sub)
-    audit_cli.register(sub)
 
 
 def check_bindable(host: str, port: int) -> None:
@@ -71,7 +68,6 @@ def run_serve(args) -> int:
     from specdec.engine.calibrate import make_policy
     from specdec.engine.prefix import PrefixCache
     from specdec.engine.scheduler import Scheduler, SchedulerConfig
-    from specdec.engine.stats import AcceptanceMeter
     from specdec.runtime import ModelSpec, build
     from specdec.serve.app import ServeConfig, create_app
     from specdec.serve.metrics import ServerMetrics
@@ -89,9 +85,9 @@ def run_serve(args) -> int:
     target, drafter = build(spec)
     policy = make_policy("never" if spec.drafter == "none" else args.policy, args.k, target.model,
                          args.max_batch, args.profile, drafter.free)
-    sched = Scheduler(target.model, target.tokenizer, drafter, policy, sched_cfg, AcceptanceMeter())
+    sched = Scheduler(target.model, target.tokenizer, drafter, policy, sched_cfg)
     prefix = "off"
-    if args.prefix_cache and getattr(target.model, "exact_kv_reuse", False):
+    if args.prefix_cache and sched.target.exact_kv_reuse:
         sched.prefix = PrefixCache(target.model, args.prefix_cache, sched.context)
         prefix = f"{args.prefix_cache} x {sched.prefix.capacity} positions ({sched.prefix.nbytes / 2**30:.1f} GiB)"
     elif args.prefix_cache:

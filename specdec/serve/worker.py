@@ -3,6 +3,9 @@
 Requests arrive from the event loop through `submit` (which refuses at once when the queue is full) and leave
 through `cancel` (a client that went away); each step's events go back to the request's own asyncio queue.
 The thread sleeps while there is nothing to do.
+
+The HTTP layer talks to this worker only (`context`, `new_sequence`, `submit`, `cancel`, `load`, `state`,
+`metrics`), and the worker to the step loop only through `StepLoop`.
 """
 
 from __future__ import annotations
@@ -12,11 +15,49 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from specdec.engine.scheduler import Event, QueueFull, Scheduler
-from specdec.engine.sequence import Sequence
+from specdec.engine.scheduler import Event, QueueFull, RoundCallback
+from specdec.engine.sequence import GenerationConfig, Sequence
 from specdec.errors import SpecdecError
 from specdec.serve.metrics import ServerMetrics
+
+__all__ = ["EngineWorker", "QueueFull", "StepLoop", "Ticket"]
+
+
+class StepLoop(Protocol):
+    """What the worker needs of the step loop (specdec.engine.scheduler.Scheduler)."""
+
+    context: int  # tokens a sequence may hold, prompt included
+    on_round: RoundCallback | None
+
+    @property
+    def idle(self) -> bool: ...
+
+    @property
+    def load(self) -> tuple[int, int]:
+        """(sequences in slots, sequences queued)"""
+        ...
+
+    def new_sequence(self, prompt: list[int], cfg: GenerationConfig) -> Sequence: ...
+
+    def check_queue(self, pending: int = 0) -> None:
+        """QueueFull when the queue, with `pending` sequences more, is at its limit: the one rule."""
+        ...
+
+    def admit(self, seq: Sequence) -> None: ...
+
+    def evict(self, seq: Sequence) -> None: ...
+
+    def step(self) -> list[Event]: ...
+
+    def state(self) -> dict: ...
+
+    def audit(self) -> list[str]: ...
+
+    def holds(self) -> set[int]:
+        """id() of every sequence in a slot or the queue."""
+        ...
 
 
 @dataclass
@@ -30,8 +71,8 @@ class Ticket:
 
 
 class EngineWorker:
-    def __init__(self, scheduler: Scheduler, metrics: ServerMetrics):
-        self.sched, self.metrics = scheduler, metrics
+    def __init__(self, scheduler: StepLoop, metrics: ServerMetrics):
+        self._sched, self.metrics = scheduler, metrics
         self._lock = threading.Condition()
         self._inbox: list[Ticket] = []
         self._cancels: list[Sequence] = []
@@ -55,14 +96,22 @@ class EngineWorker:
 
     # --- from the event loop -----------------------------------------------------------------------------
 
+    @property
+    def context(self) -> int:
+        """Tokens a request may hold, prompt included."""
+        return self._sched.context
+
+    def new_sequence(self, prompt: list[int], cfg: GenerationConfig) -> Sequence:
+        """A request, ready to submit. (The step loop sets where its random stream lives; it reads no state
+        the engine thread changes.)"""
+        return self._sched.new_sequence(prompt, cfg)
+
     def submit(self, seq: Sequence, loop: asyncio.AbstractEventLoop) -> Ticket:
+        """Hand a request to the engine thread; QueueFull at once when the queue is at its limit, requests in the
+        inbox not yet taken counting as waiting."""
         ticket = Ticket(seq, loop)
         with self._lock:
-            limit = self.sched.cfg.max_queue
-            free = sum(s is None for s in self.sched.slots)
-            waiting = self.sched.num_waiting + len(self._inbox)
-            if limit is not None and waiting - free >= limit:
-                raise QueueFull(f"the server is at capacity ({limit} requests waiting); retry later")
+            self._sched.check_queue(pending=len(self._inbox))
             self._inbox.append(ticket)
             self._lock.notify()
         return ticket
@@ -76,8 +125,8 @@ class EngineWorker:
     def load(self) -> tuple[int, int]:
         """(running, waiting)"""
         with self._lock:
-            running = sum(s is not None for s in self.sched.slots)
-            return running, self.sched.num_waiting + len(self._inbox)
+            running, waiting = self._sched.load
+            return running, waiting + len(self._inbox)
 
     @property
     def state(self) -> dict:
@@ -90,18 +139,18 @@ class EngineWorker:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._stop and not self._inbox and not self._cancels and self.sched.idle:
+                while not self._stop and not self._inbox and not self._cancels and self._sched.idle:
                     self._lock.wait()
                 if self._stop:
                     return
                 # under the lock, so that submit() always counts every request not yet in a slot
                 self._take_inbox()
                 self._take_cancels()
-            if self.sched.idle:
+            if self._sched.idle:
                 self._publish()
                 continue
             try:
-                events = self.sched.step()
+                events = self._sched.step()
             except Exception as e:  # a bug: fail every request in flight rather than hang them
                 traceback.print_exc()
                 self._fail_all(e)
@@ -116,8 +165,9 @@ class EngineWorker:
     def _take_inbox(self) -> None:
         for t in self._inbox:
             try:
-                self.sched.admit(t.seq, check_queue=False)  # submit() decided, with the same limit
-            except SpecdecError as e:  # cannot happen after the app's checks; never kill the thread
+                # the queue rule passes again: what submit() counted (waiting minus free slots) has only shrunk
+                self._sched.admit(t.seq)
+            except SpecdecError as e:  # cannot happen after the app's checks and submit(); never kill the thread
                 t.loop.call_soon_threadsafe(t.events.put_nowait, e)
                 continue
             self._tickets[id(t.seq)] = t
@@ -128,15 +178,15 @@ class EngineWorker:
             if self._tickets.pop(id(seq), None) is not None and seq.finish is None:
                 self._cancelled += 1
                 self.metrics.on_abort()
-            self.sched.evict(seq)
+            self._sched.evict(seq)
         self._cancels = []
 
     def _publish(self) -> None:
         """The view behind `state`, taken on the engine thread between steps, where it is
         exact: every slot, queued sequence and open request accounted for, and `problems` lists what is not."""
-        state = self.sched.state()
-        live = {id(s) for s in self.sched.slots if s is not None} | {id(s) for s in self.sched.waiting}
-        problems = self.sched.audit()
+        state = self._sched.state()
+        live = self._sched.holds()
+        problems = self._sched.audit()
         stray = sum(key not in live for key in self._tickets)
         if stray:
             problems.append(f"{stray} open request(s) with no sequence in a slot or the queue")
@@ -161,6 +211,6 @@ class EngineWorker:
 
     def _fail_all(self, error: Exception) -> None:
         for t in list(self._tickets.values()):
-            self.sched.evict(t.seq)
+            self._sched.evict(t.seq)
             t.loop.call_soon_threadsafe(t.events.put_nowait, error)
         self._tickets.clear()
