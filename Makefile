@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup kernels demo test test-fast lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench llamacpp llamacpp-matrix real-models
+.PHONY: setup kernels demo test test-slow test-all lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench llamacpp llamacpp-matrix real-models
 
 # setup also builds this CPU's native kernels into the cache (once per version: a no-op later), so that no server
 # start, test fixture or first request compiles anything.
@@ -39,11 +39,16 @@ browser:
 demo: setup
 	$(BIN)/specdec demo
 
-test: setup browser llamacpp
-	$(BIN)/pytest -q
-
-test-fast: setup
+# The fast suite (the README's test command): every test not marked slow or browser.
+test: setup
 	$(BIN)/pytest -q -m "not slow and not browser"
+
+# The slow suites: the browser, the servers, the bundled models' long runs, the 10^5-round statistical checks and
+# llama.cpp. `make test-all` is both suites; CI runs it.
+test-slow: setup browser llamacpp
+	$(BIN)/pytest -q -m "slow or browser"
+
+test-all: test test-slow
 
 lint: setup
 	$(BIN)/ruff check .
@@ -65,21 +70,23 @@ bench: setup
 	  --max-new-tokens 128 --profile artifacts/profile.json --compare hf \
 	  --json artifacts/bench-copy.json --markdown artifacts/bench-copy.md --plot artifacts/bench-copy.png
 
-# The serving benchmark (many minutes; `scripts/serve_bench.py --quick` is a smoke test): bandwidth, then servers
-# with policy never, always and auto under 1..16 streaming clients on mixed and copy-heavy Spec-Bench prompts, and
-# chunked against whole-prompt prefill; writes artifacts/serve-bench.{json,md,png}.
+# The serving benchmark (many minutes; add --quick for a smoke test): bandwidth, then servers with policy never,
+# always and auto under 1..16 streaming clients on mixed and copy-heavy Spec-Bench prompts, and chunked against
+# whole-prompt prefill; writes artifacts/serve-bench.{json,md,png}.
 serve-bench: setup
-	$(BIN)/python scripts/serve_bench.py --prompts $(SPEC_BENCH) --out-dir artifacts
+	mkdir -p artifacts
+	$(BIN)/specdec loadtest --servers never,always,auto --prompts $(SPEC_BENCH) --json artifacts/serve-bench.json \
+	  --markdown artifacts/serve-bench.md --plot artifacts/serve-bench.png
 
 # bench --endpoint against the local bench and loadtest, on the same prompts: servers with policy never, always and
 # auto; writes artifacts/endpoint-bench.{json,md} and each tool's JSON.
 endpoint-bench: setup
-	$(BIN)/python scripts/endpoint_bench.py --out artifacts
+	$(BIN)/specdec bench --endpoint-check --prompts $(SPEC_BENCH) --out artifacts
 
 # Long contexts: decode and verify cost at 512-8k positions, time to first token, n-gram on long copy-heavy
-# prompts, the prefix cache, and llama.cpp side by side when node-llama-cpp is installed (scripts/llamacpp_run.mjs).
+# prompts, the prefix cache, and llama.cpp side by side when node-llama-cpp is installed (`make llamacpp`).
 long-context: setup
-	$(BIN)/python scripts/long_context.py --out artifacts
+	$(BIN)/specdec bench --long-context --prompts $(SPEC_BENCH) --out artifacts
 
 clean:
 	rm -rf $(VENV) artifacts
@@ -104,7 +111,7 @@ llamacpp-matrix: setup llamacpp
 
 # The forward pass on the GGUF's own blocks against fp16 and llama.cpp (needs node-llama-cpp for the last part).
 gguf-bench: setup
-	$(BIN)/python scripts/gguf_bench.py --out artifacts/gguf-kernels
+	$(BIN)/specdec bench --kernels --out artifacts
 
 # Real model shapes (random-weight Q4_K_M GGUFs, written once into artifacts/real-models/) and Gemma 3 270M: specdec
 # beside llama.cpp (needs `make llamacpp`), verify-cost curves, TTFT, memory, projected speedups; writes

@@ -17,7 +17,9 @@ COMMAND_MODULES = (
     "specdec.bench.cli",
     "specdec.bench.real_models",
     "specdec.serve.cli",
-    "specdec.heads.cli",
+    "specdec.bench.loadtest_cli",
+    "specdec.audit.cli",
+    "specdec.train.cli",
     "specdec.kernels.cli",
     "specdec.models.cli",
 )

@@ -11,8 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from specdec.bench.endpoint import counted, parse_prometheus
+from specdec.bench.endpoint import counted
 from specdec.cli import main
+from specdec.client import parse_prometheus, prometheus_series
 
 PROMPTS = [{"question_id": 1, "category": "coding", "turns": ["fix a b", "and c"]},
            {"question_id": 2, "category": "writing", "turns": ["write d e"]},
@@ -131,6 +132,10 @@ def test_prometheus_text_is_summed_over_label_sets():
     after = {"vllm:spec_decode_num_draft_tokens_total": 15, "vllm:spec_decode_num_accepted_tokens_total": 4,
              "vllm:spec_decode_num_drafts_total": 2}
     assert counted(m, after) == (5, 4, 2) and counted({}, {"other": 1}) is None
+    by_series = prometheus_series(text + 'timed{le="+Inf",q="a b"} 2 1712345678000\n')
+    assert by_series == {'vllm:spec_decode_num_draft_tokens_total{engine="0"}': 7.0,
+                         'vllm:spec_decode_num_draft_tokens_total{engine="1"}': 3.0, "plain_gauge": 0.5,
+                         'timed{le="+Inf",q="a b"}': 2.0}  # a label value with a space; a timestamp after the value
 
 
 def test_endpoint_against_a_baseline_per_category_and_level(prompts, tmp_path, stubs):
@@ -186,6 +191,7 @@ def test_endpoint_without_a_baseline_and_bad_input(prompts, tmp_path, stubs, cap
     assert "must start with http://" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # two servers in subprocesses
 def test_against_two_specdec_servers_on_a_tiny_model(tmp_path, prompts):
     """Speculation on and off in two real `specdec serve` processes: identical text, acceptance from our
     counters, the same number of tokens."""

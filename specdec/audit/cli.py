@@ -31,12 +31,11 @@ from pathlib import Path
 
 import httpx
 
+from specdec.client import RequestFailed, TimedOut, Unreachable, async_client, first_model, request, run_async
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1, POSITIVE, TOP_P, ranged, read_text
-from specdec.serve.loadtest import http_error, run_async
 
 REFERENCE_SEED_OFFSET = 2**30
-CONNECT_TIMEOUT_S = 10.0
 ACCEPTANCE_HEADER = "x-specdec-acceptance"  # what a specdec server says about its acceptance rule
 
 # Copy-heavy prompts: the continuation repeats text already in the prompt, so a drafter that looks up the
@@ -86,25 +85,31 @@ def _fail(server: Server, what: str) -> SpecdecError:
     return SpecdecError(f"the {server.name} at {server.url}: {what}")
 
 
+def _failed(server: Server, method: str, path: str, e: RequestFailed) -> SpecdecError:
+    if isinstance(e, TimedOut):
+        return _fail(server, f"no answer to {method} {path} in time")
+    if isinstance(e, Unreachable):
+        return _fail(server, f"unreachable ({e})")
+    return _fail(server, f"{method} {path} refused: {e}")
+
+
 async def _request(client: httpx.AsyncClient, server: Server, method: str, path: str, **kw) -> httpx.Response:
     try:
-        r = await client.request(method, server.url + path, **kw)
-    except httpx.TimeoutException:
-        raise _fail(server, f"no answer to {method} {path} in time") from None
-    except httpx.HTTPError as e:
-        raise _fail(server, f"unreachable ({type(e).__name__}: {e})") from None
-    if r.status_code != 200:
-        raise _fail(server, f"{method} {path} refused: {http_error(r.status_code, r.text)}")
-    return r
+        return await request(client, method, server.url + path, **kw)
+    except RequestFailed as e:
+        raise _failed(server, method, path, e) from None
 
 
 async def model_id(client: httpx.AsyncClient, server: Server) -> str:
     if server.model:
         return server.model
     try:
-        return str((await _request(client, server, "GET", "/v1/models")).json()["data"][0]["id"])
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise _fail(server, "GET /v1/models lists no model (give it with --model / --reference-model)") from None
+        model = await first_model(client, server.url + "/v1")
+    except RequestFailed as e:
+        raise _failed(server, "GET", "/v1/models", e) from None
+    if model is None:
+        raise _fail(server, "GET /v1/models lists no model (give it with --model / --reference-model)")
+    return model
 
 
 @dataclass
@@ -118,12 +123,9 @@ class Collected:
 async def collect(servers: tuple[Server, Server], prompts: tuple[str, ...], samples: int, body: dict, seed: int,
                   concurrency: int, api_key: str | None, timeout_s: float) -> tuple[Collected, Collected]:
     """`samples` completions of every prompt from each server; requests interleaved, `concurrency` per server."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    timeout = httpx.Timeout(timeout_s, connect=min(CONNECT_TIMEOUT_S, timeout_s))
     out = tuple(Collected([[""] * samples for _ in prompts]) for _ in servers)
     jobs = [(s, i, p) for i in range(samples) for p in range(len(prompts)) for s in range(2)]
-    limits = httpx.Limits(max_connections=2 * concurrency)
-    async with httpx.AsyncClient(timeout=timeout, headers=headers, trust_env=False, limits=limits) as client:
+    async with async_client(api_key, timeout_s, 2 * concurrency) as client:
         models = [await model_id(client, s) for s in servers]
 
         async def one(s: int, i: int, p: int) -> None:

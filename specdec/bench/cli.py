@@ -6,9 +6,9 @@ import json
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
-from specdec.atomic import check_plot_path, check_writable, write_text_atomic
+from specdec.atomic import check_writable, write_text_atomic
+from specdec.bench.options import check_outputs, parse_ints, write_outputs
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, POSITIVE, ranged
 
@@ -39,12 +39,13 @@ def register(sub) -> None:
     p.set_defaults(func=run_profile)
 
     b = sub.add_parser("bench", help="plain vs speculative decoding on Spec-Bench (or JSONL) prompts")
-    b.add_argument("--prompts", required=True, metavar="FILE.jsonl",
-                   help="Spec-Bench question.jsonl, or JSONL lines of {\"prompt\": ...}")
+    b.add_argument("--prompts", metavar="FILE.jsonl",
+                   help="Spec-Bench question.jsonl, or JSONL lines of {\"prompt\": ...} (required, but by --kernels)")
     b.add_argument("--categories", help="comma-separated categories (default: all in the file)")
     b.add_argument("--per-category", type=int, default=None, metavar="N", action=AT_LEAST_1,
-                   help="first N prompts of each category")
-    b.add_argument("--max-new-tokens", type=int, default=256, action=AT_LEAST_1)
+                   help="first N prompts of each category (default: all; 2 with --endpoint-check)")
+    b.add_argument("--max-new-tokens", type=int, default=None, action=AT_LEAST_1,
+                   help="default 256; --kernels 96, --long-context 128, --endpoint-check 64")
     add_model_args(b)
     b.add_argument("--k", default=str(DEFAULT_K), help=f"tokens drafted per round, or 'auto' (default {DEFAULT_K})")
     b.add_argument("--profile", metavar="FILE.json", help="a `specdec profile` output, for the predicted speedup")
@@ -59,24 +60,18 @@ def register(sub) -> None:
     e = b.add_argument_group("against a server (any OpenAI-compatible one: vLLM, SGLang, llama-server, ours)")
     e.add_argument("--endpoint", metavar="URL", help="bench this server instead of a local model")
     e.add_argument("--baseline", metavar="URL", help="the same model with speculation off: speedups against it")
-    e.add_argument("--concurrency", default="1", help="comma-separated client counts, one level each (default 1)")
+    e.add_argument("--concurrency", default=None,
+                   help="comma-separated client counts, one level each (default 1; 1,4 with --endpoint-check)")
     e.add_argument("--endpoint-model", metavar="NAME", help="model to ask for (default: the first of /v1/models)")
     e.add_argument("--api-key", metavar="KEY", help="sent to both servers as 'Authorization: Bearer KEY'")
     e.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", action=POSITIVE, help="per request")
     b.add_argument("--drift-margin", type=float, default=0.10, action=NON_NEGATIVE,
                    help="flag categories whose acceptance rate differs from the overall one by more (absolute)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
-    b.set_defaults(func=run_bench)
+    from specdec.bench.suites import add_suite_args
 
-
-def parse_ints(text: str, name: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SpecdecError(f"{name}: expected comma-separated integers, got {text!r}") from None
-    if not vals or min(vals) < 1:
-        raise SpecdecError(f"{name}: expected integers >= 1, got {text!r}")
-    return vals
+    add_suite_args(b)
+    b.set_defaults(func=run_bench, suite=None)
 
 
 def run_profile(args) -> int:
@@ -98,6 +93,11 @@ def run_profile(args) -> int:
 
 
 def run_bench(args) -> int:
+    from specdec.bench.suites import resolve_suite_args, run_suite
+
+    resolve_suite_args(args)
+    if args.suite:
+        return run_suite(args)
     if args.endpoint or args.baseline:
         return run_endpoint_bench(args)
     import torch
@@ -174,42 +174,23 @@ def run_bench(args) -> int:
     return 0
 
 
-def check_outputs(args) -> None:
-    """--json, --markdown and --plot, checked before the run: none of them is lost to a bad path at its end."""
-    check_writable(args.json)
-    check_writable(args.markdown)
-    check_plot_path(args.plot)
-    outs = [p for p in (args.json, args.markdown, args.plot) if p]
-    if len({Path(p).expanduser().resolve() for p in outs}) < len(outs):
-        raise SpecdecError("--json, --markdown and --plot must name different files")
-
-
 def write_report(report, args, title: str | None = None) -> None:
     """The report's Markdown to stdout (and --markdown), its JSON to --json, its plot to --plot; each file is
-    written whole or not at all (specdec.atomic)."""
+    written whole or not at all (specdec.atomic). An endpoint report has its own Markdown layout."""
+    from specdec.bench.endpoint_report import markdown as endpoint_markdown
     from specdec.bench.render import markdown, plot
 
-    text = markdown(report)
+    text = endpoint_markdown(report) if report.endpoint else markdown(report)
     print(text)
     write_outputs(args, text, report.to_json(), lambda path: plot(report, path, title))
 
 
-def write_outputs(args, text: str, obj, draw) -> None:
-    """--markdown gets `text`, --json `obj`, --plot `draw(path)`'s figure, each written whole or not at all."""
-    if args.markdown:
-        write_text_atomic(args.markdown, text)
-    if args.json:
-        write_text_atomic(args.json, json.dumps(obj, indent=1))
-    if args.plot:
-        draw(args.plot)
-
-
 def run_endpoint_bench(args) -> int:
     from specdec.bench.endpoint import round_cost, run_endpoints
+    from specdec.bench.load_types import LoadConfig
     from specdec.bench.prompts import load_prompts, parse_categories, select
     from specdec.bench.report import build_report
     from specdec.bench.runner import mark_identity
-    from specdec.serve.loadtest import LoadConfig
 
     if not args.endpoint:
         raise SpecdecError("--baseline needs --endpoint (the server with speculation on)")

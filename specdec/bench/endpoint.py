@@ -1,10 +1,10 @@
 """`specdec bench --endpoint URL [--baseline URL]`: the Spec-Bench report against any OpenAI-compatible server.
 
-Requests go through `specdec loadtest`'s client (streaming, the server's own chat template), at each level of
-concurrency C: C clients take the prompts from one queue, each asking a prompt's turns one after another (turn t
-after the server's own answers). With a baseline (the same model with speculation off) the two servers take
-turns: at C = 1 prompt by prompt, rotating which goes first, as the local bench does; at C > 1 the whole list
-one server after the other, the order alternating per level. Each method "endpoint c=C" is measured against
+Requests go through specdec.client, as `specdec loadtest`'s do (streaming, the server's own chat template), at
+each level of concurrency C: C clients take the prompts from one queue, each asking a prompt's turns one after
+another (turn t after the server's own answers). With a baseline (the same model with speculation off) the two
+servers take turns: at C = 1 prompt by prompt, rotating which goes first, as the local bench does; at C > 1 the
+whole list one server after the other, the order alternating per level. Each method "endpoint c=C" is measured against
 "baseline c=C" on the same prompts, so the speedup per category and per level is the batch-crossover curve of
 that deployment.
 
@@ -23,11 +23,13 @@ from dataclasses import asdict, replace
 
 import httpx
 
+from specdec.bench import loadtest
+from specdec.bench.load_types import ENDPOINTS, LoadConfig, RequestResult
 from specdec.bench.prompts import Prompt
 from specdec.bench.runner import Method, Sample, Turn
+from specdec.client import parse_prometheus, run_async
+from specdec.client import scrape as scrape_text
 from specdec.errors import SpecdecError
-from specdec.serve import loadtest
-from specdec.serve.loadtest import LoadConfig, RequestResult
 
 # (drafted, accepted, drafts) counters, by server family; labelled series are summed
 COUNTERS = {
@@ -39,30 +41,10 @@ COUNTERS = {
 GAUGES = ("sglang:spec_accept_rate", "sglang:spec_accept_length")
 
 
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Sample values of the Prometheus text format, summed over label sets, by metric name."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_labels, _, rest = line.rpartition("}") if "}" in line else line.partition(" ")
-        name = name_labels.split("{", 1)[0].strip()
-        try:
-            value = float(rest.split()[0])
-        except (IndexError, ValueError):
-            continue
-        out[name] = out.get(name, 0.0) + value
-    return out
-
-
 async def scrape(client: httpx.AsyncClient, cfg: LoadConfig) -> dict[str, float]:
     """The server's /metrics (at the root, beside /v1); {} where it has none."""
-    url = cfg.api_base.removesuffix("/v1") + "/metrics"
-    try:
-        resp = await client.get(url)
-    except httpx.HTTPError:
-        return {}
-    return parse_prometheus(resp.text) if resp.status_code == 200 else {}
+    text = await scrape_text(client, cfg.api_base.removesuffix("/v1"))
+    return parse_prometheus(text) if text is not None else {}
 
 
 def counted(before: dict, after: dict) -> tuple[int, int, int] | None:
@@ -87,7 +69,7 @@ def _turn(rec: RequestResult, acceptance: tuple[int, int, int] | None) -> Turn:
 
 async def _run_prompt(client, cfg: LoadConfig, prompt: Prompt, per_request_counters: bool, records: list):
     """All turns of one prompt; None when a request failed (its error is in records)."""
-    url = cfg.api_base + loadtest.ENDPOINTS["chat"]
+    url = cfg.api_base + ENDPOINTS["chat"]
     messages, turns = [], []
     for user in prompt.turns:
         messages.append({"role": "user", "content": user})
@@ -129,7 +111,7 @@ def run_endpoints(cfg: LoadConfig, baseline: LoadConfig | None, prompts: list[Pr
     """Every level of cfg.concurrency through the endpoint (and the baseline): samples, methods, and per level
     and server the loadtest summary, counters and gauges."""
     servers = {"endpoint": cfg} | ({"baseline": baseline} if baseline else {})
-    servers = {k: replace(c, model=loadtest.run_async(loadtest.resolve_model(c))) for k, c in servers.items()}
+    servers = {k: replace(c, model=run_async(loadtest.resolve_model(c))) for k, c in servers.items()}
     samples, methods, levels = [], [], []
     for i, c in enumerate(cfg.concurrency):
         names = {k: f"{k} c={c}" for k in servers}
@@ -141,7 +123,7 @@ def run_endpoints(cfg: LoadConfig, baseline: LoadConfig | None, prompts: list[Pr
             if (j if c == 1 else i) % 2:
                 order.reverse()
             for k in order:
-                r = loadtest.run_async(run_block(servers[k], block, c, names[k]))
+                r = run_async(run_block(servers[k], block, c, names[k]))
                 a = acc[k]
                 a["samples"] += r["samples"]
                 a["records"] += r["records"]
@@ -198,47 +180,3 @@ def round_cost(levels: list[dict], samples: list[Sample]) -> dict | None:
     rows = round(counters["drafted"] / drafts) + 1
     return {"rows": rows, "round_s": round_s, "plain_step_s": step, "cost": round_s / step, "passes": passes,
             "drafting_rounds": drafts, "verify_cost": {"1": 1.0, str(rows): round_s / step}}
-
-
-def markdown(report) -> str:
-    """The endpoint report: the Spec-Bench tables per level, then each level's load figures and acceptance."""
-    from specdec.bench import render
-
-    cfg, ep = report.config, report.endpoint
-    servers = ", ".join(f"{k} {v['url']} (model {v['model']})" for k, v in ep["servers"].items())
-    out = [f"# specdec bench --endpoint: {cfg['prompts']} prompts, {cfg['max_new_tokens']} new tokens, greedy, "
-           f"concurrency {', '.join(map(str, cfg['concurrency']))}", "", f"Servers: {servers}. Prompts from "
-           f"{cfg['prompt_file']}; streamed chat completions (the server's chat template). Speedup = mean tokens/s "
-           "of a request over the baseline's on the same prompts at the same concurrency (prefill included).", ""]
-    if any(m["baseline"] for m in report.methods):
-        out += ["## Speedup per category and concurrency (Spec-Bench layout)", "", render.leaderboard(report), ""]
-    out += ["## Details", "", "Tokens/chunk: completion tokens per streamed chunk after the first (a speculative "
-            "server sends a verified run at once). ITL: gaps between chunks. a: from the server's counters "
-            "(per request at concurrency 1) or its per-response timings.", "", render.details(report), "",
-            "## Load per level", "", loadtest.markdown_series(
-                {f"{k} c={lv['concurrency']}": [loadtest.LevelResult(**lv[k]["load"])]
-                 for lv in ep["levels"] for k in ep["servers"]}), "", "## Throughput and acceptance per level", ""]
-    for lv in ep["levels"]:
-        if "baseline" in lv:
-            tput = lv["endpoint"]["load"]["throughput_tok_s"], lv["baseline"]["load"]["throughput_tok_s"]
-            out.append(f"- c={lv['concurrency']}: throughput {tput[0]:.1f} against {tput[1]:.1f} tok/s: "
-                       f"{render.x(tput[0] / tput[1] if tput[1] else None)} (all requests of the level, prefill "
-                       "included)")
-        for k in ep["servers"]:
-            c, g = lv[k]["counters"], lv[k]["gauges"]
-            if c:
-                a = c["accepted"] / c["drafted"] if c["drafted"] else None
-                out.append(f"- {k} c={lv['concurrency']}: counters: {c['drafted']} drafted, {c['accepted']} accepted "
-                           f"(a = {render.f(a, 3)}), {c['drafts']} drafts")
-            if g:
-                out.append(f"- {k} c={lv['concurrency']}: gauges after the run: "
-                           + ", ".join(f"{n} = {v:.3f}" for n, v in g.items()))
-            if not c and not g:
-                out.append(f"- {k} c={lv['concurrency']}: no acceptance counters or gauges at /metrics")
-    rc = ep.get("round_cost")
-    if rc:
-        out += ["", f"Round cost at concurrency 1: a drafting round over {rc['rows']} rows (drafting included; "
-                f"{rc['drafting_rounds']} of {rc['passes']} passes drafted) takes {rc['round_s'] * 1e3:.1f} ms "
-                f"against {rc['plain_step_s'] * 1e3:.1f} ms per plain step: {rc['cost']:.2f} passes. The JSON holds "
-                "it as `verify_cost` for `specdec plan --profile`."]
-    return "\n".join(out + render.checks_section(report)) + "\n"

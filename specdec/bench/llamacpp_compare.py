@@ -208,3 +208,35 @@ def llamacpp_methods(worker: LlamaCppWorker, tokenizer, k: int, ngram_min: int, 
     methods = [llamacpp_method(f"{FAMILY} plain", worker, tokenizer, baseline),
                llamacpp_method(f"{FAMILY} lookup k={k}", worker, tokenizer, baseline, k, ngram_min, ngram_max)]
     return methods, info
+
+
+def timed_chat(worker: LlamaCppWorker, text: str, max_tokens: int, lookup: bool = False) -> dict:
+    """One user message through the GGUF's own chat template, greedy, from an empty KV cache: time to first token
+    (prefill + 1 token) and the decode rate after it, (new tokens - 1) / (last token - first token). With lookup,
+    node-llama-cpp's prompt lookup at its defaults (k 3). The model's load and warm-up are not timed."""
+    r = worker.request(messages=[{"role": "user", "content": text}], max_tokens=max_tokens, lookup=lookup)
+    n, ttft, last = len(r["tokens"]), r["ttft_s"], r.get("last_token_s")
+    decode_s = last - ttft if n > 1 and last is not None and ttft is not None else 0.0
+    return {"prompt_tokens": r["prompt_tokens"], "ttft_s": ttft,
+            "decode_tok_s": (n - 1) / decode_s if decode_s > 0 else None, "new_tokens": n,
+            "wall_s": last if last is not None else ttft, "load_s": worker.info.get("load_s"),
+            "threads": worker.info.get("threads"), "chat": True, "lookup": lookup,
+            "stopped_on_eog": r["finish"] == "eos", "text": r["text"], "drafted": r.get("drafted"),
+            "accepted": r.get("accepted")}
+
+
+def plain_and_lookup(gguf: Path, text: str, max_tokens: int, threads: int, say=print) -> dict | None:
+    """llama.cpp on one GGUF and one user message: {"plain": timed_chat(...), "lookup": ...}; None (and a line
+    said) when node-llama-cpp is not installed or the worker fails."""
+    try:
+        worker = LlamaCppWorker(worker_command(gguf, threads), timeout_s=900.0)
+    except SpecdecError as e:
+        say(f"llama.cpp: skipped ({e})")
+        return None
+    try:
+        return {"plain": timed_chat(worker, text, max_tokens), "lookup": timed_chat(worker, text, max_tokens, True)}
+    except SpecdecError as e:
+        say(f"llama.cpp failed: {e}")
+        return None
+    finally:
+        worker.close()

@@ -20,19 +20,22 @@
 //            tokens are used as they are; messages go through the GGUF's own chat template (generation prompt
 //            added); text is tokenized raw (BOS only if the GGUF asks for it)
 //   reply    {"id": 1, "ok": true, "prompt_tokens": n, "tokens": [ids], "text": "...", "finish": "eos"|"length",
-//             "ttft_s", "seconds", "token_times": [s, ...], "drafted": n, "accepted": n}
+//             "ttft_s", "seconds", "last_token_s", "token_times": [s, ...], "drafted": n, "accepted": n}
 //          or {"id": 1, "ok": false, "error": "..."}
 //   {"op": "quit"} or the end of stdin: the worker frees the model and exits 0.
 //
 // Greedy decoding (temperature 0). Times are seconds since evaluate() was called, on the worker's clock (the
 // pipe is not timed): ttft_s = the first generated token (prefill + 1 token); seconds = the last token, or the
-// end-of-generation token when there is one (it is not returned or counted); token_times = per returned token.
+// end-of-generation token when there is one (it is not returned or counted); last_token_s = when the last returned
+// token arrived (null without one): (tokens - 1) / (last_token_s - ttft_s) is the decode rate; token_times = per
+// returned token.
 // A token that lookup drafted and the target validated in an earlier pass gets that pass's time, so tokens that
 // one pass produced share a time (as a Hugging Face streamer sees them). drafted / accepted: prompt-lookup tokens
 // verified / confirmed during this request (node-llama-cpp's validated + refuted / validated counters).
 // Every request starts from an empty KV cache (no prefix reuse). Lookup drafts up to k tokens, copied from the
 // request's own prompt tokens after the longest match (ngram_min..ngram_max tokens; 0 = no limit) of the
-// generated tail.
+// generated tail. Without k, ngram_min and ngram_max lookup drafts as node-llama-cpp's InputLookupTokenPredictor
+// does by default (k 3, patterns of 1.. tokens).
 //
 // Two more requests, with an "op" (a request without one generates, as above):
 //   request  {"id": 2, "op": "logits", "tokens": [ids], "out": "/path/file"}
@@ -191,13 +194,14 @@ async function generate(req) {
     const before = sequence.tokenPredictions;
 
     const out = [], times = [];
-    let finish = "length", tFirst = null, tEnd = null, used = before.used;
+    let finish = "length", tFirst = null, tEnd = null, tLast = null, used = before.used;
     const t0 = now();
     for await (const tok of sequence.evaluate(tokens, { temperature: 0, yieldEogToken: true })) {
         const t = now();
         if (tFirst === null) tFirst = t - t0;
         tEnd = t - t0;
         if (model.isEogToken(tok)) { finish = "eos"; break; }
+        tLast = tEnd;
         const usedNow = sequence.tokenPredictions.used; // grew: this token was validated in an earlier pass
         times.push(usedNow > used && times.length ? times[times.length - 1] : tEnd);
         used = usedNow;
@@ -208,7 +212,7 @@ async function generate(req) {
     const drafted = after.validated + after.refuted - before.validated - before.refuted;
     return {
         prompt_tokens: tokens.length, tokens: out, text: model.detokenize(out), finish,
-        ttft_s: tFirst, seconds: tEnd ?? 0, token_times: times,
+        ttft_s: tFirst, seconds: tEnd ?? 0, last_token_s: tLast, token_times: times,
         drafted: lookup ? drafted : null, accepted: lookup ? after.validated - before.validated : null,
     };
 }

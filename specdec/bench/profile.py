@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.provenance import provenance
 from specdec.sampling.verify import PAD
 from specdec.theory.economics import CostCurve, batch_capacity, first_exceeding, fit_knee
 
@@ -221,7 +222,7 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
         mid = next(e for e in entries if e["context"] == typical)
         bar.set_postfix_str(f"drafter {drafter.name}", refresh=False)
         draft, c = measure_draft(loaded, drafter, typical, mid["step_s"], reps, k, bar.update)
-        out = {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "model": loaded.name,
+        out = {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "machine": provenance(), "model": loaded.name,
                "backend": loaded.backend, "precision": getattr(model, "precision", None),
                "drafter": drafter.name, "threads": torch.get_num_threads(), "reps": reps,
                "typical_context": typical, "verify_cost": mid["verify_cost"], "step_s": mid["step_s"],
@@ -234,6 +235,7 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
             target_mem = model_memory(model)
             floor = target_mem["weight_bytes_read_per_token"] / (bw["read_GBps"] * 1e9)
             out["bandwidth"] = bw
+            out["machine"]["bandwidth_gbs"] = round(bw["read_GBps"], 2)  # measured here: no quick probe needed
             out["floor"] = {"seconds_per_token": floor, "tokens_per_s": 1.0 / floor,
                             "rule": "weight bytes read per token / read bandwidth",
                             "measured_step_s": entries[0]["step_s"], "context": entries[0]["context"],

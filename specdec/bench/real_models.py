@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from specdec.errors import SpecdecError
+from specdec.provenance import provenance
 
 SHAPES = ("llama-3.2-1b", "qwen2.5-1.5b", "llama-3.2-3b", "llama-3.1-8b")
 ACCEPTANCE_JSON = "docs/results/drafters.json"  # the bundled model's Spec-Bench run, n-gram at a fixed k=5
@@ -47,24 +48,6 @@ def register(sub) -> None:
     p.add_argument("--page", default="docs/results/real-models.md", help="the results page ('' for none)")
     p.add_argument("--render", metavar="FILE.json", help="measure nothing: write --page from a run's JSON")
     p.set_defaults(func=run)
-
-
-def sh(cmd: list[str]) -> str:
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def machine() -> dict:
-    lscpu = dict(line.split(":", 1) for line in sh(["lscpu"]).splitlines() if ":" in line)
-    flags = lscpu.get("Flags", "").split()
-    return {"cpu": lscpu.get("Model name", "?").strip(), "cores": os.cpu_count(),
-            "isa": [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "amx_tile") if f in flags],
-            "date_utc": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "git": sh(["git", "rev-parse", "--short", "HEAD"]) or "?", "load_start": os.getloadavg(),
-            "command": " ".join(["specdec", *sys.argv[1:]]) if Path(sys.argv[0]).name == "specdec"
-            else " ".join(sys.argv)}
 
 
 def child(model: str, out: Path, args, *extra: str) -> dict:
@@ -151,9 +134,10 @@ def run(args) -> int:
     shapes = [s for s in args.shapes.split(",") if s.strip()]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = {"machine": machine(), "config": {k: v for k, v in vars(args).items() if k != "func"}}
+    report = {"machine": provenance(), "config": {k: v for k, v in vars(args).items() if k != "func"}}
     report["bandwidth"] = measure_bandwidth(1 << 30, 5)
     report["bandwidth_runs"] = [report["bandwidth"]["read_GBps"]]
+    report["machine"]["bandwidth_gbs"] = round(report["bandwidth"]["read_GBps"], 2)
 
     def bandwidth() -> float:
         """Bytes/s for the floor: the best read bandwidth measured so far (other load only ever lowers it), one

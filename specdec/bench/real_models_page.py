@@ -138,11 +138,16 @@ def gemma_rows(g: dict) -> list[str]:
     return rows
 
 
+def load_at_start(m: dict) -> list[float]:
+    """The load averages when the run began: provenance's load_avg (older runs' JSON: load_start)."""
+    return m["load_start"] if "load_start" in m else m["load_avg"]
+
+
 def contention(report: dict) -> list[str]:
     """A warning when the load average exceeded the core count during the run."""
     m = report["machine"]
     models = [*report["shapes"].values(), *([report["gemma"]] if "gemma" in report else [])]
-    peak = max([m["load_start"][0], m["load_end"][0], *(e["load_after"][0] for e in models)])
+    peak = max([load_at_start(m)[0], m["load_end"][0], *(e["load_after"][0] for e in models)])
     if peak <= m["cores"]:
         return []
     return [f"- **CONTENDED: the 1-minute load average reached {peak:.1f} on {m['cores']} cores** (other workers' "
@@ -157,7 +162,7 @@ def write_page(report: dict, path: Path) -> None:
     cfg = report["config"]
     names = list(report["shapes"])
     proj = report["shapes"][names[0]]["projections"] if names else None
-    load = f"{m['load_start'][0]:.2f} / {m['load_start'][1]:.2f} / {m['load_start'][2]:.2f}"
+    load = " / ".join(f"{x:.2f}" for x in load_at_start(m))
     lines = [
         "# Real model shapes (K-quant GGUFs) and Gemma 3 270M: specdec beside llama.cpp",
         "",

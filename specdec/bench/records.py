@@ -79,7 +79,10 @@ class BenchReport:
         return group.predictions.get(self.prediction_source) if self.prediction_source else None
 
     def to_json(self) -> dict:
-        out = asdict(self)
+        from specdec.provenance import provenance
+
+        # the machine that decoded: against an endpoint, this client's memory bandwidth says nothing of the server's
+        out = {"machine": provenance(bandwidth=not self.endpoint), **asdict(self)}
         if self.endpoint and self.endpoint.get("verify_cost"):  # readable by `specdec plan --profile`
             out["verify_cost"] = self.endpoint["verify_cost"]
         return out

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec import measure
 from specdec.bench.prompts import Prompt
 from specdec.engine.stats import RoundRecord
+from specdec.measure import decode_tokens_per_s, tokens_per_s
 from specdec.runtime import encode_text
 
 
@@ -67,7 +67,7 @@ class Sample:
 
     @property
     def tokens_per_s(self) -> float:
-        return measure.tokens_per_s(self.tokens, self.seconds)
+        return tokens_per_s(self.tokens, self.seconds)
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -76,7 +76,7 @@ class Sample:
         if any(t.ttft_s is None for t in self.turns):
             return None
         tokens = sum(max(t.tokens - 1, 0) for t in self.turns)
-        return measure.decode_tokens_per_s(tokens + 1, self.seconds, sum(t.ttft_s for t in self.turns))
+        return decode_tokens_per_s(tokens + 1, self.seconds, sum(t.ttft_s for t in self.turns))
 
 
 GenerateFn = Callable[[list[int], int], Turn]

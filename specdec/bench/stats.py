@@ -10,9 +10,9 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-from specdec import measure
 from specdec.bench.records import GroupResult
 from specdec.measure import inter_token_latencies, mean, percentile, ratio_of_means  # noqa: F401 (re-exported)
+from specdec.measure import tokens_per_pass as passes_rate
 from specdec.theory.economics import (
     CostCurve,
     conditional_acceptance,
@@ -58,7 +58,7 @@ def tokens_per_pass(turns) -> float | None:
             groups = bursts(t.token_times)[1:]  # the first token comes from the prefill
             emitted += sum(groups)
             passes += len(groups)
-    return measure.tokens_per_pass(emitted, passes)
+    return passes_rate(emitted, passes)
 
 
 def all_rounds(samples) -> list:

@@ -1,9 +1,7 @@
-"""Does `specdec bench --endpoint` measure what the local bench and `specdec loadtest` measure? One run, so the
-ratios share one machine state: this machine's read bandwidth; the local bench (plain vs n-gram k); then
-`specdec serve` under the policies never, always and auto (same model, drafter, k, max batch), with
+"""`specdec bench --endpoint-check`: does `bench --endpoint` measure what the local bench and `specdec loadtest`
+measure? One run, so the ratios share one machine state: this machine's read bandwidth; the local bench (plain vs
+n-gram k); then `specdec serve` under the policies never, always and auto (same model, drafter, k, max batch), with
 `bench --endpoint` (always and auto, each against never) and `loadtest` against each server, on the same prompts.
-
-    .venv/bin/python scripts/endpoint_bench.py [--per-category 2] [--max-new-tokens 64] [--concurrency 1,4]
 
 Prompts: the first turn of the first N Spec-Bench items of each category (one JSONL, used by all three tools;
 loadtest sends first turns only). Compared:
@@ -11,12 +9,12 @@ loadtest sends first turns only). Compared:
     against bench --endpoint's for policy always (same k), whose a comes from the server's counters;
   - every level: output throughput of bench --endpoint's level against loadtest's, per policy, and the
     throughput ratio of always and auto over never by both tools.
-Writes OUT/endpoint-bench.{md,json} plus each tool's own JSON. Nothing connects anywhere but 127.0.0.1.
+Writes OUT/endpoint-bench.{md,json} (the JSON with the machine's provenance) plus each tool's own JSON. Nothing
+connects anywhere but 127.0.0.1.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import subprocess
@@ -25,24 +23,29 @@ import tempfile
 import time
 from pathlib import Path
 
-from serve_bench import Server, say  # the same server handling as the serving benchmark
-
 from specdec.atomic import write_text_atomic
+from specdec.bench.options import parse_ints
 from specdec.bench.profile import measure_bandwidth
-from specdec.bench.prompts import load_prompts, select
+from specdec.bench.prompts import load_prompts, parse_categories, select
+from specdec.bench.servers import BenchError, LocalServer
+from specdec.bench.servers import say as _say
+from specdec.provenance import provenance
 
-ROOT = Path(__file__).resolve().parents[1]
-SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+def say(msg: str) -> None:
+    _say(msg, "endpoint-check")
 
 
 def cli(*args: str) -> None:
+    """One `specdec` command in a process of its own, as a user runs it; its report on stdout is not shown."""
     cmd = [sys.executable, "-m", "specdec.cli", *args]
     say(" ".join(cmd[3:]))
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    if subprocess.run(cmd, stdout=subprocess.DEVNULL).returncode != 0:
+        raise BenchError(f"`specdec {' '.join(args)}` failed (its error is above)")
 
 
-def first_turns(out: Path, per_category: int) -> int:
-    items = select(load_prompts(str(SPEC_BENCH)), None, per_category)
+def first_turns(spec_bench: str, out: Path, per_category: int, categories: str | None = None) -> int:
+    items = select(load_prompts(spec_bench), parse_categories(categories), per_category)
     out.write_text("".join(json.dumps({"question_id": p.qid, "category": p.category, "turns": [p.turns[0]]}) + "\n"
                            for p in items))
     return len(items)
@@ -56,35 +59,30 @@ def fmt(v, digits=2, suffix="") -> str:
     return "-" if v is None else f"{v:.{digits}f}{suffix}"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--per-category", type=int, default=2)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--concurrency", default="1,4")
-    ap.add_argument("--k", type=int, default=5)
-    ap.add_argument("--max-batch", type=int, default=8)
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "results")
-    args = ap.parse_args()
-    levels = [int(c) for c in args.concurrency.split(",")]
-    args.out.mkdir(parents=True, exist_ok=True)
+def run_endpoint_check(args) -> int:
+    """args: prompts (Spec-Bench), categories (None: all), per_category, max_new_tokens, concurrency (a string),
+    k (an int), max_batch, out (a folder)."""
+    levels = parse_ints(args.concurrency, "--concurrency")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="endpoint-bench-"))
     prompts = tmp / "first-turns.jsonl"
-    n = first_turns(prompts, args.per_category)
+    n = first_turns(args.prompts, prompts, args.per_category, args.categories)
     t0 = time.time()
     bw = measure_bandwidth(1 << 30, 7)
     say(f"read bandwidth {bw['read_GBps']:.1f} GB/s; {n} prompts")
     common = ["--prompts", str(prompts), "--max-new-tokens", str(args.max_new_tokens), "--quiet"]
-    local = args.out / "endpoint-bench-local.json"
+    local = out_dir / "endpoint-bench-local.json"
     cli("bench", *common, "--k", str(args.k), "--json", str(local))
 
     serve = ["--drafter", "ngram", "--k", str(args.k), "--max-batch", str(args.max_batch)]
-    servers = {p: Server(p, [*serve, "--policy", p], tmp) for p in ("never", "always", "auto")}
+    servers = {p: LocalServer(p, [*serve, "--policy", p], tmp) for p in ("never", "always", "auto")}
     loads, endpoint = {}, {}
     try:
         for s in servers.values():
             s.start(300)
         for p in ("always", "auto"):
-            endpoint[p] = args.out / f"endpoint-bench-{p}.json"
+            endpoint[p] = out_dir / f"endpoint-bench-{p}.json"
             cli("bench", *common, "--endpoint", servers[p].url, "--baseline", servers["never"].url,
                 "--concurrency", args.concurrency, "--json", str(endpoint[p]))
         for p, s in servers.items():
@@ -110,7 +108,10 @@ def main() -> int:
               fmt(c1["accepted"] / c1["drafted"] if c1 and c1["drafted"] else None, 3), fmt(e1["tokens_per_pass"]),
               fmt(e1["identical_rate"] * 100, 0, "%")]]
     rows2 = []
-    summary = {"bandwidth_GBps": bw["read_GBps"], "prompts": n, "max_new_tokens": args.max_new_tokens, "k": args.k,
+    machine = provenance()
+    machine["bandwidth_gbs"] = round(bw["read_GBps"], 2)
+    summary = {"machine": machine, "bandwidth_GBps": bw["read_GBps"], "prompts": n,
+               "max_new_tokens": args.max_new_tokens, "k": args.k,
                "levels": {}}
     for c in levels:
         tput = {}
@@ -139,11 +140,7 @@ def main() -> int:
         table(["measured by", "speedup", "decode speedup", "a", "tokens/pass (chunk)", "identical"], rows1), "",
         "## Output throughput per level (tokens/s): bench --endpoint's level against loadtest's", "",
         table(["concurrency", "policy", "bench --endpoint", "loadtest", "bench / loadtest"], rows2), ""])
-    write_text_atomic(args.out / "endpoint-bench.md", md)
-    write_text_atomic(args.out / "endpoint-bench.json", json.dumps(summary, indent=1))
+    write_text_atomic(out_dir / "endpoint-bench.md", md)
+    write_text_atomic(out_dir / "endpoint-bench.json", json.dumps(summary, indent=1))
     print(md)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,23 +16,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
+from specdec.bench.load_types import MAX_ERRORS, LevelResult, LoadConfig, RequestResult
+from specdec.bench.loadtest import run, run_level, summarize
+from specdec.bench.loadtest_cli import register
+from specdec.bench.loadtest_report import markdown, markdown_series, plot_series, to_json
+from specdec.client import run_async
 from specdec.errors import SpecdecError
 from specdec.measure import percentile
-from specdec.serve.loadtest import (
-    MAX_ERRORS,
-    LevelResult,
-    LoadConfig,
-    RequestResult,
-    markdown,
-    markdown_series,
-    plot_series,
-    register,
-    run,
-    run_async,
-    run_level,
-    summarize,
-    to_json,
-)
 
 MODEL = "stub-model"
 PROMPTS = [f"prompt {i}" for i in range(5)]
@@ -365,6 +355,7 @@ def test_cli_writes_json_markdown_png(stub, tmp_path, capsys):
     report = json.loads(out_json.read_text())
     assert [(lv["concurrency"], lv["requests"], lv["failed"]) for lv in report["levels"]] == [(1, 2, 0), (2, 4, 0)]
     assert report["config"]["model"] == MODEL and report["config"]["api_key"] == "(set)"
+    assert {"cpu", "cores", "git", "command", "date_utc"} <= set(report["machine"])  # the client's machine
     assert "\"k\"" not in out_json.read_text()
     stdout = capsys.readouterr().out
     assert out_md.read_text() in stdout
@@ -382,6 +373,9 @@ def test_cli_writes_json_markdown_png(stub, tmp_path, capsys):
     (["--endpoint", "embeddings"], "argument --endpoint: invalid choice"),
     (["--prompts", "/nonexistent/q.jsonl"], "prompt file not found"),
     (["--json", "/nonexistent/dir/r.json"], "its folder does not exist"),
+    (["--servers", "always"], "give either --url .* or --servers"),
+    (["--k", "3"], "--k apply to --servers, not to --url"),
+    (["--skip-prefill", "--quick"], "--skip-prefill, --quick apply to --servers"),
 ])
 def test_cli_bad_arguments(tmp_path, argv, message):
     prompts = tmp_path / "q.jsonl"
@@ -391,3 +385,53 @@ def test_cli_bad_arguments(tmp_path, argv, message):
     with pytest.raises(SpecdecError, match=message.replace("+", r"\+")) as e:
         cli([x for kv in base.items() for x in kv])
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "give either --url .* or --servers"),
+    (["--servers", "--model", "m"], "--model apply to --url, not to --servers"),
+    (["--servers", "--no-stream", "--seed", "1"], "--no-stream, --seed apply to --url"),
+    (["--servers", "never,sometimes"], "--servers must name some of never, always, auto"),
+    (["--servers", "--copy-concurrency", "1,x"], "--copy-concurrency: expected comma-separated integers"),
+])
+def test_cli_servers_mode_refuses_before_starting_anything(tmp_path, argv, message):
+    prompts = tmp_path / "q.jsonl"
+    write_spec_bench(prompts)
+    with pytest.raises(SpecdecError, match=message) as e:
+        cli(["--prompts", str(prompts), *argv])
+    assert "\n" not in str(e.value)
+
+
+def test_serve_bench_goals_and_counter_deltas():
+    from specdec.bench.serve_bench import counter_deltas
+    from specdec.bench.serve_report import goal_lines, goals, report
+
+    before = {"specdec:spec_decode_num_draft_tokens_total": 10, "specdec:spec_decode_num_accepted_tokens_total": 5,
+              "specdec:generation_tokens_total": 100, "specdec:batch_size_count": 10, "specdec:batch_size_sum": 20}
+    after = {"specdec:spec_decode_num_draft_tokens_total": 50, "specdec:spec_decode_num_accepted_tokens_total": 35,
+             "specdec:generation_tokens_total": 180, "specdec:batch_size_count": 30, "specdec:batch_size_sum": 80,
+             "specdec:spec_decode_num_drafts_total": 8}
+    d = counter_deltas(before, after)
+    assert d["counters"]["draft_tokens"] == 40 and d["acceptance_rate"] == 30 / 40
+    assert d["draft_tokens_per_output_token"] == 40 / 80 and d["mean_batch"] == 60 / 20
+    assert d["mean_accepted_per_draft"] == 30 / 8 and d["drafting_share"] == 8 / 60
+
+    def rec(c, tok_s):
+        return {**vars(fake_level(c, tok_s, 0.01)), "draft_tokens_per_output_token": None, "acceptance_rate": None,
+                "mean_batch": None, "loadavg_1m": 1.0}
+
+    tp = {"never": (100, 300), "always": (150, 250), "auto": (149, 295)}  # throughput at c=1 and c=4
+    policies = {p: {"startup_s": 1.0, "sets": {"mixed": [rec(1, a), rec(4, b)], "copy": [rec(1, a)]}}
+                for p, (a, b) in tp.items()}
+    checks = goals(policies)
+    assert [(g["goal"], g["set"], g["concurrency"], g["pass"]) for g in checks] == [
+        ("a", "mixed", 1, True), ("a", "mixed", 4, True), ("a", "copy", 1, True), ("b", "copy", 1, True)]
+    policies["auto"]["sets"]["mixed"][1]["throughput_tok_s"] = 280.0  # more than 3% under never's 300
+    assert [g["pass"] for g in goals(policies)][1] is False
+    assert goal_lines(goals(policies))[1].startswith("FAIL (a) mixed c=4: auto 280.0 tok/s")
+    result = {"config": {"k": 5, "max_batch": 16, "max_tokens": 64, "auto_profile": None},
+              "bandwidth": {"read_GBps": 10.0, "read_GBps_best": 11.0, "copy_GBps": 5.0}, "loadavg_start": [1.0],
+              "loadavg_end": [2.0], "prompt_sets": {"mixed": ["a", "b"], "copy": ["c"]}, "policies": policies,
+              "goals": goals(policies)}
+    text = report(result)
+    assert "## Prompt set `mixed` (2 prompts)" in text and "| 1 | 1.490 | 0.993 | 1.500 |" in text
