@@ -25,6 +25,9 @@ import pytest
 
 from tests.serving import PROMPTS, Server, model_name, write_served_model
 
+# a server in a subprocess per test or module: the `servers` part of the slow suites (make test-all)
+pytestmark = pytest.mark.slow
+
 CONTEXT = 2048
 SERVER_ARGS = ("--k", "3", "--policy", "always", "--max-batch", "4", "--max-queue", "4", "--prefix-cache", "3",
                "--prefill-chunk", "4")

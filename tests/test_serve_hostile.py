@@ -22,6 +22,9 @@ from hypothesis import strategies as st
 from specdec.serve.protocol import IGNORED, REFUSED
 from tests.serving import CONTEXT, KEY, PROMPTS, Server, model_name, write_served_model
 
+# a server in a subprocess per test or module: the `servers` part of the slow suites (make test-all)
+pytestmark = pytest.mark.slow
+
 M = "MODEL"  # replaced by the served model's name
 GOOD = {"model": M, "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0}
 CHAT = {"model": M, "messages": [{"role": "user", "content": PROMPTS[0]}], "max_tokens": 4, "temperature": 0}
