@@ -46,7 +46,7 @@ test: setup
 # The slow suites: the browser, the servers, the bundled models' long runs, the 10^5-round statistical checks and
 # llama.cpp. `make test-all` is both suites; CI runs it.
 test-slow: setup browser llamacpp
-	$(BIN)/pytest -q -m "slow or browser"
+	$(BIN)/pytest -q -m "slow or browser" --durations=15
 
 test-all: test test-slow
 
