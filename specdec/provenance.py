@@ -3,7 +3,7 @@ reports a measurement.
 
 A figure without its CPU, bandwidth and revision cannot be compared with another or reproduced, so every
 writer of results (`bench --json`, `profile --json`, `real-models`, the load tests) puts `provenance()` at the
-top level of what it writes. This module sits at the bottom layer: it imports nothing from specdec but errors,
+top level of what it writes. This module sits at the bottom layer: it imports nothing from specdec,
 and it never raises for a missing tool (no lscpu, no git, not a checkout): it writes "?" instead.
 """
 
