@@ -1,6 +1,6 @@
 """The kernel cache cannot be poisoned: a build's lock dies with its holder, a waiter says whom it waits for, a
 failed build leaves nothing a later process loads, and a build killed midway (SIGKILL to the compiling process,
-as a test's timeout does) leaves the next `specdec generate` to build and run in its normal time."""
+as a test's timeout does) leaves the next process to build in its normal time."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from specdec.kernels import build as kbuild
-from tests.conftest import write_tiny_model, write_word_tokenizer
 
 
 def hold_lock_in_child(build: Path) -> subprocess.Popen:
@@ -58,12 +57,20 @@ def test_a_waiter_says_whose_build_it_waits_for(tmp_path):
     assert len(said) == 1 and f"waiting for the kernel build in PID {child.pid}, started" in said[0], said
 
 
-@pytest.mark.slow  # two small compiles, ~40 s
+def c_module(name: str, body: str) -> str:
+    """A Python extension module in plain C API (no torch headers, so it compiles in about a second) whose
+    function two() returns 2; `body` goes before it."""
+    return (f"#include <Python.h>\n{body}\n"
+            "static PyObject* two(PyObject*, PyObject*) { return PyLong_FromLong(2); }\n"
+            "static PyMethodDef methods[] = {{\"two\", two, METH_NOARGS, \"\"}, {nullptr, nullptr, 0, nullptr}};\n"
+            f"static PyModuleDef def = {{PyModuleDef_HEAD_INIT, \"{name}\", nullptr, -1, methods}};\n"
+            f"PyMODINIT_FUNC PyInit_{name}(void) {{ return PyModule_Create(&def); }}\n")
+
+
 def test_a_failed_build_leaves_nothing_to_load_and_the_next_one_builds(tmp_path):
     bad, good = tmp_path / "bad.cpp", tmp_path / "good.cpp"
-    bad.write_text("#include <torch/extension.h>\nthis is not C++;\n")
-    good.write_text("#include <torch/extension.h>\nint two() { return 2; }\n"
-                    "PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def(\"two\", &two); }\n")
+    bad.write_text(c_module("specdec_test_bad", "this is not C++;"))
+    good.write_text(c_module("specdec_test_good", ""))
     build = tmp_path / "kernels" / "v1"
     said = []
     with pytest.raises(Exception):  # noqa: B017  torch raises RuntimeError or a subprocess error
@@ -78,41 +85,54 @@ def test_a_failed_build_leaves_nothing_to_load_and_the_next_one_builds(tmp_path)
     assert said == []  # found finished: loaded without compiling or a word
 
 
-@pytest.mark.slow
-def test_a_build_killed_midway_does_not_stall_the_next_generate(tmp_path):
+def slow_c_module(name: str, functions: int = 3000) -> str:
+    """c_module() padded with `functions` small loops: some seconds of compiling at -O3, long enough to be
+    killed midway."""
+    pad = "".join(f"double f{i}(double x) {{ double s = 0; for (int j = 0; j < {i % 7 + 3}; j++) s += x * j + {i}; "
+                  "return s; }\n" for i in range(functions))
+    return c_module(name, pad)
+
+
+BUILD_IN_CHILD = """import sys
+from pathlib import Path
+from specdec.kernels.build import build_module
+print(build_module(sys.argv[1], [Path(sys.argv[2])], Path(sys.argv[3]), ["-O3"]).two(), flush=True)
+"""
+
+
+def test_a_build_killed_midway_does_not_stall_the_next_one(tmp_path):
     """Fails on the torch builder's own lock file, which outlived the killed process and made every later start
-    wait without end."""
-    cache = tmp_path / "cache"
-    env = {**os.environ, "SPECDEC_CACHE": str(cache), "PYTHONUNBUFFERED": "1"}
-    env.pop("SPECDEC_NO_KERNELS", None)
-    model = write_tiny_model(tmp_path / "model", vocab=8, hidden=64, heads=4)
-    write_word_tokenizer(model, ["<unk>", "<eos>", "a", "b", "c", "d", "e", "f"])
-    generate = [sys.executable, "-m", "specdec.cli", "generate", "--model", str(model), "--prompt", "a b c",
-                "--no-chat", "--max-new-tokens", "8", "--drafter", "ngram"]
-    first = subprocess.Popen(generate, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True)
+    wait without end. The path is the kernels' own (build_module: what `specdec kernels`, `generate` and `serve`
+    call on first use), on a module that compiles in seconds instead of the kernels' minutes."""
+    source = tmp_path / "slow.cpp"
+    source.write_text(slow_c_module("specdec_test_slow"))
+    build = tmp_path / "kernels" / "v1"
+    command = [sys.executable, "-c", BUILD_IN_CHILD, "specdec_test_slow", str(source), str(build)]
+    first = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True)
     try:
         assert "compiling" in first.stderr.readline()
         deadline = time.monotonic() + 60
-        while not any(p.suffix in (".o", ".ninja") for p in cache.rglob("*")):
+        while not any(p.suffix in (".o", ".ninja") for p in build.parent.rglob("*")):
             assert time.monotonic() < deadline and first.poll() is None, "the first build never started"
-            time.sleep(0.2)
-        time.sleep(2)  # the compilers are running
-        first.send_signal(signal.SIGKILL)  # the building process only: its compilers live on as orphans
+            time.sleep(0.1)
+        time.sleep(1)  # the compiler is running
+        first.send_signal(signal.SIGKILL)  # the building process: torch's lock file and the half build stay
         first.wait(10)
-        t0 = time.monotonic()
-        second = subprocess.run(generate, env=env, capture_output=True, text=True,
-                                timeout=float(os.environ.get("SPECDEC_BUILD_TIMEOUT", "900")))
-        took = time.monotonic() - t0
     finally:
         try:
-            os.killpg(first.pid, signal.SIGKILL)  # the orphaned compilers, if any are left
+            os.killpg(first.pid, signal.SIGKILL)  # its orphaned compiler too
         except ProcessLookupError:
             pass
-    assert second.returncode == 0, second.stderr
-    assert "kernels compiled" in second.stderr and "unavailable" not in second.stderr, second.stderr
-    assert "Traceback" not in second.stderr
-    print(f"the second process built the kernels and generated in {took:.0f} s")
+    assert not (build / "specdec_test_slow.so").exists()  # killed before it finished
+    assert list(build.parent.glob(f".v1{kbuild.BUILD_PREFIX}*"))  # the half build it left
+    t0 = time.monotonic()
+    second = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t0
+    assert second.returncode == 0 and second.stdout.strip() == "2", second.stderr
+    assert "waiting" not in second.stderr and "Traceback" not in second.stderr, second.stderr
+    assert not list(build.parent.glob(f".v1{kbuild.BUILD_PREFIX}*"))  # the half build is gone
+    print(f"the second process built and loaded the module in {took:.1f} s")
 
 
 def test_a_finished_file_that_will_not_load_is_built_again(tmp_path):
