@@ -139,10 +139,12 @@ class NeverWarps(DraftModelDrafter):
         return torch.softmax(logits.float(), dim=-1)
 
 
-def open_slots(drafter, n: int, capacity: int, sampling: SamplingConfig) -> list[int]:
+def open_slots(drafter, n: int, capacity: int, sampling: SamplingConfig, reserve: bool = True) -> list[int]:
     """Slots 0..n-1, each a sequence at CONTEXT with its own stream: slot i seeded with sampling.seed + i (as the
-    engine seeds row r with seed + r), so the rows draw independently."""
-    drafter.reserve(n, capacity)
+    engine seeds row r with seed + r), so the rows draw independently. reserve=False reuses the drafter's cache
+    (at least n slots of `capacity`), as the engine reuses a slot after its last sequence closed."""
+    if reserve:
+        drafter.reserve(n, capacity)
     for slot in range(n):
         drafter.open(slot, CONTEXT, replace(sampling, seed=sampling.seed + slot))
     return list(range(n))
@@ -161,16 +163,19 @@ def run_rounds(target, drafter, rounds: int, seed: int, sampling: SamplingConfig
     """`rounds` independent rounds from CONTEXT: draft K tokens, one target pass over them, the engine's
     verification."""
     outs, drafts, qs = [], [], []
+    capacity, rows = len(CONTEXT) + K + 1, min(CHUNK, rounds)
+    drafter.reserve(rows, capacity)  # both caches made once (zeroing 10^5 rows' caches costs more than drafting)
+    cache = target.new_cache(rows, capacity)  # each chunk writes every position it reads
     for c, start in enumerate(range(0, rounds, CHUNK)):
         m = min(CHUNK, rounds - start)
         contexts = [CONTEXT] * m
         # every row its own stream; chunk c's seeds follow chunk c-1's, so no two rows of a run share one
-        slots = open_slots(drafter, m, len(CONTEXT) + K + 1, replace(sampling, seed=seed * ROUNDS + start))
+        slots = open_slots(drafter, m, capacity, replace(sampling, seed=seed * ROUNDS + start), reserve=False)
         draft = drafter.propose(slots, contexts, [K] * m)
         assert draft.probs is not None and draft.probs.shape == (m, K, VOCAB)
-        cache = target.new_cache(m, len(CONTEXT) + K + 1)
         step_in = torch.cat([torch.full((m, 1), CONTEXT[-1]), draft.tokens.clamp(min=0)], dim=1)  # [m, K+1]
-        logits = target.forward(step_in, torch.full((m,), len(CONTEXT) - 1), cache)  # [m, K+1, vocab]
+        pass_cache = cache if m == rows else target.new_cache(m, capacity)  # a last, shorter chunk
+        logits = target.forward(step_in, torch.full((m,), len(CONTEXT) - 1), pass_cache)  # [m, K+1, vocab]
         gen = torch.Generator().manual_seed(10_000 + seed + c)
         outs.append(verify_round(draft.tokens, draft.probs, logits, sampling, gen).tokens)
         drafts.append(draft.tokens)
