@@ -39,14 +39,20 @@ browser:
 demo: setup
 	$(BIN)/specdec demo
 
+# Test workers (pytest-xdist): one a core, at most 8. A test file runs whole on one worker (--dist loadfile), so a
+# module's fixture (a server, 10^5 drafted rounds) is made once; the longest files start first (tests/conftest.py);
+# JOBS=0 runs in one process.
+JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 8 ] && n=8; echo $$n)
+PYTEST := $(BIN)/pytest -q -n $(JOBS) --dist loadfile --no-loadscope-reorder
+
 # The fast suite (the README's test command): every test not marked slow or browser.
 test: setup
-	$(BIN)/pytest -q -m "not slow and not browser"
+	$(PYTEST) -m "not slow and not browser"
 
 # The slow suites: the browser, the servers, the bundled models' long runs, the 10^5-round statistical checks and
 # llama.cpp. `make test-all` is both suites; CI runs it.
 test-slow: setup browser llamacpp
-	$(BIN)/pytest -q -m "slow or browser" --durations=15
+	$(PYTEST) -m "slow or browser" --durations=15
 
 test-all: test test-slow
 

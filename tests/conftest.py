@@ -209,3 +209,20 @@ def divergence_message(model, prompt, expected, got) -> str:
     was = got[i] if i < len(got) else None
     return (f"speculative output differs from plain greedy at generated token {i} (plain {exp}, speculative {was}); "
             f"the target's top-1 minus top-2 logit there is {gap:.3g}")
+
+
+# ---- the order files run in ------------------------------------------------------------------------------------
+
+# The files that take longest (whole file, either suite: over 20 s each on the 2-core CI machine), longest first,
+# started before the rest so that parallel workers (make test: pytest-xdist, a file to a worker, in collection
+# order with --no-loadscope-reorder) finish together instead of one running a long file alone at the end. The
+# other files follow in pytest's order.
+LONGEST_FIRST = ("test_llamacpp_matrix.py", "test_drafter_contract.py", "test_gemma3.py", "test_llamacpp_oracle.py",
+                 "test_heads_eagle.py", "test_audit.py", "test_gemma3_gguf.py", "test_engine_sampling.py",
+                 "test_gguf_convert.py", "test_engine_greedy.py", "test_serve_hostile.py", "test_gguf_kquants.py",
+                 "test_kernel_build.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
