@@ -7,10 +7,10 @@ catch it, and report every mutant caught or missed.
 
 The working tree is never touched: the project's files (git's tracked and untracked, not ignored) are copied to a
 temporary folder, the tests run there against the copy's own `specdec` (PYTHONPATH), and each mutant's edits are
-applied and then undone. First the unmutated copy must pass the selected tests, or a "caught" would mean
-nothing. A mutant that `needs` a CPU feature this machine lacks is reported n/a and not counted. Exit status: 0
-when every runnable mutant was caught, 1 when one was missed, 2 on a stale mutant (its text is not in the file
-exactly once) or a failing baseline.
+applied and then undone, in one copy a worker (--jobs: mutants run side by side). First the unmutated copy must
+pass the selected tests, or a "caught" would mean nothing. A mutant that `needs` a CPU feature this machine lacks
+is reported n/a and not counted. Exit status: 0 when every runnable mutant was caught, 1 when one was missed, 2 on
+a stale mutant (its text is not in the file exactly once) or a failing baseline.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import re
 import shlex
 import shutil
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the mutants marked fast (the CI subset), caught by tests of the fast suite alone")
     ap.add_argument("--only", nargs="+", metavar="ID", help="only these mutants")
     ap.add_argument("--list", action="store_true", help="list the mutants and exit")
+    ap.add_argument("--jobs", type=int, default=min(os.cpu_count() or 1, 8),
+                    help="mutants run side by side, each in its own copy (default: the cores, at most 8)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per test run (default 600)")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
@@ -172,40 +176,52 @@ def main(argv: list[str] | None = None) -> int:
 
     # the fast subset must be caught by the fast suite (make test): CI's minutes go to mutants, not to 10^5 rounds
     marker = "not browser and not slow" if args.fast else "not browser"
+    jobs = max(1, min(args.jobs, len(mutants)))
     with tempfile.TemporaryDirectory(prefix="specdec-mutate-") as tmp:
-        copy = Path(tmp)
-        copy_project(copy)
-        probe = subprocess.run([sys.executable, "-c", "import specdec; print(specdec.__file__)"], cwd=copy,
-                               env=environment(copy), capture_output=True, text=True)
-        if not probe.stdout.strip().startswith(str(copy)):
+        copies = [Path(tmp) / f"copy{j}" for j in range(jobs)]  # one a worker: mutants run side by side
+        for copy in copies:
+            copy.mkdir()
+            copy_project(copy)
+        probe = subprocess.run([sys.executable, "-c", "import specdec; print(specdec.__file__)"], cwd=copies[0],
+                               env=environment(copies[0]), capture_output=True, text=True)
+        if not probe.stdout.strip().startswith(str(copies[0])):
             print(f"mutate: the copy does not import its own specdec ({probe.stdout.strip() or probe.stderr})",
                   file=sys.stderr)
             return 2
         tests = sorted({t for m in mutants for t in m.tests if t.startswith("tests/")})
         print(f"baseline: {len(tests)} test files on the unmutated copy ...", flush=True)
-        outcome, detail, seconds = run_tests(copy, tests, args.timeout, marker)
+        spread = ["-n", str(jobs), "--dist", "loadfile"] if jobs > 1 else []  # pytest-xdist, as make test
+        outcome, detail, seconds = run_tests(copies[0], spread + tests, args.timeout, marker)
         if outcome != "passed":
             print(f"mutate: the unmutated copy does not pass ({outcome}: {detail})", file=sys.stderr)
             return 2
-        print(f"baseline passed in {seconds:.0f} s\n", flush=True)
+        print(f"baseline passed in {seconds:.0f} s ({jobs} workers)\n", flush=True)
 
-        results = []
         flags = cpu_flags()
-        for m in mutants:
+        free: queue.Queue[Path] = queue.Queue()
+        for copy in copies:
+            free.put(copy)
+
+        def check(m: Mutant) -> dict:
             if m.needs and m.needs not in flags:  # its code never runs here: neither caught nor missed
-                results.append({"id": m.id, "area": m.area, "why": m.why, "verdict": "n/a",
-                                "by": f"this CPU has no {m.needs}", "seconds": 0.0})
-                print(f"{'n/a':7} {m.id:30} {0.0:6.1f} s  this CPU has no {m.needs}", flush=True)
-                continue
-            originals = apply(copy, m)
-            try:
-                outcome, detail, seconds = run_tests(copy, m.tests, args.timeout, marker)
-            finally:
-                restore(copy, originals)
-            verdict = {"failed": "caught", "timeout": "caught", "passed": "MISSED", "error": "ERROR"}[outcome]
-            results.append({"id": m.id, "area": m.area, "why": m.why, "verdict": verdict, "by": detail,
-                            "seconds": round(seconds, 1)})
-            print(f"{verdict:7} {m.id:30} {seconds:6.1f} s  {detail or m.why}", flush=True)
+                row = {"id": m.id, "area": m.area, "why": m.why, "verdict": "n/a",
+                       "by": f"this CPU has no {m.needs}", "seconds": 0.0}
+            else:
+                copy = free.get()
+                originals = apply(copy, m)
+                try:
+                    outcome, detail, seconds = run_tests(copy, m.tests, args.timeout, marker)
+                finally:
+                    restore(copy, originals)
+                    free.put(copy)
+                verdict = {"failed": "caught", "timeout": "caught", "passed": "MISSED", "error": "ERROR"}[outcome]
+                row = {"id": m.id, "area": m.area, "why": m.why, "verdict": verdict, "by": detail,
+                       "seconds": round(seconds, 1)}
+            print(f"{row['verdict']:7} {m.id:30} {row['seconds']:6.1f} s  {row['by'] or m.why}", flush=True)
+            return row
+
+        with ThreadPoolExecutor(jobs) as pool:  # each run is a subprocess: threads only wait
+            results = list(pool.map(check, mutants))  # in the file's order; printed as each ends
 
     caught = sum(r["verdict"] == "caught" for r in results)
     runnable = sum(r["verdict"] != "n/a" for r in results)

@@ -216,7 +216,8 @@ def divergence_message(model, prompt, expected, got) -> str:
 # The files that take longest (whole file, either suite: over 20 s each on the 2-core CI machine), longest first,
 # started before the rest so that parallel workers (make test: pytest-xdist, a file to a worker, in collection
 # order with --no-loadscope-reorder) finish together instead of one running a long file alone at the end. The
-# other files follow in pytest's order.
+# other files follow in pytest's order. A run in one process keeps pytest's order (scripts/mutate.py's -x runs
+# name their quickest catching file first).
 LONGEST_FIRST = ("test_llamacpp_matrix.py", "test_drafter_contract.py", "test_gemma3.py", "test_llamacpp_oracle.py",
                  "test_heads_eagle.py", "test_audit.py", "test_gemma3_gguf.py", "test_engine_sampling.py",
                  "test_gguf_convert.py", "test_engine_greedy.py", "test_serve_hostile.py", "test_gguf_kquants.py",
@@ -224,5 +225,7 @@ LONGEST_FIRST = ("test_llamacpp_matrix.py", "test_drafter_contract.py", "test_ge
 
 
 def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # set in each worker, where the collection is made
+        return
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
