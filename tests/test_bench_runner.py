@@ -201,10 +201,12 @@ def test_profile_then_bench_on_a_tiny_model(tiny, tmp_path, capsys, one_thread):
     assert auto["speedup"] > 0 and auto["predictions"]["profile"]["speedup"] > 0 and auto["identical_rate"] is not None
     assert set(r["auto_k"][OVERALL]) >= {"auto", "best_fixed_k", "gain_vs_best", "gain_vs_default"}
     assert "ngram k=5 / hf plain" in r["hf"][OVERALL] and "ngram k=auto" in r["meters"]
-    # drift is reported for every method that drafted; auto drafts nothing where the profile, measured on a busy
-    # machine (parallel test workers), says that no draft pays
+    # drift is reported for every method that drafted in the measured runs; auto drafts nothing where the profile,
+    # measured on a busy machine (parallel test workers), says that no draft pays. The meter counts the warm-up
+    # generation too, so it can have drafted where the measured runs did not: drift follows the measured runs.
     assert len(r["meters"]["ngram k=auto"]["trace"]) == 3 and "ngram k=2" in r["drift"]
-    assert ("ngram k=auto" in r["drift"]) == (r["meters"]["ngram k=auto"]["drafted"] > 0)
+    assert ("ngram k=auto" in r["drift"]) == (auto["drafted"] > 0)
+    assert r["meters"]["ngram k=auto"]["drafted"] >= auto["drafted"]
     assert "## Speedup (Spec-Bench layout)" in md.read_text() and png.stat().st_size > 1000
     two_turns = next(s for s in r["samples"] if s["qid"] == "1" and s["method"] == "plain")
     assert len(two_turns["turns"]) == 2 and two_turns["turns"][1]["prompt_tokens"] > 26  # turn 2 sees turn 1
