@@ -140,7 +140,9 @@ def f32_copy(gguf_path: str | Path, out_path: str | Path,
     import gguf
     from gguf.quants import dequantize
 
-    reader = gguf.GGUFReader(str(gguf_path))
+    from specdec.models.gguf_file import open_gguf
+
+    reader = open_gguf(Path(gguf_path))
     writer = gguf.GGUFWriter(str(out_path), arch=reader.fields["general.architecture"].contents())
     for name, field in reader.fields.items():
         if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):

@@ -1,5 +1,6 @@
-"""Reading a GGUF file, whatever its architecture: the (cached) gguf-py reader, its metadata as Python values, and a
-tensor dequantized. The architecture-specific parts are in gguf_llama and gguf_gemma3, chosen by gguf_arch.
+"""Reading a GGUF file, whatever its architecture: the (cached) reader (gguf_reader), its metadata as Python values,
+and a tensor dequantized (gguf-py's dequantize). The architecture-specific parts are in gguf_llama and
+gguf_gemma3, chosen by gguf_arch.
 """
 
 from __future__ import annotations
@@ -13,9 +14,8 @@ from specdec.errors import SpecdecError
 
 
 def open_gguf(src: Path):
-    """A GGUFReader for `src`, with unreadable or malformed files reported as SpecdecError. The last file opened is
-    kept: gguf-py takes seconds to parse a large vocabulary (about 10 s for Llama 3's 128k tokens), and loading a
-    model reads the same file several times (architecture, types, conversion, matrices)."""
+    """A GgufReader for `src`, with unreadable or malformed files reported as SpecdecError. The last file opened is
+    kept: loading a model reads the same file several times (architecture, types, conversion, matrices)."""
     try:
         st = src.stat()
         key = (str(src.resolve()), st.st_size, st.st_mtime_ns)
@@ -32,7 +32,7 @@ _last_reader: list = [None, None]  # (path, size, mtime), reader
 
 
 def _read(src: Path):
-    import gguf
+    from specdec.models.gguf_reader import GgufReader
 
     if not src.exists():
         raise SpecdecError(f"{src}: no such file")
@@ -46,7 +46,7 @@ def _read(src: Path):
     if magic != b"GGUF":
         raise SpecdecError(f"{src}: not a GGUF file (it does not start with the GGUF magic bytes)")
     try:
-        return gguf.GGUFReader(src, "r")
+        return GgufReader(src)
     except Exception as e:  # the reader fails in many ways (struct, numpy, value errors) on truncated files
         raise SpecdecError(f"{src}: malformed or truncated GGUF file ({type(e).__name__}: {e})") from None
 

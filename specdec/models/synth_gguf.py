@@ -319,11 +319,10 @@ def _tokenizer(w: GGUFWriter, vocab: int) -> None:
 @functools.cache
 def _bundled_tokenizer() -> dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]]:
     """key -> (value, type, element type of an array) of the bundled GGUF's tokenizer.* keys, read once a process
-    (parsing the file's metadata takes seconds)."""
-    import gguf
-
+    (specdec's reader: gguf-py's takes seconds over its 49k tokens)."""
     from specdec.models.gguf_convert import bundled_gguf_path
+    from specdec.models.gguf_file import open_gguf
 
-    fields = gguf.GGUFReader(bundled_gguf_path()).fields
+    fields = open_gguf(Path(bundled_gguf_path())).fields
     return {k: (f.contents(), f.types[0], f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None)
             for k, f in fields.items() if k.startswith("tokenizer.")}
