@@ -35,7 +35,7 @@ from specdec.drafters.suffix import SuffixDrafter
 from specdec.heads.eagle import HeadConfig, default_taps
 from specdec.sampling.rounds import verify_round
 from specdec.sampling.verify import PAD
-from specdec.sampling.warp import SamplingConfig, warp_probs
+from specdec.sampling.warp import SamplingConfig, warp_rows
 from specdec.train.distill import init_head
 from tests.sampler_harness import chi_square_pvalue, conditional_pvalues, pooled_chi_square
 from tests.warp_oracle import reference_warp_rows
@@ -124,18 +124,18 @@ class ShiftedQ(DraftModelDrafter):
 class ReportsUnwarpedQ(DraftModelDrafter):
     """Samples from the warped q but reports the unwarped softmax."""
 
-    def _probs(self, logits, sampling):
+    def _probs(self, logits, settings):
         return torch.softmax(logits.float(), dim=-1)
 
-    def _pick(self, q, slot):
+    def _pick(self, q, slots):
         # log-softmax warps exactly as the logits do
-        return super()._pick(warp_probs(q.log(), self.sampling[slot]), slot)
+        return super()._pick(warp_rows(q.log(), [self.sampling[s] for s in slots]), slots)
 
 
 class NeverWarps(DraftModelDrafter):
     """Samples and reports the unwarped softmax: exact, but q puts mass where the warped target has none."""
 
-    def _probs(self, logits, sampling):
+    def _probs(self, logits, settings):
         return torch.softmax(logits.float(), dim=-1)
 
 

@@ -202,16 +202,52 @@ def test_the_native_layer_computes_the_torch_layer(trained):
     for layer in (native, ref):
         layer.reserve(2, 64)
     outs = {}
+    def feed(layer, slot, e, x, start):  # rows start.. of one slot -> (out, the last row's logits)
+        m = e.shape[0]
+        out, logits = layer.feed(torch.full((m,), slot), e, x, torch.arange(start, start + m), torch.tensor([m - 1]))
+        return out, logits[0]
+
     with torch.no_grad():  # the head is trainable: its torch layer would otherwise record gradients
         for name, layer in (("native", native), ("torch", ref)):
-            steps = [layer.feed(1, emb[:n], g[:n], 0)]  # a context, then single rows after it (slot 1, not 0)
-            steps += [layer.feed(1, emb[n + j:n + j + 1], steps[-1][0][-1:], n + j) for j in range(4)]
+            steps = [feed(layer, 1, emb[:n], g[:n], 0)]  # a context, then single rows after it (slot 1, not 0)
+            steps += [feed(layer, 1, emb[n + j:n + j + 1], steps[-1][0][-1:], n + j) for j in range(4)]
             outs[name] = steps
     for (o1, l1), (o2, l2) in zip(outs["native"], outs["torch"]):
         rel = max(rel, float((o1 - o2).norm() / o2.norm()))
         agree += float(l1.argmax() == l2.argmax())
     print(f"native against torch: relative error {rel:.2e}, top draft agrees at {agree:.0f} of 5 steps")
     assert rel < 5e-2 and agree >= 4
+
+
+def test_rows_of_several_slots_in_one_feed_are_each_slot_fed_alone(trained):
+    """The drafter feeds every row's catch-up, then each drafting step of every row, in one call: rows of three
+    slots at different positions (slot 2's interleaved with slot 0's) give what each slot fed alone gives, to the
+    bit on the native layer (each row computed alone, in a fixed order) and to float rounding in torch."""
+    from specdec.drafters.eagle import TorchHead
+    from specdec.heads.quantized import KernelHead
+
+    model, head, *_ = trained
+    torch.manual_seed(6)
+    emb, g = model.embed[torch.randint(0, model.cfg.vocab_size, (12,))], torch.randn(12, head.cfg.hidden)
+    slots = torch.tensor([0, 2, 0, 2, 0, 1, 1, 1, 1, 1, 1, 2])
+    pos = torch.tensor([0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 8, 2])  # slot 1 starts at 3: its earlier keys are zeros
+    last = torch.tensor([4, 10, 11])
+    for layer, exact in ((KernelHead(head, model.kernels), True), (TorchHead(head), False)):
+        with torch.no_grad():
+            layer.reserve(3, 16)
+            out, logits = layer.feed(slots, emb, g, pos, last)
+            alone = {}
+            layer.reserve(3, 16)
+            for s in (0, 1, 2):
+                r = (slots == s).nonzero().flatten()
+                alone[s] = layer.feed(slots[r], emb[r], g[r], pos[r], torch.tensor([len(r) - 1]))
+        for s in (0, 1, 2):  # logits row s: slot s's last row
+            r = (slots == s).nonzero().flatten()
+            if exact:
+                assert torch.equal(out[r], alone[s][0]) and torch.equal(logits[s], alone[s][1][0]), s
+            else:
+                assert torch.allclose(out[r], alone[s][0], atol=1e-5) and torch.allclose(logits[s], alone[s][1][0],
+                                                                                         atol=1e-5), s
 
 
 @pytest.mark.slow  # 10^5 rounds each

@@ -144,3 +144,17 @@ def test_greedy_is_one_hot_on_the_first_largest(logits):
     got = warp_probs(torch.tensor(logits), SamplingConfig(0.0))
     assert got.sum().item() == 1.0 and got.max().item() == 1.0
     assert int(got.argmax()) == max(range(len(logits)), key=lambda i: (logits[i], -i))
+
+
+@pytest.mark.parametrize("vocab", [10, 49152])  # thousands of rows a call, and one
+def test_warp_rows_is_warp_probs_row_by_row(vocab):
+    """The drafters warp a round's rows together, grouped by their rules: each row as warp_probs gives it."""
+    from specdec.sampling.warp import warp_rows
+
+    torch.manual_seed(0)
+    rules = [SamplingConfig(1.3, top_k=6, top_p=0.95, seed=i) for i in range(5)] + [
+        SamplingConfig(0.0), SamplingConfig(0.7, top_p=0.5), SamplingConfig(1.3, top_k=6, top_p=0.95, seed=9)]
+    logits = torch.randn(len(rules), vocab) * 3
+    rows = warp_rows(logits, rules)
+    for i, s in enumerate(rules):
+        assert torch.equal(rows[i], warp_probs(logits[i:i + 1], s)[0]), i

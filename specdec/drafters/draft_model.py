@@ -17,7 +17,7 @@ import torch
 from specdec.drafters.base import Draft, Drafter
 from specdec.errors import SpecdecError
 from specdec.sampling.verify import PAD, draw_random
-from specdec.sampling.warp import SamplingConfig, warp_probs
+from specdec.sampling.warp import SamplingConfig, warp_rows
 
 PREFILL_ABOVE = 16  # feeds longer than this use the model's prefill attention
 
@@ -62,9 +62,10 @@ class DraftModelDrafter(Drafter):
         for d in (self.valid, self._fed, self.sampling, self.gen):
             d.pop(slot, None)
 
-    def _probs(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-        """Draft logits [n, draft_vocab] -> q [n, target_vocab] (a padded vocabulary is cut or zero-filled)."""
-        q = warp_probs(logits, sampling)
+    def _probs(self, logits: torch.Tensor, settings: list[SamplingConfig]) -> torch.Tensor:
+        """Draft logits [n, draft_vocab], row i warped with settings[i] -> q [n, target_vocab] (a padded vocabulary
+        is cut or zero-filled)."""
+        q = warp_rows(logits, settings)
         v = self.target_vocab
         if q.shape[-1] > v:
             q = q[:, :v] / q[:, :v].sum(dim=-1, keepdim=True)
@@ -72,12 +73,14 @@ class DraftModelDrafter(Drafter):
             q = torch.cat([q, q.new_zeros(q.shape[0], v - q.shape[-1])], dim=-1)
         return q
 
-    def _pick(self, q: torch.Tensor, slot: int) -> int:
-        """One draft token from q [1, vocab], with the slot's own stream."""
-        if self.sampling[slot].greedy:
-            return int(q.argmax(dim=-1))
-        _, noise = draw_random(1, 0, q.shape[-1], self.gen[slot], q.device)
-        return int((q / noise).argmax(dim=-1))
+    def _pick(self, q: torch.Tensor, slots: list[int]) -> torch.Tensor:
+        """A draft token [n] from each row of q [n, vocab], a sampling row with its slot's own stream."""
+        x = q.argmax(dim=-1)  # [n]
+        sampled = [i for i, s in enumerate(slots) if not self.sampling[s].greedy]
+        if sampled:
+            noise = torch.cat([draw_random(1, 0, q.shape[-1], self.gen[slots[i]], q.device)[1] for i in sampled])
+            x[sampled] = (q[sampled] / noise).argmax(dim=-1)
+        return x
 
     def _catch_up(self, slots: list[int], feeds: list[list[int]]) -> torch.Tensor:
         """Feed each slot the context tokens its cache lacks; logits [n, vocab] after each slot's last one.
@@ -121,14 +124,13 @@ class DraftModelDrafter(Drafter):
         probs = torch.zeros(len(slots), width, self.target_vocab) if sampled else None  # [n, k, vocab]
         live = list(range(len(rows)))  # indices into rows still drafting
         for step in range(width):
-            picked = {}
-            for j in live:
-                q = self._probs(logits[j:j + 1], self.sampling[act[j]])  # [1, vocab]
-                x = self._pick(q, act[j])
-                tokens[rows[j], step] = x
-                if probs is not None:
-                    probs[rows[j], step] = q[0]
-                picked[j] = x
+            q = self._probs(logits[live], [self.sampling[act[j]] for j in live])  # [m, vocab]
+            x = self._pick(q, [act[j] for j in live])  # [m]
+            at = torch.tensor([rows[j] for j in live])
+            tokens[at, step] = x
+            if probs is not None:
+                probs[at, step] = q
+            picked = dict(zip(live, x.tolist()))
             nxt = [j for j in live if ks[rows[j]] > step + 1]
             if nxt:
                 feed = [picked[j] for j in nxt]

@@ -22,12 +22,14 @@ from specdec.drafters.base import Draft, Drafter
 from specdec.errors import SpecdecError
 from specdec.heads.eagle import EagleHead
 from specdec.sampling.verify import PAD, draw_random
-from specdec.sampling.warp import SamplingConfig, warp_probs
+from specdec.sampling.warp import SamplingConfig, warp_rows
 
 
 class TorchHead:
     """The head's layer in torch, its keys and values fp32 [slots, positions, kv_heads, d] (heads/quantized.py
     has the native one, with the same interface)."""
+
+    ROW_KEYS = 1 << 22  # keys and values gathered per chunk of rows (rows x positions x kv_heads x d floats)
 
     def __init__(self, head: EagleHead):
         self.head, self.cfg = head, head.cfg
@@ -41,17 +43,23 @@ class TorchHead:
     def fc(self, feats: torch.Tensor) -> torch.Tensor:
         return self.head.fc(feats.float())
 
-    def feed(self, slot: int, emb: torch.Tensor, g: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """emb, g [m, hidden] at positions start.. -> (out [m, hidden], the last row's logits [draft_vocab]),
-        writing keys and values and attending to positions <= each one's own."""
-        h, m = self.head, emb.shape[0]
-        pos = torch.arange(start, start + m)
-        q, k, v, res = h.qkv(emb, g, pos)
-        self.k[slot, start:start + m], self.v[slot, start:start + m] = k, v
-        mask = torch.arange(start + m)[None, :] <= pos[:, None]  # [m, start + m]
-        att = h.attend(q, self.k[slot, :start + m], self.v[slot, :start + m], mask)
-        out, logits = h.finish(att, res)
-        return out, logits[-1]
+    def feed(self, slots: torch.Tensor, emb: torch.Tensor, g: torch.Tensor, pos: torch.Tensor,
+             last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of any slots: emb, g [n, hidden] at positions pos [n] of slots [n] -> (out [n, hidden], logits
+        [len(last), draft_vocab] of rows `last`), writing every row's keys and values first; each row attends to
+        its slot's positions up to its own."""
+        h, c = self.head, self.cfg
+        q, k, v, res = h.qkv(emb, g, pos)  # q [n, heads, d], k, v [n, kv_heads, d]
+        self.k[slots, pos], self.v[slots, pos] = k, v
+        span = int(pos.max()) + 1
+        att = torch.empty(q.shape[0], c.heads * c.head_dim)  # [n, heads * d]
+        step = max(1, self.ROW_KEYS // (span * c.kv_heads * c.head_dim))
+        for a in range(0, q.shape[0], step):  # each row gathers its slot's keys: chunks bound the memory
+            r = slice(a, a + step)
+            mask = torch.arange(span)[None, :] <= pos[r, None]  # [rows, span]
+            att[r] = h.attend_rows(q[r], self.k[slots[r], :span], self.v[slots[r], :span], mask)
+        out = h.mlp(att, res)
+        return out, h.logits(out[last])
 
 
 class EagleDrafter(Drafter):
@@ -132,58 +140,76 @@ class EagleDrafter(Drafter):
             off += f.shape[0]
         todo.clear()
 
-    @torch.inference_mode()
-    def _feed(self, slot: int, tokens: Sequence[int], g: torch.Tensor, start: int) -> tuple[torch.Tensor, ...]:
-        """Run the head over tokens at positions start.. with hidden inputs g [m, hidden]. Returns (out [m, hidden],
-        the last row's logits [draft_vocab])."""
-        return self.layer.feed(slot, self.embed[torch.tensor(tokens)], g, start)
-
-    def _pick(self, logits: torch.Tensor, slot: int) -> tuple[int, torch.Tensor | None]:
-        """A draft token (target id) from draft logits [draft_vocab], and q over the target vocabulary when
-        sampling."""
-        s = self.sampling[slot]
-        if s.greedy:
-            return int(self.ids[int(logits.argmax())]), None
-        q = warp_probs(logits.view(1, -1), s)  # [1, draft_vocab]
-        _, noise = draw_random(1, 0, q.shape[-1], self.gen[slot], q.device)
-        full = torch.zeros(self.head.cfg.target_vocab)
-        full[self.ids] = q[0]
-        return int(self.ids[int((q / noise).argmax(-1))]), full
+    def _pick(self, logits: torch.Tensor, slots: list[int]) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                   torch.Tensor]:
+        """Draft tokens for rows `slots` from draft logits [n, draft_vocab]: (target ids [n]; q over the target
+        vocabulary [n, target_vocab] where a row samples, else None; the head's top-1 probability [n], the
+        confidence of a greedy row). A sampling row draws its noise from its own generator."""
+        x = self.ids[logits.argmax(-1)]  # [n]: greedy
+        top = logits.float().softmax(-1).amax(-1)  # [n]
+        sampled = [i for i, s in enumerate(slots) if not self.sampling[s].greedy]
+        if not sampled:
+            return x, None, top
+        q = warp_rows(logits[sampled], [self.sampling[slots[i]] for i in sampled])  # [m, draft_vocab]
+        noise = torch.cat([draw_random(1, 0, q.shape[-1], self.gen[slots[i]], q.device)[1] for i in sampled])
+        x[sampled] = self.ids[(q / noise).argmax(-1)]
+        full = torch.zeros(len(slots), self.head.cfg.target_vocab)  # [n, target_vocab]
+        full[torch.tensor(sampled)[:, None], self.ids[None, :]] = q
+        return x, full, top
 
     @torch.inference_mode()
     def propose(self, slots, contexts, ks) -> Draft:
-        width = max(ks, default=0)
+        width, c = max(ks, default=0), self.head.cfg
         tokens = torch.full((len(slots), width), PAD, dtype=torch.long)  # [n, k]
         sampled = any(k > 0 and not self.sampling[s].greedy for s, k in zip(slots, ks))
-        probs = torch.zeros(len(slots), width, self.head.cfg.target_vocab) if sampled else None  # [n, k, vocab]
+        probs = torch.zeros(len(slots), width, c.target_vocab) if sampled else None  # [n, k, vocab]
         conf = torch.full((len(slots), width), float("nan"))  # [n, k]
-        for i, (s, ctx, k) in enumerate(zip(slots, contexts, ks)):
+        rows = [i for i, (ctx, k) in enumerate(zip(contexts, ks)) if k > 0 and len(ctx) + k <= self.g.shape[1]]
+        if not rows:
+            return Draft(tokens, probs, conf)
+        # catch-up: every row's positions not yet fed (p with token p and fc(features at p - 1)), in one pass
+        at, pos, ids, gs, last = [], [], [], [], []
+        for i in rows:
+            s, ctx = slots[i], contexts[i]
             n = len(ctx)
-            if k <= 0 or n + k > self.g.shape[1]:
-                continue
             a = min(self.valid[s], n - 1)
             self._project(s)
             g = self.g[s, max(a - 1, 0):n - 1]  # [n - a, hidden]: fc(features at p - 1) for p = a .. n - 1
             if a == 0:  # position 0 has no position before it
-                g = torch.cat([torch.zeros(1, self.head.cfg.hidden), g])
-            out, logits = self._feed(s, list(ctx[a:n]), g, a)
+                g = torch.cat([torch.zeros(1, c.hidden), g])
+            at += [s] * (n - a)
+            pos += range(a, n)
+            ids += ctx[a:n]
+            gs.append(g)
+            last.append(len(pos) - 1)
             self.valid[s] = n
-            x, q = self._pick(logits, s)
-            sure = 1.0  # at temperature 0: the head's probability that the draft so far is right
-            for j in range(k):
-                if self.sampling[s].greedy:
-                    conf[i, j] = float(logits.softmax(-1).max())
-                    sure *= float(conf[i, j])
-                    if sure < self.min_confidence:
-                        conf[i, j] = float("nan")
-                        break
-                tokens[i, j] = x
-                if probs is not None and q is not None:
-                    probs[i, j] = q
-                if j + 1 == k:
-                    break
-                out, logits = self._feed(s, [x], out[-1:], n + j)
-                x, q = self._pick(logits, s)
+        out, logits = self.layer.feed(torch.tensor(at), self.embed[torch.tensor(ids)], torch.cat(gs),
+                                      torch.tensor(pos), torch.tensor(last))
+        out = out[last]  # [r, hidden]: each row's last position
+        sure = [1.0] * len(rows)  # at temperature 0: the head's probability that the row's draft so far is right
+        live = list(range(len(rows)))  # indices into rows still drafting
+        for j in range(width):
+            x, q, top = self._pick(logits, [slots[rows[r]] for r in live])
+            go = []  # (position in live, row index) of rows that draft token j + 1
+            for t, r in enumerate(live):
+                i = rows[r]
+                if self.sampling[slots[i]].greedy:
+                    sure[r] *= float(top[t])
+                    if sure[r] < self.min_confidence:
+                        continue  # this token and the rest are not drafted
+                    conf[i, j] = float(top[t])
+                tokens[i, j] = x[t]
+                if probs is not None and q is not None and not self.sampling[slots[i]].greedy:
+                    probs[i, j] = q[t]
+                if j + 1 < ks[i]:
+                    go.append((t, r))
+            if not go:
+                break
+            pick = torch.tensor([t for t, _ in go])
+            live = [r for _, r in go]
+            out, logits = self.layer.feed(torch.tensor([slots[rows[r]] for r in live]), self.embed[x[pick]],
+                                          out[pick], torch.tensor([len(contexts[rows[r]]) + j for r in live]),
+                                          torch.arange(len(live)))
         return Draft(tokens, probs, conf)
 
     def accepted(self, slots, num_accepted) -> None:

@@ -119,11 +119,19 @@ class EagleHead(nn.Module):
 
     def finish(self, att: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """att [n, heads * d] -> (out [n, hidden], logits [n, draft_vocab])."""
+        out = self.mlp(att, residual)
+        return out, self.logits(out)
+
+    def mlp(self, att: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """att [n, heads * d] -> the layer's output [n, hidden]: the output projection, the residual, the MLP."""
         c = self.cfg
         a = self.o_proj(att) + residual
         h = rms(a, self.post_attention_layernorm, c.eps)
-        out = self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)) + a
-        return out, self.lm_head(rms(out, self.norm, c.eps))
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)) + a
+
+    def logits(self, out: torch.Tensor) -> torch.Tensor:
+        """out [n, hidden] -> logits [n, draft_vocab]."""
+        return self.lm_head(rms(out, self.norm, self.cfg.eps))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         """q [n, heads, d] over k, v [m, kv_heads, d] (mask [n, m] True where visible) -> [n, heads * d]."""
@@ -134,6 +142,16 @@ class EagleHead(nn.Module):
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
         return torch.einsum("grnm,mgd->ngrd", s.softmax(-1), v).reshape(n, -1)
+
+    def attend_rows(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Each row over keys of its own: q [n, heads, d], k, v [n, m, kv_heads, d], mask [n, m] True where
+        visible -> [n, heads * d]."""
+        c = self.cfg
+        n = q.shape[0]
+        q = q.view(n, c.kv_heads, c.heads // c.kv_heads, c.head_dim)  # [n, kv, rep, d]
+        s = torch.einsum("ngrd,nmgd->ngrm", q, k) * c.head_dim ** -0.5  # [n, kv, rep, m]
+        s = s.masked_fill(~mask[:, None, None, :], float("-inf"))
+        return torch.einsum("ngrm,nmgd->ngrd", s.softmax(-1), v).reshape(n, -1)
 
     # --- training: every position at once, unrolled over `steps` drafting steps ------------------------------
 

@@ -73,16 +73,15 @@ class KernelHead:
         """feats [m, taps * hidden] -> [m, hidden]."""
         return self.kernels.gemv_f16(feats.float().contiguous(), self.fc_w, None)
 
-    def feed(self, slot: int, emb: torch.Tensor, g: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """emb, g [m, hidden] at positions start.. of `slot` -> (out [m, hidden], the last row's logits
-        [draft_vocab]), writing the positions' keys and values; each row attends to the slot's positions up to its
-        own."""
-        c, m = self.cfg, emb.shape[0]
-        x = g.float().contiguous().clone()  # [m, hidden]: becomes the layer's output
-        pos = torch.arange(start, start + m)
-        slots = torch.full((m,), slot, dtype=torch.long)
+    def feed(self, slots: torch.Tensor, emb: torch.Tensor, g: torch.Tensor, pos: torch.Tensor,
+             last: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows of any slots: emb, g [n, hidden] at positions pos [n] of slots [n] -> (out [n, hidden], logits
+        [len(last), draft_vocab] of rows `last`), writing every row's keys and values; each row attends to its
+        slot's positions up to its own. Each row is computed alone, in a fixed order (batch invariance)."""
+        c = self.cfg
+        x = g.float().contiguous().clone()  # [n, hidden]: becomes the layer's output
         e_norm, g_norm, post, final = self.norms
         self.kernels.eagle_block_gguf(x, emb.float().contiguous(), e_norm, slots, pos, g_norm, self.qkv, self.o,
                                       post, self.gate_up, self.down, self.k, self.v, self.cos, self.sin,
                                       c.heads, c.kv_heads, c.eps)
-        return x, self.kernels.gemm_gguf(self.kernels.rms_norm(x[-1:], final, c.eps), self.lm_head)[0]
+        return x, self.kernels.gemm_gguf(self.kernels.rms_norm(x[last].contiguous(), final, c.eps), self.lm_head)

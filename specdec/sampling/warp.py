@@ -52,3 +52,23 @@ def warp_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+WARP_FLOATS = 1 << 16  # logits warped per call at most (256 KB): the passes over the vocabulary stay in cache
+
+
+def warp_rows(logits: torch.Tensor, settings: list[SamplingConfig]) -> torch.Tensor:
+    """logits [n, vocab], row i warped with settings[i] -> probabilities [n, vocab] (float32). Rows warped alike
+    (the seed is not a warp) go through warp_probs together, as many at a time as fit in WARP_FLOATS: one row at a
+    time over a large vocabulary, thousands over a small one. Each row's result is warp_probs of that row."""
+    out = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    groups: dict[tuple, list[int]] = {}
+    for i, s in enumerate(settings):
+        groups.setdefault((s.temperature, s.top_k, s.top_p), []).append(i)
+    step = max(1, WARP_FLOATS // max(1, logits.shape[-1]))
+    for rows in groups.values():
+        cfg = settings[rows[0]]
+        for a in range(0, len(rows), step):
+            idx = torch.tensor(rows[a:a + step], device=logits.device)
+            out[idx] = warp_probs(logits[idx], cfg)
+    return out
