@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from specdec.errors import SpecdecError
-from specdec.models.gguf_file import decimal
+from specdec.models.gguf_file import decimal, open_gguf
 
 ARCH = "gemma3"
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -85,100 +85,27 @@ def read_matrices(path: Path) -> dict:
     it. Unlike a llama file's, Q and K rows are in Hugging Face's order already (see above): nothing is permuted."""
     from specdec.models.gguf_weights import KINDS, QTensor, row_bytes
 
-    data, table = _tensor_table(Path(path))
     out = {}
-    for name, kind, dims, offset in table:
-        if len(dims) != 2:
+    for t in open_gguf(Path(path)).tensors:
+        if len(t.shape) != 2:
             continue  # norms (f32 vectors) come from the converted folder
+        kind = t.tensor_type.name
         if kind not in KINDS:
-            raise SpecdecError(f"{path}: tensor {name} is {kind}; --precision gguf-q16 and gguf-q8 read "
+            raise SpecdecError(f"{path}: tensor {t.name} is {kind}; --precision gguf-q16 and gguf-q8 read "
                                f"{', '.join(KINDS)} blocks (use --precision fp16 for this file)")
-        cols, rows = dims  # GGUF lists the contiguous dimension first
-        size = rows * row_bytes(kind, cols)
-        out[hf_name(name, Path(path))] = QTensor(kind, data[offset:offset + size].reshape(rows, -1), rows, cols)
+        cols, rows = int(t.shape[0]), int(t.shape[1])  # GGUF lists the contiguous dimension first
+        out[hf_name(t.name, Path(path))] = QTensor(kind, t.data.reshape(rows, row_bytes(kind, cols)), rows, cols)
     return out
 
 
 def runnable(path: Path) -> bool:
-    """gguf_weights.runnable(path) (every matrix in a format gguf-q16 and gguf-q8 read), from _tensor_table."""
+    """gguf_weights.runnable(path): every matrix in a format gguf-q16 and gguf-q8 read."""
     from specdec.models.gguf_weights import KINDS
 
     try:
-        return all(kind in KINDS for _, kind, dims, _ in _tensor_table(Path(path))[1] if len(dims) == 2)
+        return all(t.tensor_type.name in KINDS for t in open_gguf(Path(path)).tensors if len(t.shape) == 2)
     except SpecdecError:
         return False
-
-
-_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}  # struct codes
-STRING, ARRAY = 8, 9
-
-
-def _tensor_table(path: Path) -> tuple[np.ndarray, list[tuple[str, str, tuple[int, ...], int]]]:
-    """(the data section as a uint8 memmap, [(name, type name, dims, offset into it)]) of a little-endian GGUF (v2,
-    v3). gguf-py's reader would do, but it makes a numpy view of every metadata element: Gemma's 262144-token
-    vocabulary takes it ~20 s on this machine, where skipping the metadata takes well under a second."""
-    import math
-    import struct
-
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    try:
-        raw = np.memmap(path, dtype=np.uint8, mode="r")
-        buf = memoryview(raw)
-        at = 4  # past the magic, checked below
-
-        def take(fmt: str):
-            nonlocal at
-            value = struct.unpack_from("<" + fmt, buf, at)
-            at += struct.calcsize("<" + fmt)
-            return value[0]
-
-        def string() -> str:
-            nonlocal at
-            n = take("Q")
-            at += n
-            return bytes(buf[at - n:at]).decode("utf-8")
-
-        def skip(kind: int) -> None:
-            nonlocal at
-            if kind == STRING:
-                n = take("Q")  # not `at += take(...)`: that adds to the value `at` had before take() moved it
-                at += n
-            elif kind == ARRAY:
-                inner, count = take("I"), take("Q")
-                if inner in _SCALAR:
-                    at += count * struct.calcsize(_SCALAR[inner])
-                else:
-                    for _ in range(count):
-                        skip(inner)
-            else:
-                at += struct.calcsize(_SCALAR[kind])
-
-        if bytes(buf[:4]) != b"GGUF" or take("I") not in (2, 3):
-            raise ValueError("not a little-endian GGUF file of version 2 or 3")
-        n_tensors, n_kv = take("Q"), take("Q")
-        alignment = 32
-        for _ in range(n_kv):
-            key, kind = string(), take("I")
-            if key == "general.alignment" and kind == 4:
-                alignment = take("I")
-            else:
-                skip(kind)
-        table, ends = [], []
-        for _ in range(n_tensors):
-            name = string()
-            dims = tuple(take("Q") for _ in range(take("I")))
-            kind, offset = GGMLQuantizationType(take("I")), take("Q")
-            per, size = GGML_QUANT_SIZES[kind]  # weights, bytes a block
-            table.append((name, kind.name, dims, offset))
-            ends.append((name, offset + math.prod(dims) // per * size))
-        start = -(-at // alignment) * alignment  # the data section, aligned
-        for name, end in ends:
-            if start + end > raw.size:
-                raise ValueError(f"tensor {name} runs past the end of the file")
-        return raw[start:], table
-    except (OSError, ValueError, KeyError, struct.error, UnicodeDecodeError) as e:
-        raise SpecdecError(f"{path}: malformed or truncated GGUF file ({type(e).__name__}: {e})") from None
 
 
 def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
