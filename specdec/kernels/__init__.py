@@ -1,9 +1,11 @@
 """Native CPU kernels for the decode pass (AVX2 + FMA + F16C), compiled on first use and cached.
 
-The integer kernel of the GGUF paths (`gguf_q8.inc`) is built twice into the module, for AVX2 and for
-AVX512-VNNI, and the module picks the second where the CPU has it (`isa()`, `set_isa()`); where the CPU also has
-AMX-INT8, the q16 products of passes of 5 rows or more run on AMX's tiles (`gguf_amx.inc`, `isa()` "amx"). Their
-integer sums are exact either way, so the outputs are bit-identical.
+The integer kernel of the GGUF paths (`gguf_q8.inc`, `gguf_kq.inc`) is built twice into the module, for AVX2
+(`gguf_avx2.cpp`) and for AVX512-VNNI (`gguf_vnni.cpp`), and the module picks the second where the CPU has it
+(`isa()`, `set_isa()`); where the CPU also has AMX-INT8, the q16 products of passes of 5 rows or more run on AMX's
+tiles (`gguf_amx.inc`, `isa()` "amx"). Their integer sums are exact either way, so the outputs are bit-identical.
+The builds are translation units without torch's API (`gguf_core.h`), compiled beside `module.cpp`, which holds
+the torch-facing sources (decode_f16.cpp, attention.cpp, gguf.cpp): about a minute on 2 cores, from two.
 
 `decode_f16.cpp` runs a whole decoder block of a decode, verify or prefill pass in one call, with fp16
 weights read once per call whatever the number of rows, and every result computed per row in a fixed order
@@ -22,9 +24,11 @@ import os
 import sys
 from pathlib import Path
 
-SOURCES = [Path(__file__).with_name(n) for n in ("decode_f16.cpp", "attention.cpp", "gguf.cpp")]
+# Compiled side by side, the longest first (module.cpp holds decode_f16.cpp, attention.cpp and gguf.cpp)
+SOURCES = [Path(__file__).with_name(n) for n in ("gguf_vnni.cpp", "module.cpp", "gguf_avx2.cpp")]
 HEADERS = [Path(__file__).with_name(n)
-           for n in ("common.h", "gguf_q8.inc", "gguf_kq.inc", "gguf_pack.inc", "gguf_amx.inc")]
+           for n in ("decode_f16.cpp", "attention.cpp", "gguf.cpp", "common.h", "gguf_core.h", "gguf_q8.inc",
+                     "gguf_kq.inc", "gguf_pack.inc", "gguf_amx.inc")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 
 

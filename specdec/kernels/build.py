@@ -134,7 +134,7 @@ def build_module(name: str, sources: list[Path], build: Path, flags: list[str],
         try:
             from torch.utils.cpp_extension import load
 
-            say("specdec: compiling the native kernels for this CPU (once, one to three minutes)")
+            say("specdec: compiling the native kernels for this CPU (once, a minute or two)")
             t0 = time.monotonic()
             module = load(name, [str(p) for p in sources], extra_cflags=flags, extra_ldflags=["-fopenmp"],
                           build_directory=str(private), verbose=False)

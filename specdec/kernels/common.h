@@ -2,7 +2,11 @@
 // result depends only on its inputs (the kernels' batch invariance rests on that).
 #pragma once
 #include <immintrin.h>
+#ifdef SPECDEC_LIGHT  // a translation unit of plain arithmetic (gguf_core.h): half a minute less to compile
+#include <c10/util/Half.h>
+#else
 #include <torch/extension.h>
+#endif
 
 #include <ATen/Parallel.h>
 #include <omp.h>
@@ -134,6 +138,7 @@ void store_kv(const float* k, const float* v, at::Half* kc, at::Half* vc, int64_
 void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int64_t* pos, int64_t R,
                const at::Half* kc, const at::Half* vc, int64_t hq, int64_t hk, int64_t cap, int64_t d, float* out);
 
+#ifndef SPECDEC_LIGHT
 // decode_f16.cpp: the parts of a decoder block that do not depend on how its weights are stored.
 enum Product { QKV = 0, O = 1, GATE_UP = 2, DOWN = 3 };
 // y [M, N] = x [M, K] . W^T for the block's product `which` (N and K are the weights').
@@ -147,5 +152,6 @@ void f32_slab(const float* x, const float* w, const float* bias, float* y, int64
 
 // gguf.cpp: products on a GGUF's quantized blocks, added to the module by decode_f16.cpp's module definition.
 void register_gguf(pybind11::module& m);
+#endif
 
 }  // namespace specdec
