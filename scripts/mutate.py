@@ -7,10 +7,12 @@ catch it, and report every mutant caught or missed.
 
 The working tree is never touched: the project's files (git's tracked and untracked, not ignored) are copied to a
 temporary folder, the tests run there against the copy's own `specdec` (PYTHONPATH), and each mutant's edits are
-applied and then undone, in one copy a worker (--jobs: mutants run side by side). First the unmutated copy must
-pass the selected tests, or a "caught" would mean nothing. A mutant that `needs` a CPU feature this machine lacks
-is reported n/a and not counted. Exit status: 0 when every runnable mutant was caught, 1 when one was missed, 2 on
-a stale mutant (its text is not in the file exactly once) or a failing baseline.
+applied and then undone, in one copy a worker (--jobs: mutants run side by side). A "caught" means something only
+where the unmutated copy passes the same test: the full run checks every selected test on the unmutated copy
+first; --fast (CI, right after `make test` passed the same tests on the same tree) checks afterwards only the tests
+that caught a mutant, each a few seconds, instead of the whole baseline. A mutant that `needs` a CPU feature this
+machine lacks is reported n/a and not counted. Exit status: 0 when every runnable mutant was caught, 1 when one was
+missed, 2 on a stale mutant (its text is not in the file exactly once) or a failing baseline or catching test.
 """
 
 from __future__ import annotations
@@ -189,13 +191,14 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         tests = sorted({t for m in mutants for t in m.tests if t.startswith("tests/")})
-        print(f"baseline: {len(tests)} test files on the unmutated copy ...", flush=True)
         spread = ["-n", str(jobs), "--dist", "loadfile"] if jobs > 1 else []  # pytest-xdist, as make test
-        outcome, detail, seconds = run_tests(copies[0], spread + tests, args.timeout, marker)
-        if outcome != "passed":
-            print(f"mutate: the unmutated copy does not pass ({outcome}: {detail})", file=sys.stderr)
-            return 2
-        print(f"baseline passed in {seconds:.0f} s ({jobs} workers)\n", flush=True)
+        if not args.fast:
+            print(f"baseline: {len(tests)} test files on the unmutated copy ...", flush=True)
+            outcome, detail, seconds = run_tests(copies[0], spread + tests, args.timeout, marker)
+            if outcome != "passed":
+                print(f"mutate: the unmutated copy does not pass ({outcome}: {detail})", file=sys.stderr)
+                return 2
+            print(f"baseline passed in {seconds:.0f} s ({jobs} workers)\n", flush=True)
 
         flags = cpu_flags()
         free: queue.Queue[Path] = queue.Queue()
@@ -222,6 +225,15 @@ def main(argv: list[str] | None = None) -> int:
 
         with ThreadPoolExecutor(jobs) as pool:  # each run is a subprocess: threads only wait
             results = list(pool.map(check, mutants))  # in the file's order; printed as each ends
+
+        catchers = sorted({r["by"] for r in results if r["verdict"] == "caught" and r["by"].startswith("tests/")})
+        if args.fast and catchers:  # what a caught mutant failed must pass without it
+            outcome, detail, seconds = run_tests(copies[0], spread + catchers, args.timeout, marker)
+            if outcome != "passed":
+                print(f"mutate: a test that caught a mutant fails on the unmutated copy too ({outcome}: {detail})",
+                      file=sys.stderr)
+                return 2
+            print(f"\nthe {len(catchers)} tests that caught them pass on the unmutated copy ({seconds:.0f} s)")
 
     caught = sum(r["verdict"] == "caught" for r in results)
     runnable = sum(r["verdict"] != "n/a" for r in results)
