@@ -30,24 +30,24 @@ from specdec.models.gguf_convert import cache_root
 from specdec.models.loader import load_model
 
 ROOT = Path(__file__).resolve().parent.parent
-NAMES = [p.name for p in kernels_pkg.SOURCES + kernels_pkg.HEADERS]
 
 
 def build_at(rev: str):
-    """The kernels module as the sources were at `rev` (a header the tree has and `rev` had not is left out: no source
-    of `rev` includes it)."""
+    """The kernels module as the sources were at `rev`: its own files, compiled as its own layout was (since
+    module.cpp, three translation units that include the rest; before it, every .cpp file)."""
     listed = subprocess.run(["git", "ls-tree", "--name-only", rev, "specdec/kernels/"], cwd=ROOT, check=True,
                             capture_output=True, text=True).stdout.split()
-    there = {Path(n).name for n in listed}
+    names = sorted(n for n in (Path(p).name for p in listed) if n.endswith((".cpp", ".h", ".inc")))
     texts = {n: subprocess.run(["git", "show", f"{rev}:specdec/kernels/{n}"], cwd=ROOT, check=True,
-                               capture_output=True).stdout for n in NAMES if n in there or n.endswith(".cpp")}
-    digest = hashlib.sha256(b"".join(texts[n] for n in NAMES if n in texts)).hexdigest()[:12]
+                               capture_output=True).stdout for n in names}
+    roots = [p.name for p in kernels_pkg.SOURCES] if "module.cpp" in texts else [n for n in names if n.endswith(".cpp")]
+    digest = hashlib.sha256(b"".join(n.encode() + b"\0" + texts[n] for n in names)).hexdigest()[:12]
     src = cache_root() / "kernels-ab" / digest
     src.mkdir(parents=True, exist_ok=True)
     for n, t in texts.items():
         (src / n).write_bytes(t)
     print(f"kernel_ab: building {rev} ({digest}), about a minute the first time", file=sys.stderr)
-    return kernels_pkg.compile_module(f"specdec_ab_{digest}", [src / p.name for p in kernels_pkg.SOURCES], src)
+    return kernels_pkg.compile_module(f"specdec_ab_{digest}", [src / n for n in roots], src)
 
 
 def load_on(module, precision: str):
