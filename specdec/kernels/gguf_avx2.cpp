@@ -10,8 +10,5 @@ using QMatrix = QView;
 #include "gguf_q8.inc"
 #include "gguf_kq.inc"
 #undef SPECDEC_VNNI
-template void q8_rows<true>(const Q8Rows&, const QView&, float*, int64_t, int64_t);
-template void q8_rows<false>(const Q8Rows&, const QView&, float*, int64_t, int64_t);
-template void kq_rows<true>(const Q8Rows&, const QView&, float*, int64_t, int64_t);
-template void kq_rows<false>(const Q8Rows&, const QView&, float*, int64_t, int64_t);
+SPECDEC_GGUF_INSTANTIATE
 }  // namespace specdec::gguf::avx2

@@ -105,6 +105,12 @@ inline void load_group(const QView& W, int64_t g, int64_t b, __m256i r[8]) {
 namespace avx2 { SPECDEC_GGUF_BUILD }
 namespace vnni { SPECDEC_GGUF_BUILD }
 #undef SPECDEC_GGUF_BUILD
+// The same, instantiated in a build's own translation unit, after its .inc files.
+#define SPECDEC_GGUF_INSTANTIATE                                                        \
+  template void q8_rows<true>(const Q8Rows&, const QView&, float*, int64_t, int64_t);  \
+  template void q8_rows<false>(const Q8Rows&, const QView&, float*, int64_t, int64_t); \
+  template void kq_rows<true>(const Q8Rows&, const QView&, float*, int64_t, int64_t);  \
+  template void kq_rows<false>(const Q8Rows&, const QView&, float*, int64_t, int64_t);
 namespace amx {
 void amx_rows(const Q8Rows& a, const QView& W, float* y, int64_t g0, int64_t g1);
 }
