@@ -3,9 +3,10 @@
 gguf-py parses every value through numpy views of a memmap, a dozen numpy objects per string: about 5 s for the
 bundled model's 49k-token vocabulary and 10 s or more for a 128k-262k one, paid each time a file is opened (the
 loader, the converter, `synth-gguf`, the llama.cpp oracle's F32 copies). Here the header is walked with `struct`
-over an mmap, arrays of numbers are read as one numpy array each, and strings stay bytes until they are asked for.
-The tensors' data are read-only numpy views of the same mmap (nothing is copied), in gguf-py's layout: F32/F16/
-integer tensors shaped by their dimensions, outermost first; block-quantized ones as bytes, [rows..., row bytes].
+over a memoryview of the file's np.memmap, arrays of numbers are read as one numpy array each, and strings stay
+bytes until they are asked for. The tensors' data are read-only views of the same memmap (nothing is copied), in
+gguf-py's layout: F32/F16/integer tensors shaped by their dimensions, outermost first; block-quantized ones as
+bytes, [rows..., row bytes].
 
 Little-endian files only (what llama.cpp writes on every platform it supports); gguf-py stays the reference that
 tests/test_gguf_reader.py compares this reader with, field by field and tensor by tensor.
@@ -13,7 +14,6 @@ tests/test_gguf_reader.py compares this reader with, field by field and tensor b
 
 from __future__ import annotations
 
-import mmap
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +76,7 @@ class Tensor:
 
 
 class _Cursor:
-    def __init__(self, buf: mmap.mmap):
+    def __init__(self, buf: memoryview):
         self.buf, self.at = buf, 0
 
     def take(self, fmt: str) -> Any:
@@ -88,7 +88,7 @@ class _Cursor:
         n = self.take("<Q")
         if self.at + n > len(self.buf):
             raise ValueError(f"a string of {n} bytes runs past the end of the file")
-        s = self.buf[self.at:self.at + n]
+        s = bytes(self.buf[self.at:self.at + n])
         self.at += n
         return s
 
@@ -122,11 +122,9 @@ class GgufReader:
     GGUF.kv_count); tensors: in the file's order. Raises ValueError on a malformed or truncated file."""
 
     def __init__(self, path: str | Path):
-        with open(path, "rb") as f:
-            self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)  # the header, walked with struct
-        self._data = np.memmap(path, mode="r")  # the tensors: views of an np.memmap (gguf_weights.release_pages)
-        c = _Cursor(self._mm)
-        if self._mm[:4] != MAGIC:
+        self._data = np.memmap(path, mode="r")  # tensors are views of it (gguf_weights.release_pages reads that)
+        c = _Cursor(memoryview(self._data))
+        if bytes(c.buf[:4]) != MAGIC:
             raise ValueError("GGUF magic invalid")
         c.at = 4
         version = c.take("<I")
@@ -165,7 +163,7 @@ class GgufReader:
         n = int(np.prod(dims))
         block, size = GGML_QUANT_SIZES[kind]
         n_bytes, at = n * size // block, self.data_offset + offset
-        if at + n_bytes > len(self._mm):
+        if at + n_bytes > len(self._data):
             raise ValueError(f"tensor {name} runs past the end of the file")
         shape = tuple(int(d) for d in reversed(dims))
         data = self._data[at:at + n_bytes]
