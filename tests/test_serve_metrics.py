@@ -16,6 +16,7 @@ DRIFT_HALF_LIFE = 100
 
 EXPECTED = {
     "specdec:spec_decode_num_drafts_total": "counter",
+    "specdec:spec_decode_num_plain_rows_total": "counter",
     "specdec:spec_decode_num_draft_tokens_total": "counter",
     "specdec:spec_decode_num_accepted_tokens_total": "counter",
     "specdec:spec_decode_num_accepted_tokens_per_pos_total": "counter",
@@ -93,6 +94,7 @@ def test_counters_and_histograms_after_rounds():
     m.on_round(2, drafted=[3, 2], accepted=[0, 2], emitted=[1, 3])
     s = samples(m)
     assert s[("specdec:spec_decode_num_drafts_total", ())] == 4  # the sequence that drafted nothing is no draft
+    assert s[("specdec:spec_decode_num_plain_rows_total", ())] == 1  # ... but a plain row
     assert s[("specdec:spec_decode_num_draft_tokens_total", ())] == 13
     assert s[("specdec:spec_decode_num_accepted_tokens_total", ())] == 7
     per_pos = [s[("specdec:spec_decode_num_accepted_tokens_per_pos_total", (("position", str(i)),))]

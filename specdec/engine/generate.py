@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from specdec.drafters.base import Drafter, NoDrafter
 from specdec.engine.policy import Auto, FixedK, Never
 from specdec.engine.prefix import PrefixCache
-from specdec.engine.scheduler import PREFILL_CHUNK, Scheduler, SchedulerConfig
+from specdec.engine.scheduler import PREFILL_CHUNK, RoundReport, Scheduler, SchedulerConfig
 from specdec.engine.sequence import GenerationConfig, Sequence
 from specdec.engine.stats import AcceptanceMeter, RequestStats
 from specdec.errors import SpecdecError
@@ -86,7 +86,7 @@ class Engine:
             results.append(GenerationResult(s.output, s.text(self.tokenizer), s.finish, s.stats, s.origins))
         return results
 
-    def _meter_round(self, rows, drafted: list[int], accepted: list[int], emitted: list[int]) -> None:
+    def _meter_round(self, r: RoundReport) -> None:
         """A decode round into the running acceptance rate, row by row."""
-        for d, a in zip(drafted, accepted):
+        for d, a in zip(r.drafted, r.accepted):
             self.meter.update(d, a)

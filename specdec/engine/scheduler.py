@@ -72,8 +72,21 @@ class Event:
     finished: bool
 
 
-# on_round(rows, drafted, accepted, emitted): after each decode round, per row in the same order
-RoundCallback = Callable[[list[Sequence], list[int], list[int], list[int]], None]
+@dataclass(frozen=True)
+class RoundReport:
+    """One decode round, for metrics: per row (in the same order) tokens drafted and verified, accepted, and
+    emitted; and the round's costs."""
+
+    rows: list[Sequence]
+    drafted: list[int]  # the drafts each row verified (0: the policy kept it plain)
+    accepted: list[int]
+    emitted: list[int]
+    width: int  # token-rows in the round's target pass: sum(drafted) + rows
+    draft_s: float  # drafting and choosing
+    verify_s: float  # the target pass, verification and commit
+
+
+RoundCallback = Callable[[RoundReport], None]  # after each decode round
 
 
 class Scheduler:
@@ -270,9 +283,11 @@ class Scheduler:
         out = self._verify(rows, choice, logits)
         accepted = out.num_accepted.tolist()  # per row
         events = self._commit(rows, choice, out, feats, tv - td, tv)
-        self._observe(rows, choice, accepted, before, len(logits), tv - td, time.perf_counter() - tv)
+        verify_s = time.perf_counter() - tv
+        self._observe(rows, choice, accepted, before, len(logits), tv - td, verify_s)
         if self.on_round is not None:
-            self.on_round(rows, [len(d) for d in choice.drafts], accepted, [len(e.tokens) for e in events])
+            self.on_round(RoundReport(rows, [len(d) for d in choice.drafts], accepted, [len(e.tokens) for e in events],
+                                      len(logits), tv - td, verify_s))
         return done + events
 
     def _choose(self, rows: list[Sequence]) -> Choice:

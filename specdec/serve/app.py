@@ -218,6 +218,14 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
         running, waiting = worker.load  # now; the rest (counts only) as the engine left them after its last step
         return {"status": "ok", "running": running, "waiting": waiting, **worker.state}
 
+    @app.get("/live")
+    async def live(request: Request):
+        """The server's own measurements for the live page (specdec.serve.live); 404 where none are kept."""
+        authorize(request)
+        if worker.live is None:
+            raise APIError(404, "this server keeps no live measurements", code="not_found")
+        return worker.live.snapshot(*worker.load)
+
     @app.get("/metrics")
     async def metrics():
         worker.metrics.set_queue(*worker.load)

@@ -70,6 +70,7 @@ def run_serve(args) -> int:
     from specdec.engine.scheduler import Scheduler, SchedulerConfig
     from specdec.runtime import ModelSpec, build
     from specdec.serve.app import ServeConfig, create_app
+    from specdec.serve.live import LiveInfo, LiveStats
     from specdec.serve.metrics import ServerMetrics
     from specdec.serve.worker import EngineWorker
     from specdec.theory.cli import load_profile
@@ -92,8 +93,11 @@ def run_serve(args) -> int:
         prefix = f"{args.prefix_cache} x {sched.prefix.capacity} positions ({sched.prefix.nbytes / 2**30:.1f} GiB)"
     elif args.prefix_cache:
         prefix = "off (it needs the native kernels to be exact)"
-    worker = EngineWorker(sched, ServerMetrics(max(policy.max_k, 1)))
     name = args.served_model_name or target.name
+    policy_name = args.policy if spec.drafter != "none" else "never"
+    metrics = ServerMetrics(max(policy.max_k, 1))
+    live = LiveStats(metrics, LiveInfo(name, drafter.name, policy_name, policy.max_k), getattr(policy, "cost", None))
+    worker = EngineWorker(sched, metrics, live)
     aliases = tuple({args.model, target.name} - {name})  # a client may also name the model as it was given
     app = create_app(worker, target.tokenizer, ServeConfig(name, args.api_key, args.max_body_bytes,
                                                            args.max_tokens_default, aliases,
@@ -101,7 +105,7 @@ def run_serve(args) -> int:
     worker.start()
     kv_gib = getattr(sched.cache, "nbytes", 0) / 2**30
     print(f"specdec: serving {name} ({target.model.precision}) on http://{args.host}:{args.port}/v1 - drafter "
-          f"{drafter.name}, policy {args.policy if spec.drafter != 'none' else 'never'}, k <= {args.k}, "
+          f"{drafter.name}, policy {policy_name}, k <= {args.k}, "
           f"max batch {args.max_batch}, context {sched.context} (KV pool {kv_gib:.1f} GiB), prefix cache {prefix}"
           f"{', acceptance LOSSY (typical)' if args.lossy_typical_acceptance else ''}",
           file=sys.stderr,

@@ -66,6 +66,9 @@ class ServerMetrics:
         # prometheus_client appends "_total" to a counter's name: these are exposed as "..._total"
         self.num_drafts = Counter("specdec:spec_decode_num_drafts",
                                   "Rounds in which a sequence drafted at least one token.", registry=r)
+        self.num_plain_rows = Counter("specdec:spec_decode_num_plain_rows",
+                                      "Rounds in which a sequence verified no draft: the policy chose k = 0 for it, "
+                                      "or there was nothing to draft.", registry=r)
         self.num_draft_tokens = Counter("specdec:spec_decode_num_draft_tokens", "Draft tokens proposed.",
                                         registry=r)
         self.num_accepted_tokens = Counter("specdec:spec_decode_num_accepted_tokens",
@@ -124,6 +127,8 @@ class ServerMetrics:
         for d, a, e in zip(drafted, accepted, emitted):
             if d > 0:
                 self.num_drafts.inc()
+            else:
+                self.num_plain_rows.inc()
             for i in range(a):
                 self.num_accepted_tokens_per_pos.labels(position=str(i)).inc()
             self.tokens_per_round.observe(e)
@@ -162,6 +167,11 @@ class ServerMetrics:
     def on_abort(self) -> None:
         """A request whose client left before it finished (counted as vLLM does, finish reason "abort")."""
         self.request_success.labels(finish_reason="abort").inc()
+
+    def value(self, name: str, **labels: str) -> float:
+        """One exported sample's value as /metrics shows it (0 for a series not yet present)."""
+        v = self.registry.get_sample_value(name, labels or None)
+        return 0.0 if v is None else v
 
     @property
     def acceptance_rate(self) -> float | None:

@@ -17,9 +17,10 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from specdec.engine.scheduler import Event, QueueFull, RoundCallback
+from specdec.engine.scheduler import Event, QueueFull, RoundCallback, RoundReport
 from specdec.engine.sequence import GenerationConfig, Sequence
 from specdec.errors import SpecdecError
+from specdec.serve.live import LiveStats
 from specdec.serve.metrics import ServerMetrics
 
 __all__ = ["EngineWorker", "QueueFull", "StepLoop", "Ticket"]
@@ -71,8 +72,8 @@ class Ticket:
 
 
 class EngineWorker:
-    def __init__(self, scheduler: StepLoop, metrics: ServerMetrics):
-        self._sched, self.metrics = scheduler, metrics
+    def __init__(self, scheduler: StepLoop, metrics: ServerMetrics, live: LiveStats | None = None):
+        self._sched, self.metrics, self.live = scheduler, metrics, live
         self._lock = threading.Condition()
         self._inbox: list[Ticket] = []
         self._cancels: list[Sequence] = []
@@ -81,8 +82,7 @@ class EngineWorker:
         self._cancelled = 0  # requests whose client left before they finished
         self._state: dict = {}
         self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
-        scheduler.on_round = lambda rows, drafted, accepted, emitted: metrics.on_round(
-            len(rows), drafted, accepted, emitted)
+        scheduler.on_round = self._on_round
         self._publish()
 
     def start(self) -> None:
@@ -193,6 +193,11 @@ class EngineWorker:
         state.update(requests_open=len(self._tickets), requests_cancelled=self._cancelled, problems=problems)
         self._state = state
 
+    def _on_round(self, r: RoundReport) -> None:
+        self.metrics.on_round(len(r.rows), r.drafted, r.accepted, r.emitted)
+        if self.live is not None:
+            self.live.on_round(r)
+
     def _deliver(self, e: Event, now: float) -> None:
         t = self._tickets.get(id(e.seq))
         if t is None:
@@ -200,8 +205,12 @@ class EngineWorker:
         if e.tokens:
             if t.last_t is None:
                 self.metrics.on_first_token(now - e.seq.t0)
+                if self.live is not None:
+                    self.live.on_first_token(now - e.seq.t0)
             else:
                 self.metrics.on_tokens([now - t.last_t])
+                if self.live is not None:
+                    self.live.on_gap(now - t.last_t)
             t.last_t = now
         if e.finished:
             self._tickets.pop(id(e.seq), None)
