@@ -97,6 +97,29 @@ def test_a_shared_prefix_is_served_from_the_prefix_cache(server):
     assert hits and float(hits[0].split()[-1]) >= 80
 
 
+def test_paced_streams_carry_the_same_text_one_token_a_chunk(server):
+    """stream_options.pace: auto (the server's default here), a fixed pace and off stream the same text as the
+    whole response; paced, every chunk holds one token (the word tokenizer makes each token some text)."""
+    name = model_name(server)
+    for prompt in PROMPTS[:3]:
+        body = {"model": name, "prompt": prompt, "max_tokens": 16, "temperature": 0}
+        whole = post(server, "/v1/completions", body).json()
+        for pace in ("auto", 2, "off", None):
+            options = {"include_usage": True} | ({} if pace is None else {"pace": pace})
+            r = post(server, "/v1/completions", {**body, "stream": True, "stream_options": options})
+            assert r.status_code == 200, r.text
+            chunks = [json.loads(ln[5:]) for ln in r.text.splitlines()
+                      if ln.startswith("data:") and ln != "data: [DONE]"]
+            pieces = [c["choices"][0]["text"] for c in chunks if c["choices"] and c["choices"][0]["text"]]
+            assert "".join(pieces) == whole["choices"][0]["text"], (pace, pieces)
+            if pace != "off":
+                assert len(pieces) == chunks[-1]["usage"]["completion_tokens"], (pace, pieces)
+    for bad in ("fast", 0, -3, True, {"ms": 5}):
+        r = post(server, "/v1/completions", {"model": name, "prompt": "w1", "stream": True,
+                                             "stream_options": {"pace": bad}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options.pace", (bad, r.text)
+
+
 def test_max_tokens_and_stop(server):
     c, name = server.client(), model_name(server)
     answers = {p: c.completions.create(model=name, prompt=p, max_tokens=10, temperature=0) for p in PROMPTS}

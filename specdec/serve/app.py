@@ -24,6 +24,7 @@ from specdec.models.tokenizer import IncrementalDecoder
 from specdec.runtime import encode_messages, encode_text
 from specdec.sampling.warp import SamplingConfig
 from specdec.serve import protocol
+from specdec.serve.pacing import Pace, RatePrior, paced
 from specdec.serve.protocol import APIError, GenRequest
 from specdec.serve.worker import EngineWorker, QueueFull, Ticket
 
@@ -39,6 +40,7 @@ class ServeConfig:
     max_tokens_default: int | None = None  # None: up to the context
     aliases: tuple[str, ...] = ()  # other names a request may give the model by
     lossy_typical_acceptance: bool = False  # LOSSY: typical acceptance for every request; header says so
+    pace: Pace = Pace("auto")  # how streams release tokens (a request's stream_options.pace overrides it)
 
 
 ACCEPTANCE_HEADER = "x-specdec-acceptance"  # on every completion response: "exact" or "lossy-typical"
@@ -52,6 +54,7 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
     created = int(time.time())
     static = {p.name: p for p in STATIC_DIR.iterdir() if p.is_file()}
     label = {ACCEPTANCE_HEADER: "lossy-typical" if cfg.lossy_typical_acceptance else "exact"}
+    rate = RatePrior()  # the streams' production rate, which a new paced stream starts from
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
@@ -175,13 +178,12 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
         ids: list[int] = []  # the tokens delivered so far (seq.output may already be ahead: the engine runs on)
         text, sent, first, done = "", 0, True, False
         try:
-            while not done:
-                e = await ticket.events.get()
+            async for e in paced(ticket.events, req.pace or cfg.pace, rate):
                 if isinstance(e, Exception):
                     yield protocol.sse(APIError(503 if isinstance(e, QueueFull) else 500, str(e)).body())
                     return
-                done = e.finished
-                ids += e.tokens
+                tokens, done = e
+                ids += tokens
                 text += dec.step(ids)
                 if done:
                     text += dec.flush(ids)

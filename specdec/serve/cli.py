@@ -48,7 +48,22 @@ def register(sub) -> None:
     s.add_argument("--lossy-typical-acceptance", action="store_true",
                    help="LOSSY: Medusa-style typical acceptance for every request; responses are no longer the "
                         "model's own distribution (they carry 'x-specdec-acceptance: lossy-typical')")
+    s.add_argument("--pace", default="auto", type=_pace,
+                   help="how streams release tokens: auto (one at a time, at the rate the stream is producing; "
+                        "default), off (as each round emits them, in bursts), or milliseconds between tokens; "
+                        "a request may choose its own with stream_options.pace")
     s.set_defaults(func=run_serve)
+
+
+def _pace(text: str):
+    import argparse
+
+    from specdec.serve.pacing import parse_pace
+
+    try:
+        return parse_pace(text)
+    except SpecdecError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--pace ")) from None
 
 
 def check_bindable(host: str, port: int) -> None:
@@ -101,13 +116,13 @@ def run_serve(args) -> int:
     aliases = tuple({args.model, target.name} - {name})  # a client may also name the model as it was given
     app = create_app(worker, target.tokenizer, ServeConfig(name, args.api_key, args.max_body_bytes,
                                                            args.max_tokens_default, aliases,
-                                                           args.lossy_typical_acceptance))
+                                                           args.lossy_typical_acceptance, args.pace))
     worker.start()
     kv_gib = getattr(sched.cache, "nbytes", 0) / 2**30
     print(f"specdec: serving {name} ({target.model.precision}) on http://{args.host}:{args.port}/v1 - drafter "
           f"{drafter.name}, policy {policy_name}, k <= {args.k}, "
           f"max batch {args.max_batch}, context {sched.context} (KV pool {kv_gib:.1f} GiB), prefix cache {prefix}"
-          f"{', acceptance LOSSY (typical)' if args.lossy_typical_acceptance else ''}",
+          f", streams paced {args.pace}{', acceptance LOSSY (typical)' if args.lossy_typical_acceptance else ''}",
           file=sys.stderr,
           flush=True)
     # SIGTERM: uvicorn stops accepting connections and lets requests in flight finish, then re-raises the signal

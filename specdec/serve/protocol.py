@@ -16,6 +16,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specdec.errors import SpecdecError
+from specdec.serve.pacing import Pace, parse_pace
+
 KINDS = ("chat", "completion")
 ROLES = ("system", "user", "assistant")
 FINISH_REASONS = ("stop", "length")
@@ -68,6 +71,7 @@ class GenRequest:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a final chunk carries the usage
+    pace: Pace | None = None  # stream_options.pace (an extension): off, auto or ms a token; None: the server's
     top_k: int = 0  # an extension (vLLM's, llama.cpp's): 0 means off
 
 
@@ -302,7 +306,7 @@ def parse_request(kind: str, body: object, served_models: Sequence[str]) -> GenR
         raise _bad("'stream' must be a boolean", "stream")
     stream = bool(stream)
     options = body.get("stream_options")
-    include_usage = False
+    include_usage, pace = False, None
     if options is not None:
         if not stream:
             raise _bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
@@ -312,6 +316,12 @@ def parse_request(kind: str, body: object, served_models: Sequence[str]) -> GenR
         if include_usage is not None and not isinstance(include_usage, bool):
             raise _bad("'stream_options.include_usage' must be a boolean", "stream_options.include_usage")
         include_usage = bool(include_usage)
+        pace = options.get("pace")
+        if pace is not None:
+            try:
+                pace = parse_pace(pace, "'stream_options.pace'")
+            except SpecdecError as e:
+                raise _bad(str(e), "stream_options.pace") from None
 
     seed = body.get("seed")
     if seed is not None and not (_is_int(seed) and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
@@ -329,6 +339,7 @@ def parse_request(kind: str, body: object, served_models: Sequence[str]) -> GenR
         stop=_stop(body),
         stream=stream,
         include_usage=include_usage,
+        pace=pace,
         top_k=_top_k(body),
     )
 
