@@ -31,8 +31,8 @@ from specdec.errors import SpecdecError
 PACE_MODES = ("off", "auto")
 MAX_PACE_MS = 10_000.0
 EMA_WEIGHT = 0.05  # per event, for the seconds between events and the tokens per event (about the last 20)
-TARGET = 3.0  # events' worth of tokens the buffer is held near
-GAIN = 0.3  # the interval stretches (shrinks) by this share when the buffer is empty (twice the target)
+TARGET = 5.0  # events' worth of tokens the buffer is held near
+GAIN = 0.5  # the interval stretches (shrinks) by this share when the buffer is empty (twice the target)
 START = 1.0  # events' worth of tokens buffered after the first token before the pace starts
 BOUND = 6.0  # past this many events' worth of tokens buffered, the interval shrinks in proportion
 
