@@ -1,12 +1,11 @@
 """Paced against unpaced streaming, side by side on one server: the same Spec-Bench prompts at 1, 4 and 16
-clients, each level run with stream_options.pace "off" and "auto" alternately (reps times each, the order
-swapped every rep), under --policy always and auto.
+clients under --policy always and auto. Per level, every prompt is sent with stream_options.pace "off" and
+"auto" back to back (pairs: both modes under the same load at the same moments), then the level is run whole in
+each mode, alternated (runs: what pacing costs the server's throughput).
 
-Per mode, pooled over its requests: the inter-chunk gap's p50, p99, p99/p50 and coefficient of variation (every
-gap after the first chunk, the first round's wait included); tokens per second over the level's wall time; mean
-end-to-end and first-token time per request; text chunks per completion token; and the chunk sizes an observer
-of the stream sees: paced, one token a chunk when chunks equal tokens; unpaced, the round sizes the server
-counted (specdec:tokens_per_round: a stream's chunk is its round's tokens).
+Per mode: the inter-chunk gap's p50, p99, p99/p50 and coefficient of variation; end-to-end and first-token
+times; text chunks per completion token; and the chunk sizes an observer of the stream sees: paced, one token a
+chunk when chunks equal tokens; unpaced, the round sizes the server counted (specdec:tokens_per_round).
 
     .venv/bin/python scripts/pace_bench.py --out docs/results/pace-bench.md
 """
@@ -28,8 +27,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdec.bench.servers import LocalServer  # noqa: E402
 from specdec.bench.serve_bench import prompt_sets  # noqa: E402
+from specdec.bench.servers import LocalServer  # noqa: E402
 from specdec.client import prometheus_series  # noqa: E402
 
 SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared/data/spec_bench/question.jsonl"
@@ -56,13 +55,18 @@ async def one(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_
 
 
 async def level(url: str, model: str, prompts: list[str], clients: int, per_client: int, max_tokens: int,
-                pace: str) -> tuple[list[dict], float]:
+                pace_of) -> tuple[list[dict], float]:
+    """`clients` clients, each sending its requests one after another; pace_of(client, i) names request i's
+    pace, or a pair ("off", "auto") sent back to back with the same prompt."""
     queue = list(prompts[: clients * per_client])
     async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=clients + 2)) as client:
         async def worker(c: int) -> list[dict]:
             out = []
             for i in range(per_client):
-                out.append(await one(client, url, model, queue[(c * per_client + i) % len(queue)], max_tokens, pace))
+                prompt = queue[(c * per_client + i) % len(queue)]
+                for pace in pace_of(c, i):
+                    r = await one(client, url, model, prompt, max_tokens, pace)
+                    out.append({**r, "pace": pace, "pair": (c, i)})
             return out
 
         t0 = time.perf_counter()
@@ -70,18 +74,33 @@ async def level(url: str, model: str, prompts: list[str], clients: int, per_clie
         return [r for rs in results for r in rs], time.perf_counter() - t0
 
 
-def summary(records: list[dict], walls: list[float]) -> dict:
-    gaps = [b[0] - a[0] for r in records for a, b in zip(r["chunks"], r["chunks"][1:])]
+def gap_stats(gaps: list[float]) -> tuple[float, float, float | None, float | None]:
     s = sorted(gaps)
     p50, p99 = s[len(s) // 2], s[min(len(s) - 1, int(0.99 * len(s)))]
+    return p50, p99, p99 / p50 if p50 > 0 else None, statistics.pstdev(gaps) / statistics.mean(gaps)
+
+
+def summary(records: list[dict]) -> dict:
+    """Gaps (all, and after each request's first: the wait for the first round left out), first-token and
+    end-to-end times, and chunks per token, over one mode's requests."""
+    gaps = [b[0] - a[0] for r in records for a, b in zip(r["chunks"], r["chunks"][1:])]
+    later = [b[0] - a[0] for r in records for a, b in zip(r["chunks"][1:], r["chunks"][2:])]
+    p50, p99, ratio, cv = gap_stats(gaps)
+    _, _, ratio_later, cv_later = gap_stats(later)
     tokens = sum(r["tokens"] for r in records)
     return {"requests": len(records), "tokens": tokens, "gap_p50_ms": p50 * 1e3, "gap_p99_ms": p99 * 1e3,
-            "p99_over_p50": p99 / p50 if p50 > 0 else None,
-            "gap_cv": statistics.pstdev(gaps) / statistics.mean(gaps) if gaps else None,
-            "throughput_tok_s": tokens / sum(walls), "e2e_mean_s": statistics.mean(r["e2e"] for r in records),
+            "p99_over_p50": ratio, "gap_cv": cv, "later_p99_over_p50": ratio_later, "later_gap_cv": cv_later,
+            "e2e_mean_s": statistics.mean(r["e2e"] for r in records),
             "ttft_mean_s": statistics.mean(r["chunks"][0][0] for r in records if r["chunks"]),
-            "chunks_per_token": sum(len(r["chunks"]) for r in records) / tokens,
-            "distinct_chunk_bytes": len({b for r in records for _, b in r["chunks"]})}
+            "chunks_per_token": sum(len(r["chunks"]) for r in records) / tokens}
+
+
+def pair_ratios(records: list[dict]) -> list[float]:
+    """auto / off end-to-end time of each prompt sent both ways back to back."""
+    by = {}
+    for r in records:
+        by.setdefault(r["pair"], {})[r["pace"]] = r["e2e"]
+    return [p["auto"] / p["off"] for p in by.values() if "auto" in p and "off" in p]
 
 
 def round_sizes(before: dict, after: dict) -> dict[int, int]:
@@ -111,7 +130,8 @@ def main() -> int:
     args = ap.parse_args()
     sets = prompt_sets(args.prompts, 2, 2)
     prompts = sets["mixed"] + sets["copy"][1:]
-    rows, raw = [], {}
+    rows: list[dict] = []
+    raw: dict = {}
     log_dir = Path("artifacts/pace-bench")
     log_dir.mkdir(parents=True, exist_ok=True)
     levels = [int(x) for x in args.levels.split(",")]
@@ -123,27 +143,36 @@ def main() -> int:
         server.start(600)
         try:
             model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
-            asyncio.run(level(server.url, model, prompts, 1, 1, 16, "off"))  # warm-up
+            asyncio.run(level(server.url, model, prompts, 1, 1, 16, lambda ci, i: ("off",)))  # warm-up
             for c in levels:
                 per_client = args.per_client or max(1, 8 // c)
-                got = {"off": ([], [], {}), "auto": ([], [], {})}
+                # pairs: each prompt sent unpaced and paced back to back (the order alternating), so that both
+                # modes meet the same load at the same time: gaps, first-token and end-to-end times
+                before = metrics(server.url)
+                recs, _ = asyncio.run(level(server.url, model, prompts, c, per_client, args.max_tokens,
+                                            lambda ci, i: ("off", "auto") if (ci + i) % 2 == 0 else ("auto", "off")))
+                sizes = round_sizes(before, metrics(server.url))
+                ratios = pair_ratios(recs)
+                # whole runs of one mode, alternated: what pacing costs the server's throughput, if anything
+                walls = {"off": [], "auto": []}
+                tokens = {"off": [], "auto": []}
                 for rep in range(args.reps):
                     for pace in (("off", "auto") if rep % 2 == 0 else ("auto", "off")):
-                        before = metrics(server.url)
-                        recs, wall = asyncio.run(level(server.url, model, prompts[rep:] + prompts[:rep], c,
-                                                       per_client, args.max_tokens, pace))
-                        sizes = round_sizes(before, metrics(server.url))
-                        got[pace][0].extend(recs)
-                        got[pace][1].append(wall)
-                        for n, v in sizes.items():
-                            got[pace][2][n] = got[pace][2].get(n, 0) + v
-                        print(f"{policy} c={c} rep {rep} {pace}: {sum(r['tokens'] for r in recs)} tokens "
-                              f"in {wall:.1f} s", flush=True)
+                        got, wall = asyncio.run(level(server.url, model, prompts, c, per_client, args.max_tokens,
+                                                      lambda ci, i, p=pace: (p,)))
+                        walls[pace].append(wall)
+                        tokens[pace].append(sum(r["tokens"] for r in got))
+                rates = {p: [t / w for t, w in zip(tokens[p], walls[p])] for p in walls}
+                tput = [a / o for a, o in zip(rates["auto"], rates["off"])]
+                print(f"{policy} c={c}: pairs {len(ratios)}, E2E auto/off median {statistics.median(ratios):.3f}; "
+                      f"throughput auto/off {', '.join(f'{x:.3f}' for x in tput)}", flush=True)
                 for pace in ("off", "auto"):
-                    s = summary(got[pace][0], got[pace][1])
-                    rows.append({"policy": policy, "clients": c, "pace": pace, **s,
-                                 "round_sizes": dict(sorted(got[pace][2].items()))})
-                    raw[f"{policy}/{c}/{pace}"] = got[pace][0]
+                    rows.append({"policy": policy, "clients": c, "pace": pace,
+                                 **summary([r for r in recs if r["pace"] == pace]),
+                                 "throughput_tok_s": statistics.mean(rates[pace]),
+                                 "e2e_pair_ratios": ratios, "throughput_ratios": tput,
+                                 "round_sizes": dict(sorted(sizes.items()))})
+                    raw[f"{policy}/{c}/{pace}"] = [r for r in recs if r["pace"] == pace]
         finally:
             server.stop()
     write(args, rows, raw)
@@ -155,38 +184,45 @@ def write(args, rows: list[dict], raw: dict) -> None:
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor())
     out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps({"rows": rows, "args": vars(args)}, indent=1))
+    out.with_suffix(".json").write_text(json.dumps({"rows": rows, "args": vars(args), "git": rev, "cpu": cpu},
+                                                   indent=1))
     lines = [
         "# Paced streaming against unpaced, side by side (`scripts/pace_bench.py`)", "",
         f"- CPU: {cpu}, {os.cpu_count()} cores; git {rev}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
         f"load average at the end {os.getloadavg()[0]:.2f}",
         f"- the bundled model unless named ({args.model or 'SmolLM2-135M Q4_1'}), chat, greedy, up to "
-        f"{args.max_tokens} tokens, k <= {args.k}, max batch {max(int(x) for x in args.levels.split(','))}; "
-        f"Spec-Bench prompts; each level run {args.reps} times per mode, off and auto alternated",
+        f"{args.max_tokens} tokens (most answers end sooner, at the end-of-sequence token), k <= {args.k}, max "
+        f"batch {max(int(x) for x in args.levels.split(','))}; Spec-Bench prompts",
         f"- command: `.venv/bin/python scripts/pace_bench.py {' '.join(sys.argv[1:])}`", "",
-        "Gaps are between consecutive text chunks of a request (the first round's wait included). Throughput: "
-        "completion tokens over the levels' wall time; E2E: mean per request. Chunk sizes: paced, chunks per "
-        "token (1.00: every chunk one token); unpaced, the round sizes the server counted (a stream's chunk is "
-        "its round's tokens).", "",
-        "| policy | clients | pace | requests | gap p50 ms | gap p99 ms | p99/p50 | gap CV | tok/s | "
-        "E2E s | TTFT s | chunks/token | tokens per chunk seen |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "Each level runs twice over. **Pairs**: every prompt is sent unpaced and paced back to back (the order "
+        "alternating), so both modes meet the same load at the same moments; the gaps, first-token and end-to-end "
+        "times below come from these. **Runs**: the level run whole in one mode, off and auto alternated "
+        f"{args.reps} times each; throughput (completion tokens over wall time) comes from these.", "",
+        "Gaps are between consecutive text chunks of a request: all of them, and after the first (the wait for the "
+        "first round left out). Chunk sizes: paced, chunks per token (1.00: every chunk one token); unpaced, the "
+        "round sizes the server counted during the pairs (a stream's chunk is its round's tokens).", "",
+        "| policy | clients | pace | requests | gap p50 ms | gap p99 ms | p99/p50 | CV | p99/p50 after the first "
+        "| CV after the first | tok/s (runs) | E2E s | TTFT s | chunks/token | tokens per chunk seen |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         sizes = ("1 (every chunk one token)" if r["pace"] == "auto" and abs(r["chunks_per_token"] - 1) < 0.02
                  else ", ".join(f"{n}: {v}" for n, v in r["round_sizes"].items()) if r["pace"] == "off" else "-")
         lines.append(f"| {r['policy']} | {r['clients']} | {r['pace']} | {r['requests']} | {r['gap_p50_ms']:.1f} | "
                      f"{r['gap_p99_ms']:.1f} | {r['p99_over_p50']:.2f} | {r['gap_cv']:.2f} | "
-                     f"{r['throughput_tok_s']:.1f} | {r['e2e_mean_s']:.2f} | {r['ttft_mean_s']:.3f} | "
-                     f"{r['chunks_per_token']:.2f} | {sizes} |")
-    lines += ["", "Paced against unpaced, per level (auto / off):", "",
-              "| policy | clients | p99/p50 off -> auto | throughput | mean E2E |", "|---|---|---|---|---|"]
+                     f"{r['later_p99_over_p50']:.2f} | {r['later_gap_cv']:.2f} | {r['throughput_tok_s']:.1f} | "
+                     f"{r['e2e_mean_s']:.2f} | {r['ttft_mean_s']:.3f} | {r['chunks_per_token']:.2f} | {sizes} |")
+    lines += ["", "Paced against unpaced (auto / off): end-to-end time per prompt sent both ways (median and range "
+              "over the pairs), throughput per pair of alternated runs.", "",
+              "| policy | clients | p99/p50 off -> auto | E2E auto/off median (min-max, pairs) | "
+              "throughput auto/off per run pair |", "|---|---|---|---|---|"]
     by = {(r["policy"], r["clients"], r["pace"]): r for r in rows}
     for (policy, c, pace), r in by.items():
         if pace != "auto":
             continue
-        o = by[(policy, c, "off")]
+        o, e2e = by[(policy, c, "off")], r["e2e_pair_ratios"]
         lines.append(f"| {policy} | {c} | {o['p99_over_p50']:.2f} -> {r['p99_over_p50']:.2f} | "
-                     f"{r['throughput_tok_s'] / o['throughput_tok_s']:.3f}x | {r['e2e_mean_s'] / o['e2e_mean_s']:.3f}x |")
+                     f"{statistics.median(e2e):.3f} ({min(e2e):.3f}-{max(e2e):.3f}, {len(e2e)}) | "
+                     f"{', '.join(f'{x:.3f}' for x in r['throughput_ratios'])} |")
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

@@ -30,11 +30,12 @@ from specdec.errors import SpecdecError
 
 PACE_MODES = ("off", "auto")
 MAX_PACE_MS = 10_000.0
-EMA_WEIGHT = 0.05  # per event, for the seconds between events and the tokens per event (about the last 20)
-TARGET = 5.0  # events' worth of tokens the buffer is held near
-GAIN = 0.5  # the interval stretches (shrinks) by this share when the buffer is empty (twice the target)
+EMA_WEIGHT = 0.02  # per event, for the seconds between events and the tokens per event (about the last 50)
+TARGET = 12.0  # events' worth of tokens the buffer is held near
+GAIN = 0.5  # the interval stretches by up to this share while the buffer holds less than TARGET
+EASE = 0.05  # ... and shrinks by up to this share as it fills from TARGET to BOUND
 START = 1.0  # events' worth of tokens buffered after the first token before the pace starts
-BOUND = 6.0  # past this many events' worth of tokens buffered, the interval shrinks in proportion
+BOUND = 24.0  # past this many events' worth of tokens buffered, the interval shrinks in proportion
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,9 @@ class Pacer:
             return min(self.interval(), self.produced()) * BOUND / fill
         if self.pace.mode == "fixed":
             return self.interval()
-        return self.produced() * (1.0 + GAIN * max(-1.0, min(1.0, (TARGET - fill) / TARGET)))
+        if fill < TARGET:
+            return self.produced() * (1.0 + GAIN * (TARGET - fill) / TARGET)
+        return self.produced() * (1.0 - EASE * min(1.0, (fill - TARGET) / (BOUND - TARGET)))
 
     def due(self) -> float | None:
         """When the next token may leave (None: nothing buffered)."""
