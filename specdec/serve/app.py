@@ -43,6 +43,7 @@ class ServeConfig:
     pace: Pace = Pace("auto")  # how streams release tokens (a request's stream_options.pace overrides it)
 
 
+LIVE_HEADER = "x-specdec-live"  # on GET /: the path of the server's live measurements, relative to the page
 ACCEPTANCE_HEADER = "x-specdec-acceptance"  # on every completion response: "exact" or "lossy-typical"
 
 
@@ -236,7 +237,9 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
 
     @app.get("/")
     async def index():
-        return FileResponse(static["index.html"])
+        # the page's live view polls /live only where the page came with this header (not from a file or a plain
+        # static host, where the request would only log a 404)
+        return FileResponse(static["index.html"], headers={LIVE_HEADER: "live"})
 
     @app.get("/{name}")
     async def page_file(name: str):

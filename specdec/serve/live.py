@@ -10,6 +10,7 @@ disagree about them; everything else is kept here, fed by the engine thread (`on
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
 from collections import deque
@@ -22,7 +23,8 @@ from specdec.theory.economics import batch_ratio, expected_tokens_positional
 
 WINDOW_S = 60.0  # "recent": the last minute
 MAX_SAMPLES = 20_000  # latency samples and rounds kept for the window, whatever the traffic
-COST_SAMPLES = 32  # per row count: the recent passes the measured curve averages
+COST_SAMPLES = 32  # per row count: the recent passes whose median is the measured curve (a stray slow pass
+# from other load moves a median, not a mean, by little)
 
 
 @dataclass(frozen=True)
@@ -129,7 +131,7 @@ class LiveStats:
             rounds = [r for r in self._rounds if r.t >= since]
             ttft = [v for t, v in self._ttft if t >= since]
             itl = [v for t, v in self._itl if t >= since]
-            cost = {n: sum(v) / len(v) for n, v in sorted(self._cost.items())}
+            cost = {n: statistics.median(v) for n, v in sorted(self._cost.items())}
             samples = {n: len(v) for n, v in self._cost.items()}
             judged, hits, last = list(self._judged), list(self._hits), self._last
         m = self.metrics

@@ -94,9 +94,10 @@ class ServerMetrics:
         self.time_to_first_token = Histogram("specdec:time_to_first_token_seconds",
                                              "Time from arrival to the first generated token.",
                                              buckets=TTFT_BUCKETS, registry=r)
-        self.inter_token_latency = Histogram("specdec:inter_token_latency_seconds",
-                                             "Gap between consecutive generated tokens of a request.",
-                                             buckets=ITL_BUCKETS, registry=r)
+        self.inter_token_latency = Histogram(
+            "specdec:inter_token_latency_seconds",
+            "Gap between a request's consecutive rounds that emitted tokens (one per round).", buckets=ITL_BUCKETS,
+            registry=r)
         self.tokens_per_round = Histogram("specdec:tokens_per_round",
                                           "Tokens a sequence emitted per target pass (accepted + 1, unless cut).",
                                           buckets=TOKENS_PER_ROUND_BUCKETS, registry=r)
@@ -149,7 +150,8 @@ class ServerMetrics:
         self.time_to_first_token.observe(seconds)
 
     def on_tokens(self, gaps: Sequence[float]) -> None:
-        """Gaps in seconds between consecutive tokens of one request (0 for tokens that arrived in one round)."""
+        """Gaps in seconds between a request's consecutive rounds that emitted tokens: one gap per round, however
+        many tokens it emitted (as vLLM counts per engine step). What a client sees of a paced stream is per token."""
         for g in gaps:
             self.inter_token_latency.observe(g)
 

@@ -96,11 +96,12 @@
 
   // --- Polling --------------------------------------------------------------------------------------------
 
-  /** Whether the server that sent this page may have a /live: not a file, not Python's http.server. */
+  /** Whether the server that sent this page keeps live measurements: `specdec serve` says so in a header on
+   * the page itself (a file, `specdec explain`'s static server or any other host does not). */
   function mayHaveLive() {
     if (location.protocol !== "http:" && location.protocol !== "https:") return Promise.resolve(false);
     return fetch(location.href, { cache: "no-store" }).then(
-      (r) => !/^SimpleHTTP\//.test(r.headers.get("server") || ""),
+      (r) => r.headers.get("x-specdec-live") === "live",
       () => false);
   }
 
