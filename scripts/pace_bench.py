@@ -95,6 +95,10 @@ def summary(records: list[dict]) -> dict:
             "chunks_per_token": sum(len(r["chunks"]) for r in records) / tokens}
 
 
+def _ms(x: float | None) -> float | None:
+    return None if x is None else 1e3 * x
+
+
 def pair_ratios(records: list[dict]) -> list[float]:
     """auto / off end-to-end time of each prompt sent both ways back to back."""
     by = {}
@@ -110,6 +114,17 @@ def round_sizes(before: dict, after: dict) -> dict[int, int]:
         key = f'specdec:tokens_per_round_bucket{{le="{float(n)}"}}'
         cum[n] = after.get(key, 0.0) - before.get(key, 0.0)
     return {n: int(cum[n] - cum.get(n - 1, 0.0)) for n in cum if cum[n] - cum.get(n - 1, 0.0) > 0}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def hist_mean(before: dict, after: dict, name: str) -> float | None:
+    n = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
+    return (after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)) / n if n else None
 
 
 def metrics(url: str) -> dict:
@@ -151,15 +166,19 @@ def main() -> int:
                 before = metrics(server.url)
                 recs, _ = asyncio.run(level(server.url, model, prompts, c, per_client, args.max_tokens,
                                             lambda ci, i: ("off", "auto") if (ci + i) % 2 == 0 else ("auto", "off")))
-                sizes = round_sizes(before, metrics(server.url))
+                after = metrics(server.url)
+                sizes = round_sizes(before, after)
                 ratios = pair_ratios(recs)
                 # whole runs of one mode, alternated: what pacing costs the server's throughput, if anything
                 walls = {"off": [], "auto": []}
                 tokens = {"off": [], "auto": []}
+                cpu = {"off": 0.0, "auto": 0.0}
                 for rep in range(args.reps):
                     for pace in (("off", "auto") if rep % 2 == 0 else ("auto", "off")):
+                        c0 = cpu_seconds(server.proc.pid)
                         got, wall = asyncio.run(level(server.url, model, prompts, c, per_client, args.max_tokens,
                                                       lambda ci, i, p=pace: (p,)))
+                        cpu[pace] += cpu_seconds(server.proc.pid) - c0
                         walls[pace].append(wall)
                         tokens[pace].append(sum(r["tokens"] for r in got))
                 rates = {p: [t / w for t, w in zip(tokens[p], walls[p])] for p in walls}
@@ -171,12 +190,19 @@ def main() -> int:
                                  **summary([r for r in recs if r["pace"] == pace]),
                                  "throughput_tok_s": statistics.mean(rates[pace]),
                                  "e2e_pair_ratios": ratios, "throughput_ratios": tput,
+                                 "cpu_ms_per_token": 1e3 * cpu[pace] / sum(tokens[pace]),
+                                 "pace_tail_ms": _ms(hist_mean(before, after, "specdec:stream_pace_tail_seconds")),
+                                 "pace_lag_ms": _ms(hist_mean(before, after, "specdec:stream_pace_lag_seconds")),
                                  "round_sizes": dict(sorted(sizes.items()))})
                     raw[f"{policy}/{c}/{pace}"] = [r for r in recs if r["pace"] == pace]
         finally:
             server.stop()
     write(args, rows, raw)
     return 0
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
 
 
 def write(args, rows: list[dict], raw: dict) -> None:
@@ -212,9 +238,14 @@ def write(args, rows: list[dict], raw: dict) -> None:
                      f"{r['later_p99_over_p50']:.2f} | {r['later_gap_cv']:.2f} | {r['throughput_tok_s']:.1f} | "
                      f"{r['e2e_mean_s']:.2f} | {r['ttft_mean_s']:.3f} | {r['chunks_per_token']:.2f} | {sizes} |")
     lines += ["", "Paced against unpaced (auto / off): end-to-end time per prompt sent both ways (median and range "
-              "over the pairs), throughput per pair of alternated runs.", "",
-              "| policy | clients | p99/p50 off -> auto | E2E auto/off median (min-max, pairs) | "
-              "throughput auto/off per run pair |", "|---|---|---|---|---|"]
+              "over the pairs); what pacing added to a paced stream's end, measured by the server (its "
+              "specdec:stream_pace_tail_seconds: from the engine's last token to the stream's last chunk), and how "
+              "long a token waited in the buffer (stream_pace_lag_seconds, mean of streams' means); throughput per "
+              "pair of alternated runs; the server's CPU time (user + system, all threads) per generated token in "
+              "the runs.", "",
+              "| policy | clients | p99/p50 off -> auto | E2E auto/off median (min-max, pairs) | pacing tail ms | "
+              "buffer wait ms | throughput auto/off per run pair | CPU ms/token off -> auto |",
+              "|---|---|---|---|---|---|---|---|"]
     by = {(r["policy"], r["clients"], r["pace"]): r for r in rows}
     for (policy, c, pace), r in by.items():
         if pace != "auto":
@@ -222,7 +253,9 @@ def write(args, rows: list[dict], raw: dict) -> None:
         o, e2e = by[(policy, c, "off")], r["e2e_pair_ratios"]
         lines.append(f"| {policy} | {c} | {o['p99_over_p50']:.2f} -> {r['p99_over_p50']:.2f} | "
                      f"{statistics.median(e2e):.3f} ({min(e2e):.3f}-{max(e2e):.3f}, {len(e2e)}) | "
-                     f"{', '.join(f'{x:.3f}' for x in r['throughput_ratios'])} |")
+                     f"{_num(r['pace_tail_ms'])} | {_num(r['pace_lag_ms'])} | "
+                     f"{', '.join(f'{x:.3f}' for x in r['throughput_ratios'])} | "
+                     f"{o['cpu_ms_per_token']:.2f} -> {r['cpu_ms_per_token']:.2f} |")
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

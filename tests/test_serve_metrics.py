@@ -17,6 +17,8 @@ DRIFT_HALF_LIFE = 100
 EXPECTED = {
     "specdec:spec_decode_num_drafts_total": "counter",
     "specdec:spec_decode_num_plain_rows_total": "counter",
+    "specdec:stream_pace_tail_seconds": "histogram",
+    "specdec:stream_pace_lag_seconds": "histogram",
     "specdec:spec_decode_num_draft_tokens_total": "counter",
     "specdec:spec_decode_num_accepted_tokens_total": "counter",
     "specdec:spec_decode_num_accepted_tokens_per_pos_total": "counter",

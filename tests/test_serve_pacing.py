@@ -47,6 +47,7 @@ def play(events, pace: Pace, shared: RatePrior | None = None):
             pacer.push(tokens, now, finished)
             i += 1
         deepest = max(deepest, len(pacer.buffer))
+    play.pacer = pacer  # the last one, for its tail and lag
     return out, deepest
 
 
@@ -70,6 +71,10 @@ def test_order_first_token_and_last_token():
         finish = events[-1][0]
         interval = (finish - events[1][0]) / 127 * 2  # generous: twice the stream's mean time per token
         assert out[-1][0] - finish <= interval  # the last leaves within one interval of the engine's finish
+        p = play.pacer
+        assert p.tail_s == pytest.approx(out[-1][0] - finish) and p.finished_at == finish
+        lags = [t - next(te for te, toks, _ in events if tok in toks) for t, tok in out]
+        assert p.mean_lag_s == pytest.approx(sum(lags) / len(lags)) and p.mean_lag_s > 0
 
 
 def test_gaps_are_steady_where_rounds_are_bursty():
@@ -131,8 +136,10 @@ def test_driver_releases_one_token_at_a_time_and_passes_errors():
         q.put_nowait(Ev([1], False))
         q.put_nowait(Ev([2, 3, 4], False))
         q.put_nowait(Ev([5, 6], True))
-        got = [e async for e in paced(q, Pace("fixed", 0.001))]
+        drained = []
+        got = [e async for e in paced(q, Pace("fixed", 0.001), on_drained=drained.append)]
         assert got == [([t], t == 6) for t in range(1, 7)]  # one at a time; the last one carries the finish
+        assert len(drained) == 1 and drained[0].drained and drained[0].tail_s >= 0
         q.put_nowait(Ev([1], False))
         q.put_nowait(Ev([], True))  # a finish with no tokens (the engine's last event may be empty)
         assert [e async for e in paced(q, Pace("auto"))] == [([1], False), ([], True)]

@@ -179,7 +179,8 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
         ids: list[int] = []  # the tokens delivered so far (seq.output may already be ahead: the engine runs on)
         text, sent, first, done = "", 0, True, False
         try:
-            async for e in paced(ticket.events, req.pace or cfg.pace, rate):
+            async for e in paced(ticket.events, req.pace or cfg.pace, rate,
+                                 on_drained=lambda p: worker.metrics.on_paced(p.tail_s, p.mean_lag_s)):
                 if isinstance(e, Exception):
                     yield protocol.sse(APIError(503 if isinstance(e, QueueFull) else 500, str(e)).body())
                     return

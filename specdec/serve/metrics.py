@@ -104,6 +104,13 @@ class ServerMetrics:
         self.batch_size = Histogram("specdec:batch_size", "Sequences in a round.", buckets=BATCH_SIZE_BUCKETS,
                                     registry=r)
 
+        self.pace_tail = Histogram("specdec:stream_pace_tail_seconds",
+                                   "Paced streams: from the engine's last token to the stream's last chunk (what "
+                                   "pacing adds to end-to-end time).", buckets=ITL_BUCKETS, registry=r)
+        self.pace_lag = Histogram("specdec:stream_pace_lag_seconds",
+                                  "Paced streams: how long a token waited in the pacing buffer, the stream's mean "
+                                  "(how far the text trails generation).", buckets=ITL_BUCKETS, registry=r)
+
         self.request_success = Counter("specdec:request_success", "Finished requests, by finish reason.",
                                        ["finish_reason"], registry=r)
         for reason in ("stop", "length"):
@@ -154,6 +161,11 @@ class ServerMetrics:
         many tokens it emitted (as vLLM counts per engine step). What a client sees of a paced stream is per token."""
         for g in gaps:
             self.inter_token_latency.observe(g)
+
+    def on_paced(self, tail_s: float, mean_lag_s: float) -> None:
+        """A paced stream that released its last token."""
+        self.pace_tail.observe(tail_s)
+        self.pace_lag.observe(mean_lag_s)
 
     def on_finish(self, finish_reason: str, prompt_tokens: int, completion_tokens: int,
                   cached_tokens: int = 0) -> None:

@@ -94,7 +94,10 @@ class Pacer:
             raise ValueError("an off pace needs no pacer")
         self.pace = pace
         self.buffer: deque[int] = deque()
+        self._arrived: deque[float] = deque()  # when each buffered token came from the engine
         self.finished = False
+        self.finished_at: float | None = None  # when the engine's last event came
+        self.lag_s = 0.0  # summed over released tokens: release time minus arrival (how far the text trails)
         # EMAs: seconds between the engine's events for this stream, and tokens per event
         self.shared = shared
         prior = shared.value() if shared is not None else None
@@ -117,8 +120,9 @@ class Pacer:
                     self.shared.update(dt, n)
             self._last_event = now
             self.buffer.extend(tokens)
+            self._arrived.extend([now] * len(tokens))
         if finished and not self.finished:
-            self.finished = True
+            self.finished, self.finished_at = True, now
             if self.buffer:
                 self._final_interval = self.interval() / len(self.buffer)
 
@@ -171,13 +175,29 @@ class Pacer:
         # a release that was late (the buffer ran dry) restarts the spacing from now, not from when it was due
         self._last_release = now
         self._released += 1
+        self.lag_s += now - self._arrived.popleft()
         return [self.buffer.popleft()]
+
+    @property
+    def tail_s(self) -> float:
+        """Once drained: how long after the engine's last event the last token left (what pacing added to the
+        stream's end-to-end time)."""
+        if self.finished_at is None or self._last_release is None:
+            return 0.0
+        return max(0.0, self._last_release - self.finished_at)
+
+    @property
+    def mean_lag_s(self) -> float:
+        """Mean over released tokens of how long each waited in the buffer."""
+        return self.lag_s / self._released if self._released else 0.0
 
 
 async def paced(events: asyncio.Queue, pace: Pace, shared: RatePrior | None = None,
-                clock: Callable[[], float] = time.perf_counter) -> AsyncIterator[tuple[list[int], bool] | Exception]:
+                clock: Callable[[], float] = time.perf_counter,
+                on_drained: Callable[[Pacer], None] | None = None) -> AsyncIterator[tuple[list[int], bool] | Exception]:
     """A request's events as (tokens, finished), one token at a time at the pace (as the engine sent them when
-    off); an Exception from the engine is passed on and ends the stream."""
+    off); an Exception from the engine is passed on and ends the stream. on_drained(pacer): once a paced stream
+    has released its last token (its tail_s and mean_lag_s are final)."""
     if not pace.on:
         while True:
             e = await events.get()
@@ -193,11 +213,15 @@ async def paced(events: asyncio.Queue, pace: Pace, shared: RatePrior | None = No
         now = clock()
         if due is not None and due <= now:
             tokens = pacer.pop(now)
+            if pacer.drained and on_drained is not None:
+                on_drained(pacer)
             yield tokens, pacer.drained  # the last token carries the finish (a stop string is cut with it)
             if pacer.drained:
                 return
             continue
         if pacer.drained:  # the engine finished with nothing left to release
+            if on_drained is not None:
+                on_drained(pacer)
             yield [], True
             return
         try:
