@@ -143,6 +143,9 @@ def main() -> int:
     ap.add_argument("--out", default="docs/results/pace-bench.md")
     ap.add_argument("--prompts", default=str(SPEC_BENCH), help="Spec-Bench question.jsonl")
     args = ap.parse_args()
+    from specdec.bench.profile import measure_bandwidth
+
+    args.bandwidth = measure_bandwidth(1 << 30, 5)  # before the server starts: the machine's, not the server's share
     sets = prompt_sets(args.prompts, 2, 2)
     prompts = sets["mixed"] + sets["copy"][1:]
     rows: list[dict] = []
@@ -215,7 +218,8 @@ def write(args, rows: list[dict], raw: dict) -> None:
     lines = [
         "# Paced streaming against unpaced, side by side (`scripts/pace_bench.py`)", "",
         f"- CPU: {cpu}, {os.cpu_count()} cores; git {rev}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-        f"load average at the end {os.getloadavg()[0]:.2f}",
+        f"load average at the end {os.getloadavg()[0]:.2f}; read bandwidth "
+        f"{args.bandwidth['read_GBps']:.1f} GB/s (torch sum over 1 GiB, median of 5, before the server started)",
         f"- the bundled model unless named ({args.model or 'SmolLM2-135M Q4_1'}), chat, greedy, up to "
         f"{args.max_tokens} tokens (most answers end sooner, at the end-of-sequence token), k <= {args.k}, max "
         f"batch {max(int(x) for x in args.levels.split(','))}; Spec-Bench prompts",
