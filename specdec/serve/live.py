@@ -178,7 +178,7 @@ class LiveStats:
                      "measured": [{"rows": n, "seconds": s, "samples": samples[n]} for n, s in cost.items()],
                      "policy": self._policy_curve(max(cost, default=1)),
                      "knee_rows": fit_knee([(n, s / one_row) for n, s in cost.items()]) if one_row else None},
-            "recent": self._recent(rounds, cost, min(WINDOW_S, uptime)),
+            "recent": self._recent(rounds, cost, min(WINDOW_S, uptime), sum(recent_j), sum(recent_h)),
             "latency": {"ttft_s": percentiles(ttft), "itl_s": percentiles(itl)},
         }
 
@@ -199,10 +199,11 @@ class LiveStats:
                 "measured_tok_s": r.emitted / seconds if seconds > 0 else None,
                 "expected_tok_s": expected / seconds if seconds > 0 else None}
 
-    def _recent(self, rounds: list[_Round], cost: dict[int, float], span: float) -> dict:
+    def _recent(self, rounds: list[_Round], cost: dict[int, float], span: float, judged: int, hits: int) -> dict:
         """The last minute's decode rounds: tokens per second with speculation, against plain decoding of the same
         batches at the measured cost of a plain pass over as many rows (speculation paying x); and what the
-        theory predicts from the measured a, k, c and cost curve (y)."""
+        theory predicts from the measured a, k, c and cost curve (y). judged, hits: the window's drafts judged and
+        accepted, over every position."""
         out = {"rounds": len(rounds), "throughput_tok_s": None, "measured_tok_s": None, "plain_tok_s": None,
                "paying": None, "a": None, "k_mean": None, "batch_mean": None, "c": None, "knee_rows": None,
                "k_theory": None, "batch_theory": None, "predicted": None}
@@ -218,10 +219,6 @@ class LiveStats:
         if all(p is not None for p in plain) and busy > 0:
             out["plain_tok_s"] = rows / sum(plain)
             out["paying"] = out["measured_tok_s"] / out["plain_tok_s"]
-        judged = hits = 0
-        for r in rounds:
-            j, h = _judged(r.ks, r.accepted, self.depth)
-            judged, hits = judged + sum(j), hits + sum(h)
         spec_rounds = [r for r in rounds if any(r.ks)]
         one = cost.get(1)
         if judged and one:
