@@ -1,8 +1,9 @@
 """AMX's tiles against the VNNI build's dot products on the q16 path, side by side in one process.
 
-    .venv/bin/python scripts/amx_bench.py [--rows 2,4,5,6,8,16,64] [--reps 20] [--prefill 432,1000]
+    .venv/bin/python scripts/amx_bench.py [--model default|FILE.gguf] [--context 512] [--rows 2,4,5,6,8,16,64]
+        [--reps 20] [--prefill 432,1000]
 
-On the bundled model (gguf-q16, weights in pairs of groups, the layout both builds read), alternating the two builds
+On the bundled model or --model (gguf-q16, weights in pairs of groups, the layout both builds read), alternating the two builds
 (`set_isa("vnni")` and `set_isa("amx")`, the order flipped every repetition so that drift falls on both alike):
 1. each product's shape alone (layer 0's qkv, o, gate_up and down, and the 8-bit LM head) at each number of rows,
    every thread as in a pass, with the results checked bit-identical;
@@ -41,6 +42,8 @@ def alternate(kernels, reps: int, run) -> tuple[float, float, object, object]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="default", help="the bundled model, or a .gguf (a synth-gguf shape, say)")
+    ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--rows", default="2,4,5,6,8,16,64")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--prefill", default="432,1000")
@@ -49,18 +52,17 @@ def main() -> int:
         rows, lengths = parse_ints(args.rows, "--rows"), parse_ints(args.prefill, "--prefill")
         if args.reps < 1:
             raise SpecdecError(f"--reps must be at least 1, not {args.reps}")
-        return measure(rows, lengths, args.reps)
+        return measure(rows, lengths, args.reps, args.model, args.context)
     except SpecdecError as e:
         print(f"amx_bench: {e}", file=sys.stderr)
         return 2
 
 
-def measure(rows: list[int], lengths: list[int], reps: int) -> int:
-    model = load_model("default", "gguf-q16").model
+def measure(rows: list[int], lengths: list[int], reps: int, name: str = "default", ctx: int = 512) -> int:
+    model = load_model(name, "gguf-q16").model
     k, cfg = model.kernels, model.cfg
     if k is None or model.lm_head_q is None or not k.cpu_has_amx():
         raise SpecdecError("needs the native kernels on a CPU with AMX-INT8 that this process may use")
-    ctx = 512
     if ctx + max(rows) > cfg.max_position_embeddings or max(lengths) > cfg.max_position_embeddings:
         raise SpecdecError(f"rows and prompts must fit the model's {cfg.max_position_embeddings} positions")
     before = k.set_isa("amx")
@@ -82,13 +84,15 @@ def measure(rows: list[int], lengths: list[int], reps: int) -> int:
         model.forward(torch.randint(0, cfg.vocab_size, (1, ctx), generator=g), torch.zeros(1, dtype=torch.long),
                       cache, last_only=torch.tensor([ctx - 1]), prefill=True)
         start = torch.tensor([ctx])
-        line = []
+        line, one = [], None
         for n in rows:
             toks = torch.randint(0, cfg.vocab_size, (1, n), generator=g)
             v, a, ov, oa = alternate(k, reps, lambda toks=toks: model.forward(toks, start, cache))
             if not torch.equal(ov, oa):
                 raise SpecdecError(f"a pass of {n} rows: the builds' logits differ")
-            line.append(f"{n}: {v * 1e3:.2f} -> {a * 1e3:.2f} ms ({a / v:.3f})")
+            one = one or (v, a)  # the first count of rows: the unit of the one-row columns (put 1 first)
+            line.append(f"{n}: {v * 1e3:.2f} -> {a * 1e3:.2f} ms ({a / v:.3f}; {v / one[0]:.2f} -> {a / one[1]:.2f} "
+                        f"of {rows[0]} rows' pass)")
         print(f"passes at context {ctx}: " + ", ".join(line))
         line = []
         for n in lengths:

@@ -1,8 +1,8 @@
 """A verify pass against its own arithmetic: how cheap an R-row pass could be if no byte waited on memory.
 
-    .venv/bin/python scripts/verify_floor.py [--precision gguf-q16] [--rows 6] [--context 512] [--reps 40]
+    .venv/bin/python scripts/verify_floor.py [--model default|FILE.gguf] [--precision gguf-q16] [--rows 6] [--context 512] [--reps 40]
 
-In one process, alternating, on the bundled model at a context of --context positions:
+In one process, alternating, on the bundled model (or --model) at a context of --context positions:
 - `1-row` and `R-row`: passes of the whole model, their weights streamed from memory as in decoding;
 - `1-row hot` and `R-row hot`: each decoder block run on its own rows many times over, so its weights and its
   cache stay in cache, times the number of blocks, plus the final norm and the LM head's product, also repeated.
@@ -30,6 +30,7 @@ from specdec.models.loader import load_model
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="default", help="the bundled model, or a .gguf (a synth-gguf shape, say)")
     ap.add_argument("--precision", default="gguf-q16")
     ap.add_argument("--rows", type=int, default=6)
     ap.add_argument("--context", type=int, default=512)
@@ -46,7 +47,7 @@ def measure(args) -> int:
     if args.rows < 1 or args.reps < 1 or args.context < 1:
         raise SpecdecError(f"--rows, --reps and --context must be at least 1, not {args.rows}, {args.reps}, "
                            f"{args.context}")
-    model = load_model("default", args.precision).model
+    model = load_model(args.model, args.precision).model
     k, cfg = model.kernels, model.cfg
     if k is None or model.lm_head_q is None:
         raise SpecdecError(f"needs the native kernels on a GGUF path (gguf, gguf-q16, gguf-q8), not "

@@ -311,6 +311,10 @@ bool use_amx = cpu_has_amx();
 // Rows from which a q16 pass's products run on AMX (on weights stored in pairs): below it, the VNNI build's are faster
 // (measured in gguf_amx.inc).
 constexpr int64_t AMX_MIN_ROWS = 5;
+// ... and a K-quant's (Q4_K, Q5_K, Q5_0, Q5_1; Q6_K stays on VNNI): each block is unpacked into a B tile, which only
+// pays on more rows. Alternated in one process on an Intel Xeon (scripts/amx_bench.py, the 1B Q4_K_M shape, context 256):
+// whole passes of 5 to 8 rows 0.99 to 1.06x the VNNI build's time (none faster), 16 rows 0.92x, a prefill 0.86x.
+constexpr int64_t KQ_AMX_MIN_ROWS = 9;
 
 // The layout decides the arithmetic: row layout -> exact, interleaved -> q8.
 void matmul(const float* x, const QMatrix& W, float* y, int64_t M);
@@ -351,7 +355,8 @@ void matmul(const float* x, const QMatrix& W, float* y, int64_t M) {
     const int64_t g0 = u0 * unit, g1 = std::min(W.G, u1 * unit);  // groups of weight rows for this thread
     if (g0 >= g1) return;
     if (W.kq()) {
-      if (q16) use_vnni ? vnni::kq_rows<true>(a, W, y, g0, g1) : avx2::kq_rows<true>(a, W, y, g0, g1);
+      if (q16 && use_amx && W.paired && M >= KQ_AMX_MIN_ROWS && amx::kq_amx_takes(W)) amx::kq_amx_rows(a, W, y, g0, g1);
+      else if (q16) use_vnni ? vnni::kq_rows<true>(a, W, y, g0, g1) : avx2::kq_rows<true>(a, W, y, g0, g1);
       else use_vnni ? vnni::kq_rows<false>(a, W, y, g0, g1) : avx2::kq_rows<false>(a, W, y, g0, g1);
     } else if (q16 && use_amx && W.paired && M >= AMX_MIN_ROWS) amx::amx_rows(a, W, y, g0, g1);
     else if (q16) use_vnni ? vnni::q8_rows<true>(a, W, y, g0, g1) : avx2::q8_rows<true>(a, W, y, g0, g1);

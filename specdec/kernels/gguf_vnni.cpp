@@ -22,7 +22,10 @@ SPECDEC_GGUF_INSTANTIATE
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,amx-tile,amx-int8")
 namespace specdec::gguf::amx {
 using QMatrix = QView;
+using vnni::bytes16_ps;
+using vnni::KqAt;
 using vnni::load16h;
+using vnni::load_kq_pair;
 using vnni::pair_nibbles;
 using vnni::prefetch_lines;
 using vnni::store_pair;
