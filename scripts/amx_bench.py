@@ -9,8 +9,9 @@ On the bundled model or --model (gguf-q16, weights in pairs of groups, the layou
    every thread as in a pass, with the results checked bit-identical;
 2. whole passes of those rows at context 512, logits checked bit-identical;
 3. prefills of random prompts of --prefill tokens (time to first token).
-Prints each time on AMX over the time on VNNI. AMX runs a product from 5 rows (gguf.cpp's AMX_MIN_ROWS): below that
-both builds run the same code, and their ratio shows this machine's noise. Needs a CPU with AMX-INT8.
+Prints each time on AMX over the time on VNNI. AMX runs a product from 5 rows (gguf.cpp's AMX_MIN_ROWS; a K-quant's
+from 16, KQ_AMX_MIN_ROWS, and never Q6_K): below that both builds run the same code, and their ratio shows this
+machine's noise. Needs a CPU with AMX-INT8.
 """
 
 from __future__ import annotations

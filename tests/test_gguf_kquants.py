@@ -117,16 +117,17 @@ def test_the_vnni_build_gives_the_avx2_builds_bits(kernels, kind, paired):  # no
 
 @pytest.mark.parametrize("kind", KQ)
 def test_the_amx_tiles_give_the_vnni_builds_bits(kernels, kind):  # noqa: F811
-    """On AMX's tiles (q16 passes of 9 rows or more, weights in pairs; Q6_K stays on the VNNI build) the blocks'
-    integer sums are the VNNI build's and each lane scales them in its order, so the products are its bits: at every
-    number of rows (tiles of 8 and every remainder), for two pairs at a time, a last pair, a last group alone and a
-    pair whose second group is padding, on one thread and split between two."""
+    """On AMX's tiles (q16 passes of 16 rows or more, whole tiles of 8 rows, weights in pairs; Q6_K and the rows past
+    the last whole tile stay on the VNNI build) the blocks' integer sums are the VNNI build's and each lane scales
+    them in its order, so the products are its bits: at every number of rows (every remainder after the tiles), for
+    two pairs at a time, a last pair, a last group alone and a pair whose second group is padding, on one thread and
+    split between two."""
     if not kernels.cpu_has_amx():
         pytest.skip("this CPU has no AMX-INT8 (or the kernel does not grant it)")
     x = torch.randn(40, 512, generator=torch.Generator().manual_seed(12)) * 3
     x[3, :32] = 0.0  # an all-zero block
     threads = torch.get_num_threads()
-    rows = list(range(1, 20)) + [40]
+    rows = list(range(1, 25)) + [40]
     for n in (48, 37, 13, 200):  # 3 pairs; 2 pairs + a group alone; 13 live rows in a pair; split between threads
         qm = qmatrix(kernels, [random_blocks(kind, n, 512, seed=40)], True, 16, True)
         before = kernels.set_isa("vnni")

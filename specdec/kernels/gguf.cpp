@@ -311,10 +311,12 @@ bool use_amx = cpu_has_amx();
 // Rows from which a q16 pass's products run on AMX (on weights stored in pairs): below it, the VNNI build's are faster
 // (measured in gguf_amx.inc).
 constexpr int64_t AMX_MIN_ROWS = 5;
-// ... and a K-quant's (Q4_K, Q5_K, Q5_0, Q5_1; Q6_K stays on VNNI): each block is unpacked into a B tile, which only
-// pays on more rows. Alternated in one process on an Intel Xeon (scripts/amx_bench.py, the 1B Q4_K_M shape, context 256):
-// whole passes of 5 to 8 rows 0.99 to 1.06x the VNNI build's time (none faster), 16 rows 0.92x, a prefill 0.86x.
-constexpr int64_t KQ_AMX_MIN_ROWS = 9;
+// ... and a K-quant's (Q4_K, Q5_K, Q5_0, Q5_1; Q6_K stays on VNNI), whose tiles take whole tiles of 8 rows and leave
+// the rest to the VNNI build: each block is unpacked into a B tile, which pays only on many rows. Alternated in one
+// process on an Intel Xeon (scripts/amx_bench.py, the 1B Q4_K_M shape, context 256), whole passes on AMX over VNNI:
+// 5, 6 and 8 rows 0.99 to 1.06x (none faster), 9 rows (a tile and a row alone on AMX) 1.13x, 16 rows 0.92 and 0.94x,
+// 64 rows 0.89x, prefills of 128 and 512 tokens 0.85x.
+constexpr int64_t KQ_AMX_MIN_ROWS = 16;
 
 // The layout decides the arithmetic: row layout -> exact, interleaved -> q8.
 void matmul(const float* x, const QMatrix& W, float* y, int64_t M);
