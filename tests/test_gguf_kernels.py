@@ -200,22 +200,27 @@ def test_the_amx_tiles_give_the_vnni_builds_bits(kernels, kind):
         pytest.skip("this CPU has no AMX-INT8 (or the kernel does not grant it)")
     x = torch.randn(40, 256, generator=torch.Generator().manual_seed(12)) * 3
     x[3, :32] = 0.0  # an all-zero block
-    threads = torch.get_num_threads()
     for n in (48, 37, 13, 400):  # 6 groups: 2 pairs + 1; 5: 2 pairs + a group alone; 2 groups, 13 live rows; split
         qm = kernels.QMatrix(*planes([random_qtensor(kind, n, 256, seed=40)], True, 16, paired=True))
-        rows = list(range(1, 20)) + [40]
-        before = kernels.set_isa("vnni")
-        try:
-            want = [kernels.gemm_gguf(x[:m], qm) for m in rows]
-            kernels.set_isa("amx")
-            got = [kernels.gemm_gguf(x[:m], qm) for m in rows]
-            torch.set_num_threads(1)
-            alone = [kernels.gemm_gguf(x[:m], qm) for m in rows]
-        finally:
-            torch.set_num_threads(threads)
-            kernels.set_isa(before)
-        for m, g, a, w in zip(rows, got, alone, want):
-            assert torch.equal(g, w) and torch.equal(a, w), f"{n} x {m}"
+        amx_gives_vnnis_bits(kernels, qm, x, list(range(1, 20)) + [40], f"{kind} {n}")
+
+
+def amx_gives_vnnis_bits(kernels, qm, x: torch.Tensor, rows: list[int], what: str) -> None:
+    """qm's products of x's first m rows, for each m in rows: on AMX (both threads, and one alone) the VNNI build's
+    bits."""
+    threads = torch.get_num_threads()
+    before = kernels.set_isa("vnni")
+    try:
+        want = [kernels.gemm_gguf(x[:m], qm) for m in rows]
+        kernels.set_isa("amx")
+        got = [kernels.gemm_gguf(x[:m], qm) for m in rows]
+        torch.set_num_threads(1)
+        alone = [kernels.gemm_gguf(x[:m], qm) for m in rows]
+    finally:
+        torch.set_num_threads(threads)
+        kernels.set_isa(before)
+    for m, g, a, w in zip(rows, got, alone, want):
+        assert torch.equal(g, w) and torch.equal(a, w), f"{what} x {m}"
 
 
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])

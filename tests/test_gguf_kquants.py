@@ -16,6 +16,7 @@ from specdec.errors import SpecdecError
 from specdec.models import gguf_blocks
 from specdec.models.gguf_weights import QTensor, dequantize, qmatrix
 from tests.test_gguf_kernels import (  # noqa: F401 (fixtures)
+    amx_gives_vnnis_bits,
     computes_the_definition,
     int_reference,
     isa,
@@ -126,22 +127,9 @@ def test_the_amx_tiles_give_the_vnni_builds_bits(kernels, kind):  # noqa: F811
         pytest.skip("this CPU has no AMX-INT8 (or the kernel does not grant it)")
     x = torch.randn(40, 512, generator=torch.Generator().manual_seed(12)) * 3
     x[3, :32] = 0.0  # an all-zero block
-    threads = torch.get_num_threads()
-    rows = list(range(1, 25)) + [40]
     for n in (48, 37, 13, 200):  # 3 pairs; 2 pairs + a group alone; 13 live rows in a pair; split between threads
         qm = qmatrix(kernels, [random_blocks(kind, n, 512, seed=40)], True, 16, True)
-        before = kernels.set_isa("vnni")
-        try:
-            want = [kernels.gemm_gguf(x[:m], qm) for m in rows]
-            kernels.set_isa("amx")
-            got = [kernels.gemm_gguf(x[:m], qm) for m in rows]
-            torch.set_num_threads(1)
-            alone = [kernels.gemm_gguf(x[:m], qm) for m in rows]
-        finally:
-            torch.set_num_threads(threads)
-            kernels.set_isa(before)
-        for m, g, a, w in zip(rows, got, alone, want):
-            assert torch.equal(g, w) and torch.equal(a, w), f"{kind} {n} x {m}"
+        amx_gives_vnnis_bits(kernels, qm, x, list(range(1, 25)) + [40], f"{kind} {n}")
 
 
 def test_a_split_product_is_the_whole_product(kernels):  # noqa: F811
