@@ -3,8 +3,9 @@
     .venv/bin/python scripts/amx_bench.py [--model default|FILE.gguf] [--context 512] [--rows 2,4,5,6,8,16,64]
         [--reps 20] [--prefill 432,1000]
 
-On the bundled model or --model (gguf-q16, weights in pairs of groups, the layout both builds read), alternating the two builds
-(`set_isa("vnni")` and `set_isa("amx")`, the order flipped every repetition so that drift falls on both alike):
+On the bundled model or --model (gguf-q16, weights in pairs of groups, the layout both builds read), alternating
+the two builds (`set_isa("vnni")` and `set_isa("amx")`, the order flipped every repetition so that drift falls on
+both alike):
 1. each product's shape alone (layer 0's qkv, o, gate_up and down, and the 8-bit LM head) at each number of rows,
    every thread as in a pass, with the results checked bit-identical;
 2. whole passes of those rows at context 512, logits checked bit-identical;

@@ -1,6 +1,7 @@
 """A verify pass against its own arithmetic: how cheap an R-row pass could be if no byte waited on memory.
 
-    .venv/bin/python scripts/verify_floor.py [--model default|FILE.gguf] [--precision gguf-q16] [--rows 6] [--context 512] [--reps 40]
+    .venv/bin/python scripts/verify_floor.py [--model default|FILE.gguf] [--precision gguf-q16] [--rows 6]
+        [--context 512] [--reps 40]
 
 In one process, alternating, on the bundled model (or --model) at a context of --context positions:
 - `1-row` and `R-row`: passes of the whole model, their weights streamed from memory as in decoding;
