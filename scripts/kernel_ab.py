@@ -1,14 +1,14 @@
 """The native kernels of a git revision against the working tree's, side by side in one process.
 
-    .venv/bin/python scripts/kernel_ab.py [--rev HEAD~1] [--precision gguf-q16] [--rows 1,2,4,6,8] [--context 512]
-                                          [--reps 60]
+    .venv/bin/python scripts/kernel_ab.py [--rev HEAD~1] [--model default|FILE.gguf] [--precision gguf-q16]
+                                          [--rows 1,2,4,6,8] [--context 512] [--reps 60]
 
 Builds `specdec/kernels/` as it is at --rev (a module of its own, cached under the specdec cache like the
-working tree's build), loads the bundled model once on each build, checks that every pass's logits are bit for bit
-the same on both, then alternates passes (the order flipped every repetition, so drift falls on both alike) and
-prints per number of rows the median time of each and their ratio, and each build's cost of a pass in one-row
-passes. Python stays the working tree's: a revision whose kernel refuses a layout the working tree asks for (8-bit
-weights in pairs, before they had them) gets its matrices in the layout it had then.
+working tree's build), loads the bundled model (or --model) once on each build, checks that every pass's logits
+are bit for bit the same on both, then alternates passes (the order flipped every repetition, so drift falls on
+both alike) and prints per number of rows the median time of each and their ratio, and each build's cost of a pass
+in one-row passes. Python stays the working tree's: a revision whose kernel refuses a layout the working tree asks
+for (8-bit weights in pairs, before they had them) gets its matrices in the layout it had then.
 """
 
 from __future__ import annotations
@@ -50,19 +50,20 @@ def build_at(rev: str):
     return kernels_pkg.compile_module(f"specdec_ab_{digest}", [src / n for n in roots], src)
 
 
-def load_on(module, precision: str):
-    """The bundled model on `module`'s kernels; 8-bit matrices unpaired if that build refuses them in pairs."""
+def load_on(module, precision: str, model: str = "default"):
+    """The model (the bundled one by default) on `module`'s kernels; 8-bit matrices unpaired if that build refuses
+    them in pairs."""
     qmatrix = transformer.qmatrix
     kernels_pkg.decode_kernels = lambda: module
     try:
         try:
-            return load_model("default", precision).model
+            return load_model(model, precision).model
         except SpecdecError as e:  # the loader's wrapping of the kernel's refusal
             if "stored in pairs" not in str(e):
                 raise
             transformer.qmatrix = lambda kernels, parts, inter, act=8, paired=False, put=(lambda t: t): qmatrix(
                 kernels, parts, inter, act, paired and parts[0].kind != "Q8_0", put)
-            return load_model("default", precision).model
+            return load_model(model, precision).model
     finally:
         transformer.qmatrix = qmatrix
 
@@ -70,6 +71,7 @@ def load_on(module, precision: str):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rev", default="HEAD~1")
+    ap.add_argument("--model", default="default", help="the bundled model, or a .gguf (a synth-gguf shape, say)")
     ap.add_argument("--precision", default="gguf-q16")
     ap.add_argument("--rows", type=row_counts, default="1,2,4,6,8")
     ap.add_argument("--context", type=int, default=512)
@@ -105,7 +107,7 @@ def compare(args) -> int:
     except subprocess.CalledProcessError as e:
         print(f"kernel_ab: cannot read the kernels at {args.rev}: {e.stderr.decode().strip()}", file=sys.stderr)
         return 2
-    models = {"rev": load_on(then, args.precision), "tree": load_on(here, args.precision)}
+    models = {"rev": load_on(then, args.precision, args.model), "tree": load_on(here, args.precision, args.model)}
     vocab, limit = models["tree"].cfg.vocab_size, models["tree"].cfg.max_position_embeddings
     if args.context + max(rows) > limit:
         raise SpecdecError(f"context {args.context} + {max(rows)} rows exceeds the model's {limit} positions")
