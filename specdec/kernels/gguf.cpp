@@ -314,8 +314,8 @@ constexpr int64_t AMX_MIN_ROWS = 5;
 // ... and a K-quant's (Q4_K, Q5_K, Q5_0, Q5_1; Q6_K stays on VNNI), whose tiles take whole tiles of 8 rows and leave
 // the rest to the VNNI build: each block is unpacked into a B tile, which pays only on many rows. Alternated in one
 // process on an Intel Xeon (scripts/amx_bench.py, the 1B Q4_K_M shape, context 256), whole passes on AMX over VNNI:
-// 5, 6 and 8 rows 0.99 to 1.06x (none faster), 9 rows (a tile and a row alone on AMX) 1.13x, 16 rows 0.92 and 0.94x,
-// 64 rows 0.89x, prefills of 128 and 512 tokens 0.85x.
+// 5, 6 and 8 rows 0.99 to 1.06x (none faster), 9 rows (a tile and a row alone on AMX) 1.13x, 16 rows 0.92 to 0.94x,
+// 64 rows 0.89 and 0.90x, prefills of 128 and 512 tokens 0.85 to 0.87x (docs/results/amx-kquants.md).
 constexpr int64_t KQ_AMX_MIN_ROWS = 16;
 
 // The layout decides the arithmetic: row layout -> exact, interleaved -> q8.
