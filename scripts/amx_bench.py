@@ -52,8 +52,8 @@ def main() -> int:
     args = ap.parse_args()
     try:
         rows, lengths = parse_ints(args.rows, "--rows"), parse_ints(args.prefill, "--prefill")
-        if args.reps < 1:
-            raise SpecdecError(f"--reps must be at least 1, not {args.reps}")
+        if args.reps < 1 or args.context < 1:
+            raise SpecdecError(f"--reps and --context must be at least 1, not {args.reps} and {args.context}")
         return measure(rows, lengths, args.reps, args.model, args.context)
     except SpecdecError as e:
         print(f"amx_bench: {e}", file=sys.stderr)

@@ -357,7 +357,7 @@ void matmul(const float* x, const QMatrix& W, float* y, int64_t M) {
     const int64_t g0 = u0 * unit, g1 = std::min(W.G, u1 * unit);  // groups of weight rows for this thread
     if (g0 >= g1) return;
     if (W.kq()) {
-      if (q16 && use_amx && W.paired && M >= KQ_AMX_MIN_ROWS && amx::kq_amx_takes(W)) amx::kq_amx_rows(a, W, y, g0, g1);
+      if (q16 && use_amx && W.paired && M >= KQ_AMX_MIN_ROWS) amx::kq_amx_rows(a, W, y, g0, g1);
       else if (q16) use_vnni ? vnni::kq_rows<true>(a, W, y, g0, g1) : avx2::kq_rows<true>(a, W, y, g0, g1);
       else use_vnni ? vnni::kq_rows<false>(a, W, y, g0, g1) : avx2::kq_rows<false>(a, W, y, g0, g1);
     } else if (q16 && use_amx && W.paired && M >= AMX_MIN_ROWS) amx::amx_rows(a, W, y, g0, g1);

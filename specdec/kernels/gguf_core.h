@@ -113,8 +113,7 @@ namespace vnni { SPECDEC_GGUF_BUILD }
   template void kq_rows<false>(const Q8Rows&, const QView&, float*, int64_t, int64_t);
 namespace amx {
 void amx_rows(const Q8Rows& a, const QView& W, float* y, int64_t g0, int64_t g1);
-bool kq_amx_takes(const QView& W);  // the K-quant types AMX runs (not Q6_K)
-void kq_amx_rows(const Q8Rows& a, const QView& W, float* y, int64_t g0, int64_t g1);
+void kq_amx_rows(const Q8Rows& a, const QView& W, float* y, int64_t g0, int64_t g1);  // Q6_K: VNNI's
 }
 
 }  // namespace specdec::gguf
