@@ -1,5 +1,5 @@
 """Gemma 3 270M (Q4_K_M GGUF) decoding, side by side in one run: fp16 (the torch path on the dequantized weights),
-gguf-q16 (the same torch glue, products on the file's own blocks) and llama.cpp on the same file; n-gram
+gguf-q16 (the native blocks on the file's own blocks) and llama.cpp on the same file; n-gram
 speculation on gguf-q16; where a gguf-q16 (and an fp16) one-token pass spends its time; and the memory floor (the
 weights a token reads over this machine's read bandwidth).
 
@@ -72,13 +72,36 @@ def llamacpp_run(worker, ids: list[int], n: int, k: int | None = None) -> tuple[
     return (len(r["tokens"]) - 1) / max(r["seconds"] - r["ttft_s"], 1e-9), r["tokens"]
 
 
+class TimedKernels:
+    """The native kernels, with the call that runs every block and the LM head's product timed into `spent`."""
+
+    TIMED = {"decode_stack_gguf": "blocks", "gemm_gguf": "head"}
+
+    def __init__(self, kernels, spent: dict):
+        self.kernels, self.spent = kernels, spent
+
+    def __getattr__(self, name):
+        f = getattr(self.kernels, name)
+        if name not in self.TIMED:
+            return f
+
+        def call(*a, **kw):
+            t0 = time.perf_counter()
+            y = f(*a, **kw)
+            self.spent[self.TIMED[name]] += time.perf_counter() - t0
+            return y
+        return call
+
+
 def time_split(model, ids: list[int], steps: int) -> dict:
-    """Milliseconds per one-token pass (prompt prefilled, then `steps` passes): the whole pass, the products inside
-    the blocks, the LM head, attention (transformer.attend_decode, windowed), and the rest (norms, q/k norms, RoPE,
-    the cache writes, GeGLU, residuals: the rest of the torch glue)."""
+    """Milliseconds per one-token pass (prompt prefilled, then `steps` passes): the whole pass, the blocks, the LM
+    head, and the rest. On the torch path (fp16) the blocks are their products, attention (transformer.attend_decode,
+    windowed) is apart, and the rest is the torch glue (norms, q/k norms, RoPE, the cache writes, GeGLU, residuals);
+    on the native path (gguf-q16) the blocks are the one call that runs them whole, attention included."""
     import specdec.models.gemma3 as gemma3
 
     spent = {"blocks": 0.0, "head": 0.0, "attention": 0.0}
+    native = model.kernels
     originals = {cls: cls.__call__ for cls in (Linear, GgufLinear)}
     attend = gemma3.attend_decode
 
@@ -102,6 +125,8 @@ def time_split(model, ids: list[int], steps: int) -> dict:
     for cls in originals:
         cls.__call__ = timed(cls)
     gemma3.attend_decode = timed_attention
+    if native is not None:
+        model.kernels = TimedKernels(native, spent)
     try:
         t0 = time.perf_counter()
         for i in range(steps):
@@ -111,6 +136,9 @@ def time_split(model, ids: list[int], steps: int) -> dict:
         for cls, call in originals.items():
             cls.__call__ = call
         gemma3.attend_decode = attend
+        model.kernels = native
+    if native is not None:
+        del spent["attention"]  # inside the blocks' call
     ms = {k: 1e3 * v / steps for k, v in spent.items()}
     ms["pass"] = 1e3 * total / steps
     ms["rest"] = ms["pass"] - sum(1e3 * v / steps for v in spent.values())

@@ -236,12 +236,13 @@ void values_tiles(const float* const* e, const int64_t* n, int64_t nq, const at:
 }
 
 // exp(s - max) over the first n scores in place (the rest of the 8-lane group zeroed); returns the max and the
-// sum, accumulated in ascending groups of 8 and then across lanes. With AVX-512 the exponentials of whole groups of
+// sum, accumulated in ascending groups of 8 and then across lanes. Scores before `lo` (keys left of a sliding
+// window) become 0 and count in neither the max nor the sum. With AVX-512 the exponentials of whole groups of
 // 16 come from exp512, with the same bits and sums; alternated per pass on gguf-q16 at 2,048 positions, a 6-row pass
 // took 0.95x the time (1 row 0.99x; at 512 positions no change).
-void softmax_part(float* s, int64_t n, float* mx_out, float* sum_out) {
+void softmax_part(float* s, int64_t lo, int64_t n, float* mx_out, float* sum_out) {
   __m256 m8 = _mm256_set1_ps(-INFINITY);  // the max is exact, so its order does not matter
-  int64_t j0 = 0;
+  int64_t j0 = lo;
   for (; j0 + 8 <= n; j0 += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(s + j0));
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, m8);
@@ -250,17 +251,18 @@ void softmax_part(float* s, int64_t n, float* mx_out, float* sum_out) {
   for (; j0 < n; ++j0) mx = std::max(mx, s[j0]);
   const __m256 mxv = _mm256_set1_ps(mx);
   __m256 acc = _mm256_setzero_ps();
-  int64_t j = 0;
-  if (wide) {
+  int64_t j = lo / KB * KB;  // from the first key block the values read: every score they weigh is set here
+  if (wide && lo == 0) {  // the same bits as the loop below
     j = n / 16 * 16;
     acc = exp_sum16(s, j, mx, acc);
   }
   for (; j < n; j += 8) {
     __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s + j), mxv));
-    if (j + 8 > n) {
+    if (j + 8 > n || j < lo) {
       alignas(32) float tmp[8];
       _mm256_store_ps(tmp, e);
-      for (int64_t t = n - j; t < 8; ++t) tmp[t] = 0.f;
+      for (int64_t t = 0; t < 8; ++t)
+        if (j + t >= n || j + t < lo) tmp[t] = 0.f;
       e = _mm256_load_ps(tmp);
     }
     _mm256_storeu_ps(s + j, e);
@@ -283,10 +285,17 @@ void store_kv(const float* k, const float* v, at::Half* kc, at::Half* vc, int64_
 }
 
 // q: row r's query head h at qkv + r * qstride + h * d. slot/pos [R]: a slot's rows are contiguous. out [R, hq*d].
+// Scores are scaled by `scale`. window > 0: the query at position p sees the keys in (p - window, p] (Gemma 3's
+// sliding layers), its own position's alone deciding which: partitions and key blocks wholly left of the window are
+// skipped, and the keys left of it in the first block it reads weigh 0.
 void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int64_t* pos, int64_t R,
-               const at::Half* kc, const at::Half* vc, int64_t hq, int64_t hk, int64_t cap, int64_t d, float* out) {
+               const at::Half* kc, const at::Half* vc, int64_t hq, int64_t hk, int64_t cap, int64_t d, float scale,
+               int64_t window, float* out) {
   const int64_t group = hq / hk, nblk = cap / KB, stride = d + 2;
-  const float scale = 1.0f / std::sqrt(float(d));
+  std::vector<int64_t> low(R);  // row r's first visible key
+  for (int64_t r = 0; r < R; ++r) low[r] = window > 0 ? std::max<int64_t>(0, pos[r] - window + 1) : 0;
+  // whether row r sees a key in [k0, k0 + n)
+  const auto sees = [&](int64_t r, int64_t k0, int64_t n) { return pos[r] >= k0 && low[r] < k0 + n; };
   int64_t parts = 1;
   std::vector<Unit> units;
   for (int64_t a0 = 0; a0 < R;) {
@@ -298,7 +307,7 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
         for (int64_t r0 = a0; r0 < a1; r0 += ROWS) {
           const int64_t r1 = std::min(a1, r0 + ROWS);
           bool any = false;
-          for (int64_t r = r0; r < r1; ++r) any |= pos[r] >= part * SPLIT;
+          for (int64_t r = r0; r < r1; ++r) any |= sees(r, part * SPLIT, SPLIT);
           if (any) units.push_back({slot[a0], g, part, r0, r1});
         }
     a0 = a1;
@@ -311,7 +320,9 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
   for (size_t u = 0; u < units.size(); ++u) {
     const Unit& w = units[u];
     int64_t keys = 16;  // a unit's fixed cost, in keys
-    for (int64_t r = w.r0; r < w.r1; ++r) keys += std::clamp<int64_t>(pos[r] + 1 - w.part * SPLIT, 0, SPLIT);
+    for (int64_t r = w.r0; r < w.r1; ++r)
+      if (sees(r, w.part * SPLIT, SPLIT))
+        keys += std::min(pos[r] + 1, (w.part + 1) * SPLIT) - std::max(low[r], w.part * SPLIT);
     cost[u + 1] = cost[u] + keys;
   }
   const int64_t T = std::clamp<int64_t>(at::get_num_threads(), 1, std::max<int64_t>(1, units.size()));
@@ -341,8 +352,12 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
     for (int64_t u = u0; u < u1; ++u) {
       const Unit& w = units[u];
       const int64_t a = w.part * SPLIT;
-      int64_t hi = a;
-      for (int64_t r = w.r0; r < w.r1; ++r) hi = std::max(hi, std::min(a + SPLIT, pos[r] + 1));
+      int64_t hi = a, first = a + SPLIT;  // keys [first, hi) of the partition are read, whole blocks from first's
+      for (int64_t r = w.r0; r < w.r1; ++r)
+        if (sees(r, a, SPLIT)) {
+          hi = std::max(hi, std::min(a + SPLIT, pos[r] + 1));
+          first = std::min(first, std::max(a, low[r]) / KB * KB);
+        }
       const at::Half* kbase = kc + (w.slot * hk + w.g) * nblk * d * KB;
       const at::Half* vbase = vc + (w.slot * hk + w.g) * cap * d;
       std::fill(acc.begin(), acc.begin() + (w.r1 - w.r0) * group * d, 0.f);
@@ -350,7 +365,7 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
       auto gather = [&](int64_t key0, int64_t nk) {
         int64_t nq = 0;
         for (int64_t r = w.r0; r < w.r1; ++r) {
-          if (pos[r] < key0) continue;
+          if (!sees(r, key0, KB)) continue;
           for (int64_t h = 0; h < group; ++h, ++nq) {
             const int64_t i = (r - w.r0) * group + h;
             qp[nq] = qkv + r * qstride + (w.g * group + h) * d;
@@ -361,25 +376,25 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
         }
         return nq;
       };
-      for (int64_t key0 = a; key0 < hi; key0 += KB) {  // scores, block by block
+      for (int64_t key0 = first; key0 < hi; key0 += KB) {  // scores, block by block
         const int64_t nq = gather(key0, KB);
         scores_tiles(qp.data(), nq, kbase + (key0 / KB) * d * KB, d, scale, sp.data());
       }
       for (int64_t r = w.r0; r < w.r1; ++r) {
-        if (pos[r] < a) continue;
-        const int64_t n = std::min(a + SPLIT, pos[r] + 1) - a;
+        if (!sees(r, a, SPLIT)) continue;
+        const int64_t n = std::min(a + SPLIT, pos[r] + 1) - a, lo = std::max<int64_t>(0, low[r] - a);
         for (int64_t h = 0; h < group; ++h) {
           float* dst = partial.data() + ((r * hq + w.g * group + h) * parts + w.part) * stride;
-          softmax_part(s.data() + ((r - w.r0) * group + h) * SPLIT, n, dst, dst + 1);
+          softmax_part(s.data() + ((r - w.r0) * group + h) * SPLIT, lo, n, dst, dst + 1);
         }
       }
-      for (int64_t key0 = a; key0 < hi; key0 += KB) {  // values, block by block
+      for (int64_t key0 = first; key0 < hi; key0 += KB) {  // values, block by block
         const int64_t nk = std::min(KB, hi - key0);
         const int64_t nq = gather(key0, nk);
         values_tiles(sp.data(), nv.data(), nq, vbase + key0 * d, d, ap.data());
       }
       for (int64_t r = w.r0; r < w.r1; ++r) {
-        if (pos[r] < a) continue;
+        if (!sees(r, a, SPLIT)) continue;
         for (int64_t h = 0; h < group; ++h) {
           float* dst = partial.data() + ((r * hq + w.g * group + h) * parts + w.part) * stride;
           std::copy_n(acc.data() + ((r - w.r0) * group + h) * d, d, dst + 2);
@@ -390,14 +405,14 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
 
   at::parallel_for(0, R * hq, 64, [&](int64_t t0, int64_t t1) {  // merge the partitions, in ascending order
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r = t / hq, np = pos[r] / SPLIT + 1;
+      const int64_t r = t / hq, p0 = low[r] / SPLIT, np = pos[r] / SPLIT + 1;  // the partitions it sees
       const float* p = partial.data() + t * parts * stride;
       float mx = -INFINITY;
-      for (int64_t i = 0; i < np; ++i) mx = std::max(mx, p[i * stride]);
+      for (int64_t i = p0; i < np; ++i) mx = std::max(mx, p[i * stride]);
       float den = 0.f;
       float* o = out + t * d;
       for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(o + c, _mm256_setzero_ps());
-      for (int64_t i = 0; i < np; ++i) {
+      for (int64_t i = p0; i < np; ++i) {
         const float wgt = std::exp(p[i * stride] - mx);
         den += p[i * stride + 1] * wgt;
         const __m256 wv = _mm256_set1_ps(wgt);

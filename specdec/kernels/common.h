@@ -136,16 +136,28 @@ bool cpu_has_avx512();
 void store_kv(const float* k, const float* v, at::Half* kc, at::Half* vc, int64_t slot, int64_t g, int64_t p,
               int64_t hk, int64_t cap, int64_t d);
 void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int64_t* pos, int64_t R,
-               const at::Half* kc, const at::Half* vc, int64_t hq, int64_t hk, int64_t cap, int64_t d, float* out);
+               const at::Half* kc, const at::Half* vc, int64_t hq, int64_t hk, int64_t cap, int64_t d, float scale,
+               int64_t window, float* out);
 
 #ifndef SPECDEC_LIGHT
 // decode_f16.cpp: the parts of a decoder block that do not depend on how its weights are stored.
 enum Product { QKV = 0, O = 1, GATE_UP = 2, DOWN = 3 };
 // y [M, N] = x [M, K] . W^T for the block's product `which` (N and K are the weights').
 using LinearFn = std::function<void(int which, const float* x, float* y, int64_t M)>;
+// What a Gemma 3 block adds to a Llama one (models/gemma3.py); the defaults are a Llama block. Norm weights are
+// the multipliers themselves (Gemma's 1 + w, stored so).
+struct BlockVariant {
+  const float* q_norm = nullptr;          // [d]: an RMSNorm on each query head before RoPE
+  const float* k_norm = nullptr;          // [d]: and on each key head
+  const float* post_attn_norm = nullptr;  // [H]: on the attention output, before its residual add
+  const float* post_ff_norm = nullptr;    // [H]: on the MLP output, before its residual add
+  bool gelu = false;                      // GELU (tanh approximation) of the gate, not SiLU
+  float scale = 0.f;                      // the attention scores' scale; 0: head_dim^-1/2
+  int64_t window = 0;                     // a query sees this many keys, its own included; 0: all before it
+};
 void decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1, torch::Tensor norm2,
                    int64_t inter, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor cos, torch::Tensor sin,
-                   int64_t hq, int64_t hk, double eps, const LinearFn& lin);
+                   int64_t hq, int64_t hk, double eps, const LinearFn& lin, const BlockVariant& variant = {});
 void rms_norm_rows(const float* x, const float* w, float* out, int64_t R, int64_t H, float eps);
 void f32_slab(const float* x, const float* w, const float* bias, float* y, int64_t M, int64_t N, int64_t K,
               int64_t s0, int64_t s1);

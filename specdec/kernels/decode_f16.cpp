@@ -193,15 +193,21 @@ torch::Tensor gemv_f16(torch::Tensor x, torch::Tensor w, c10::optional<torch::Te
 // Every step is per row (or per query) with a fixed order of operations, so a row's result does not depend
 // on the other rows: the pass over k+1 tokens gives bit for bit what k+1 one-token passes give.
 
+namespace {
+
+// One row of H values (a multiple of 8); out may be x.
+inline void norm_row(const float* x, const float* w, float* out, int64_t H, float eps) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < H; i += 8) { __m256 v = _mm256_loadu_ps(x + i); acc = _mm256_fmadd_ps(v, v, acc); }
+  const float inv = 1.0f / std::sqrt(hsum(acc) / float(H) + eps);
+  for (int64_t i = 0; i < H; ++i) out[i] = w[i] * (x[i] * inv);
+}
+
+}  // namespace
+
 void specdec::rms_norm_rows(const float* x, const float* w, float* out, int64_t R, int64_t H, float eps) {
   over_rows(R, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * H;
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t i = 0; i < H; i += 8) { __m256 v = _mm256_loadu_ps(xr + i); acc = _mm256_fmadd_ps(v, v, acc); }
-      const float inv = 1.0f / std::sqrt(hsum(acc) / float(H) + eps);
-      for (int64_t i = 0; i < H; ++i) out[r * H + i] = w[i] * (xr[i] * inv);
-    }
+    for (int64_t r = r0; r < r1; ++r) norm_row(x + r * H, w, out + r * H, H, eps);
   });
 }
 
@@ -224,7 +230,7 @@ inline void rope(float* v, const float* cos, const float* sin, int64_t d) {
 void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1,
                             torch::Tensor norm2, int64_t inter, torch::Tensor k_cache, torch::Tensor v_cache,
                             torch::Tensor cos, torch::Tensor sin, int64_t hq, int64_t hk, double eps,
-                            const LinearFn& lin) {
+                            const LinearFn& lin, const BlockVariant& variant) {
   TORCH_CHECK(x.is_contiguous() && x.dtype() == torch::kFloat32, "x: contiguous float32");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(k_cache.dtype() == torch::kHalf && v_cache.dtype() == torch::kHalf, "caches must be float16");
@@ -263,6 +269,8 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
 
   rms_norm_rows(xp, norm1.data_ptr<float>(), hp, R, H, float(eps));
   lin(QKV, hp, qp, R);
+  const float* q_norm = variant.q_norm;
+  const float* k_norm = variant.k_norm;
   // Rotate q and k; write k and v (fp16) at their positions. An item is a key head with all of its rows (rotated,
   // stored), then one row's query head. A key block holds 32 positions of a dim in each cache line, so two threads
   // storing neighbouring rows of one head wrote the same lines: split by row, this step took 0.39 ms of a 6-row
@@ -273,17 +281,21 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
       if (i < hk) {
         for (int64_t r = 0; r < R; ++r) {
           float* row = qp + r * qkv_n;
+          if (k_norm) norm_row(row + (hq + i) * d, k_norm, row + (hq + i) * d, d, float(eps));
           rope(row + (hq + i) * d, cp + pp[r] * d, sp + pp[r] * d, d);
           specdec::store_kv(row + (hq + i) * d, row + (hq + hk + i) * d, kc, vc, sl[r], i, pp[r], hk, cap, d);
         }
       } else {
         const int64_t r = (i - hk) / hq, h = (i - hk) % hq;
+        if (q_norm) norm_row(qp + r * qkv_n + h * d, q_norm, qp + r * qkv_n + h * d, d, float(eps));
         rope(qp + r * qkv_n + h * d, cp + pp[r] * d, sp + pp[r] * d, d);
       }
     }
   });
-  specdec::attention(qp, qkv_n, sl, pp, R, kc, vc, hq, hk, cap, d, ap);
+  const float scale = variant.scale > 0.f ? variant.scale : 1.0f / std::sqrt(float(d));
+  specdec::attention(qp, qkv_n, sl, pp, R, kc, vc, hq, hk, cap, d, scale, variant.window, ap);
   lin(O, ap, o, R);
+  if (variant.post_attn_norm) rms_norm_rows(o, variant.post_attn_norm, o, R, H, float(eps));
   const float* op = o;
   const auto add_residual = [&](int64_t r0, int64_t r1) {
     for (int64_t i = r0 * H; i < r1 * H; ++i) xp[i] += op[i];
@@ -292,17 +304,23 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
   rms_norm_rows(xp, norm2.data_ptr<float>(), hp, R, H, float(eps));
   lin(GATE_UP, hp, gp, R);
   const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+  // GELU's tanh form is gate * sigmoid(2u), u = sqrt(2 / pi) (gate + 0.044715 gate^3): the sigmoid of SiLU's
+  // loop at gate (c1 + c3 gate^2) instead of gate
+  const __m256 c1 = _mm256_set1_ps(1.5957691216057308f), c3 = _mm256_set1_ps(0.07135481627260025f);
+  const bool gelu = variant.gelu;
   const int64_t vecs = inter / 8;  // an item is 8 of a row's values
   over_items(R * vecs, 2 * vecs, [&](int64_t i0, int64_t i1) {
-    for (int64_t v = i0; v < i1; ++v) {  // silu(gate) * up
+    for (int64_t v = i0; v < i1; ++v) {  // silu(gate) * up, or gelu(gate) * up
       const int64_t r = v / vecs, i = v % vecs * 8;
       const __m256 gate = _mm256_loadu_ps(gp + r * 2 * inter + i);
       const __m256 up = _mm256_loadu_ps(gp + r * 2 * inter + inter + i);
-      const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, gate))));
+      const __m256 arg = gelu ? _mm256_mul_ps(gate, _mm256_fmadd_ps(c3, _mm256_mul_ps(gate, gate), c1)) : gate;
+      const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, arg))));
       _mm256_storeu_ps(actp + r * inter + i, _mm256_mul_ps(_mm256_mul_ps(gate, sig), up));
     }
   });
   lin(DOWN, actp, o, R);
+  if (variant.post_ff_norm) rms_norm_rows(o, variant.post_ff_norm, o, R, H, float(eps));
   over_rows(R, add_residual);
 }
 

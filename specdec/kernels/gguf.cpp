@@ -376,12 +376,11 @@ torch::Tensor gemm_gguf(torch::Tensor x, const QMatrix& W) {
 }
 
 // qkv_bias: Qwen2's biases on q, k and v, fp32 [qkv.N], added to each row's product (one add a value: rows stay
-// independent).
-void decode_block_gguf(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1,
-                       const QMatrix& qkv, const QMatrix& o, torch::Tensor norm2, const QMatrix& gate_up,
-                       const QMatrix& down, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor cos,
-                       torch::Tensor sin, int64_t hq, int64_t hk, double eps,
-                       c10::optional<torch::Tensor> qkv_bias) {
+// independent). variant: a Gemma 3 block's additions (common.h).
+void block_gguf(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1, const QMatrix& qkv,
+                const QMatrix& o, torch::Tensor norm2, const QMatrix& gate_up, const QMatrix& down,
+                torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor cos, torch::Tensor sin, int64_t hq,
+                int64_t hk, double eps, c10::optional<torch::Tensor> qkv_bias, const specdec::BlockVariant& variant) {
   const QMatrix* w[4] = {&qkv, &o, &gate_up, &down};
   const int64_t H = x.size(1);
   TORCH_CHECK(qkv.K == H && gate_up.K == H && o.N == H && down.N == H && gate_up.N == 2 * down.K,
@@ -398,31 +397,72 @@ void decode_block_gguf(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, t
                            if (which == specdec::QKV && bias != nullptr)
                              for (int64_t r = 0; r < M; ++r)
                                for (int64_t j = 0; j < qkv.N; ++j) out[r * qkv.N + j] += bias[j];
-                         });
+                         }, variant);
+}
+
+void decode_block_gguf(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1,
+                       const QMatrix& qkv, const QMatrix& o, torch::Tensor norm2, const QMatrix& gate_up,
+                       const QMatrix& down, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor cos,
+                       torch::Tensor sin, int64_t hq, int64_t hk, double eps,
+                       c10::optional<torch::Tensor> qkv_bias) {
+  block_gguf(x, slot, pos, norm1, qkv, o, norm2, gate_up, down, k_cache, v_cache, cos, sin, hq, hk, eps, qkv_bias, {});
 }
 
 // The decoder blocks of a model on GGUF blocks, held once so that a pass crosses from Python to C++ once: looping
 // over the blocks in Python, a pass paid 30 calls of 15 arguments each (one call instead: a one-row pass 0.98x the
 // time, alternated in one process). Each entry is a block's (norm1, qkv, o, norm2, gate_up, down), as
-// decode_block_gguf takes them; the Python objects are kept alive with it.
+// decode_block_gguf takes them, then optionally Qwen2's qkv_bias (or None) and a Gemma 3 block's additions:
+// (q_norm, k_norm, post_attention_norm, post_feedforward_norm, scale, window, cos, sin), the last two this layer's
+// RoPE tables (Gemma's sliding and global layers have different bases). The Python objects are kept alive with it.
 struct GgufStack {
   std::vector<torch::Tensor> norm1, norm2;
   std::vector<c10::optional<torch::Tensor>> bias;
   std::vector<const QMatrix*> qkv, o, gate_up, down;
+  std::vector<specdec::BlockVariant> variant;
+  std::vector<c10::optional<torch::Tensor>> cos, sin;  // a layer's own tables, where it has them
   pybind11::list keep;
   explicit GgufStack(const pybind11::list& blocks) : keep(blocks) {
     for (const auto& item : blocks) {
       const auto t = item.cast<pybind11::tuple>();
-      TORCH_CHECK(t.size() == 6 || t.size() == 7, "a block is (norm1, qkv, o, norm2, gate_up, down[, qkv_bias])");
+      TORCH_CHECK(t.size() >= 6 && t.size() <= 8,
+                  "a block is (norm1, qkv, o, norm2, gate_up, down[, qkv_bias[, gemma]])");
       norm1.push_back(t[0].cast<torch::Tensor>());
       qkv.push_back(&t[1].cast<const QMatrix&>());
       o.push_back(&t[2].cast<const QMatrix&>());
       norm2.push_back(t[3].cast<torch::Tensor>());
       gate_up.push_back(&t[4].cast<const QMatrix&>());
       down.push_back(&t[5].cast<const QMatrix&>());
-      bias.push_back(t.size() == 7 && !t[6].is_none() ? c10::optional<torch::Tensor>(t[6].cast<torch::Tensor>())
+      bias.push_back(t.size() >= 7 && !t[6].is_none() ? c10::optional<torch::Tensor>(t[6].cast<torch::Tensor>())
                                                        : c10::nullopt);
+      variant.emplace_back();
+      cos.emplace_back();
+      sin.emplace_back();
+      if (t.size() == 8 && !t[7].is_none()) gemma(t[7].cast<pybind11::tuple>(), t[0].cast<torch::Tensor>().numel());
     }
+  }
+  void gemma(const pybind11::tuple& g, int64_t H) {
+    TORCH_CHECK(g.size() == 8, "Gemma's additions are (q_norm, k_norm, post_attention_norm, post_feedforward_norm, "
+                               "scale, window, cos, sin)");
+    const auto vec = [&](int i, int64_t n) {
+      const auto t = g[i].cast<torch::Tensor>();
+      TORCH_CHECK(t.is_contiguous() && t.dtype() == torch::kFloat32 && t.numel() == n, "a norm: contiguous float32 [",
+                  n, "]");
+      return t.data_ptr<float>();
+    };
+    const int64_t d = g[0].cast<torch::Tensor>().numel();
+    specdec::BlockVariant& v = variant.back();
+    v.q_norm = vec(0, d);
+    v.k_norm = vec(1, d);
+    v.post_attn_norm = vec(2, H);
+    v.post_ff_norm = vec(3, H);
+    v.gelu = true;
+    v.scale = g[4].cast<float>();
+    v.window = g[5].cast<int64_t>();
+    TORCH_CHECK(v.scale > 0.f && v.window >= 0, "scale > 0 and window >= 0 (0: no window)");
+    cos.back() = g[6].cast<torch::Tensor>();
+    sin.back() = g[7].cast<torch::Tensor>();
+    TORCH_CHECK(cos.back()->is_contiguous() && sin.back()->is_contiguous() && cos.back()->size(1) == d,
+                "a layer's RoPE tables: contiguous [positions, head_dim]");
   }
   int64_t layers() const { return int64_t(qkv.size()); }
 };
@@ -454,8 +494,9 @@ void decode_stack_gguf(const GgufStack& stack, torch::Tensor x, torch::Tensor sl
   pybind11::gil_scoped_release free;
   for (int64_t i = 0; i < L; ++i) {
     tap(i);
-    decode_block_gguf(x, slot, pos, stack.norm1[i], *stack.qkv[i], *stack.o[i], stack.norm2[i], *stack.gate_up[i],
-                      *stack.down[i], k_caches[i], v_caches[i], cos, sin, hq, hk, eps, stack.bias[i]);
+    block_gguf(x, slot, pos, stack.norm1[i], *stack.qkv[i], *stack.o[i], stack.norm2[i], *stack.gate_up[i],
+               *stack.down[i], k_caches[i], v_caches[i], stack.cos[i].value_or(cos), stack.sin[i].value_or(sin), hq, hk,
+               eps, stack.bias[i], stack.variant[i]);
   }
   tap(L);
 }

@@ -15,13 +15,14 @@ tests/test_gemma3.py:
   - sliding-window layers (cfg.layer_types): a query at position p sees keys in (p - window, p]; their RoPE base
     is rope_local_theta (10000), the full layers' is rope_theta (1e6)
 
-The torch path only (kernels = None; the native block kernels know Llama blocks): decode and verify passes use the
-chunked, batch-invariant attention of transformer.attend_decode with the window added to its mask, so a verify
-pass over k+1 tokens equals k+1 one-token passes bit for bit; prefill uses torch's fused attention. At gguf-q16
-and gguf-q8 the products (q/k/v, o, gate/up, down, the tied head) are the native kernels' gemm_gguf on the GGUF's
-own blocks (linear.GgufLinear; batch-invariant by row), and everything else is this same torch path. The cache
-keeps every position, sliding layers included (a ring of `window` positions would save memory, not reads: the
-decode attention reads the keys from position 0, masked, to stay batch-invariant). exact_kv_reuse is False.
+At gguf-q16 and gguf-q8 every pass (decode, verify, prefill) runs all the blocks in one call of the native
+kernels, as a Llama model's do (Transformer.forward_ragged): the products on the GGUF's own blocks, and the block's
+Gemma parts in C++ (kernels/common.h, BlockVariant: q/k norms, the two post-norms, GELU, the scale, the window in
+kernels/attention.cpp, and each layer's own RoPE table). Its rows are batch-invariant, so a verify pass equals
+one-token passes bit for bit and a prefix cache is exact (exact_kv_reuse). At fp32/fp16/int8/bf16, the torch path
+(kernels = None): decode and verify passes use the chunked, batch-invariant attention of transformer.attend_decode
+with the window added to its mask; prefill uses torch's fused attention; exact_kv_reuse is False. Both caches keep
+every position, sliding layers included (a ring of `window` positions would save memory, not reads).
 """
 
 from __future__ import annotations
@@ -163,12 +164,15 @@ class Gemma3(Transformer):
         gguf = self._gguf(precision, device, quantized)
         self.cfg, self.precision, self.device = cfg, precision, torch.device(device)
         weights = {name: t.to(self.device) for name, t in weights.items()}
-        self.kernels = None  # the native block kernels run Llama blocks only (GgufLinear holds its own handle)
+        # the native blocks at the GGUF precisions (forward_ragged's path); the torch path at the others
+        self.kernels = gguf[1] if gguf is not None else None
         self.lm_head_half = self.lm_head_q = None
+        self._stack = None
         embed = weights["model.embed_tokens.weight"].float()  # [vocab, hidden]
         if gguf is not None:
             head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
             self.lm_head = GgufLinear([quantized[head]], precision, *gguf[1:])
+            self.lm_head_q = self.lm_head.qm  # what forward_ragged's native path multiplies
         else:
             self.lm_head = Linear(embed if cfg.tie_word_embeddings else weights["lm_head.weight"], None, precision)
         # transformers scales the looked-up rows, embedding(ids) * sqrt(hidden) with the scale rounded to the
@@ -176,7 +180,7 @@ class Gemma3(Transformer):
         self.embed = embed * torch.tensor(cfg.hidden_size ** 0.5, dtype=embed.dtype)  # [vocab, hidden]
         self.blocks = [Gemma3Block(cfg, weights, i, precision, gguf) for i in range(cfg.num_layers)]
         self.norm = (1.0 + weights["model.norm.weight"].float()).contiguous()
-        # RoPE tables [positions, head_dim / 2] per base, computed once (a lookup is exact; growing the table later
+        # RoPE tables [positions, head_dim] per base, computed once (a lookup is exact; growing the table later
         # could round a few entries differently and break the verify == one-token-passes identity)
         d = cfg.head_dim
         positions = torch.arange(cfg.max_position_embeddings, device=self.device).float()[:, None]
@@ -184,8 +188,16 @@ class Gemma3(Transformer):
         for sliding, theta in ((False, cfg.rope_theta), (True, cfg.rope_local_theta)):
             inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
             angles = positions * inv_freq.to(self.device)[None, :]  # [positions, d/2]
+            angles = torch.cat([angles, angles], dim=-1)  # [positions, d]
             self.rope[sliding] = (angles.cos(), angles.sin())
-        self.cos = self.sin = None  # Transformer's single table is not used
+        # the native stack's default tables (every Gemma layer passes its own, self.rope's)
+        self.cos, self.sin = self.rope[False]
+        if self.kernels is not None:
+            scale = cfg.query_pre_attn_scalar ** -0.5
+            for blk in self.blocks:
+                blk.native = (blk.input_norm, blk.qkv.qm, blk.o.qm, blk.pre_ff_norm, blk.gate_up.qm, blk.down.qm, None,
+                              (blk.q_norm, blk.k_norm, blk.post_attention_norm, blk.post_ff_norm, scale,
+                               blk.window or 0, *self.rope[blk.sliding]))
 
     @staticmethod
     def _gguf(precision: str, device: str, quantized: dict | None):
@@ -228,8 +240,7 @@ class Gemma3(Transformer):
     def _rope(self, sliding: bool, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B, n, 1, head_dim] at positions pos [B, n], for sliding or full layers."""
         cos, sin = self.rope[sliding]
-        c, s = cos[pos], sin[pos]  # [B, n, d/2]
-        return torch.cat([c, c], dim=-1).unsqueeze(2), torch.cat([s, s], dim=-1).unsqueeze(2)
+        return cos[pos].unsqueeze(2), sin[pos].unsqueeze(2)
 
     def _layers(self, x: torch.Tensor, pos: torch.Tensor, cache, rows: torch.Tensor | None,
                 prefill: bool, taps: tuple[int, ...] = ()):
