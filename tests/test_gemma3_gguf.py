@@ -165,17 +165,29 @@ def test_speculative_greedy_equals_plain_greedy(tiny, kernels, k):  # noqa: F811
     assert 0 < accepted <= drafted, (accepted, drafted)
 
 
-def test_loader_picks_gguf_q16_silently(tiny, kernels, tmp_path, monkeypatch, capsys):  # noqa: F811
-    """A runnable Gemma 3 GGUF loads on gguf-q16 by default and prints nothing once converted; --precision fp16
-    stays the torch path; a file with an F16 matrix defaults to fp16."""
+def test_loader_picks_gguf_q16_silently_and_lean(tiny, kernels, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """A runnable Gemma 3 GGUF loads on gguf-q16 by default, from a lean folder (norms only: the matrices and the
+    embedding rows come from the file), and prints nothing once converted; its logits are the full folder's bit for
+    bit. --precision fp16 stays the torch path on a full folder; a file with an F16 matrix defaults to fp16."""
+    from specdec.models.gemma3 import ScaledRows
+    from specdec.models.gguf_convert import is_lean
+
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     path = str(tiny[0])
-    load_model(path, "fp16")  # converts (and says so)
+    load_model(path)  # converts (and says so)
     capsys.readouterr()
     loaded = load_model(path)
-    assert loaded.model.precision == "gguf-q16" and isinstance(loaded.model.lm_head, GgufLinear)
+    model = loaded.model
+    assert model.precision == "gguf-q16" and isinstance(model.lm_head, GgufLinear)
     assert capsys.readouterr().err == ""
-    assert isinstance(load_model(path, "fp16").model.lm_head, Linear)
+    assert is_lean(loaded.path) and isinstance(model.embed, ScaledRows)
+    full = tiny_model(tiny, "gguf-q16")  # the same file's full folder
+    ids = torch.tensor([[2, 7, 300 % VOCAB, 11, 5, 9]])
+    assert torch.equal(model.embed[ids], full.embed[ids])
+    logits = [m.forward(ids, torch.tensor([0]), m.new_cache(1, 16), prefill=True) for m in (model, full)]
+    assert torch.equal(*logits)
+    fp16 = load_model(path, "fp16")
+    assert isinstance(fp16.model.lm_head, Linear) and not is_lean(fp16.path)
     f16 = tmp_path / "f16.gguf"
     write_gemma_gguf(f16)
     assert load_model(str(f16)).model.precision == "fp16"

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from specdec.errors import SpecdecError
 from specdec.models.config import ACT_BITS, ModelConfig, check_sizes
+from specdec.models.gguf_weights import RowLookup, release_pages
 from specdec.models.hugepages import Arena
 from specdec.models.linear import GgufLinear, Linear
 from specdec.models.transformer import (
@@ -117,6 +118,23 @@ class Gemma3Config(ModelConfig):
         )
 
 
+class ScaledRows:
+    """A row lookup (gguf_weights.RowLookup) whose rows come back times `scale`: Gemma's embedding on a lean
+    folder, the same values as the scaled table of a full one without its 4 bytes a weight (671 MB at 270M)."""
+
+    def __init__(self, rows: RowLookup, scale: torch.Tensor):
+        self.rows, self.scale, self.shape = rows, scale, rows.shape
+
+    def __getitem__(self, index) -> torch.Tensor:
+        return self.rows[index] * self.scale
+
+    def float(self) -> ScaledRows:
+        return self
+
+    def to(self, device) -> ScaledRows:
+        return self
+
+
 class Gemma3Block:
     def __init__(self, cfg: Gemma3Config, w: dict[str, torch.Tensor], i: int, precision: str, gguf=None):
         """`gguf`: (matrices by name, kernels, put) for the GGUF-block precisions, else None."""
@@ -168,17 +186,27 @@ class Gemma3(Transformer):
         self.kernels = gguf[1] if gguf is not None else None
         self.lm_head_half = self.lm_head_q = None
         self._stack = None
-        embed = weights["model.embed_tokens.weight"].float()  # [vocab, hidden]
+        # transformers scales the looked-up rows, embedding(ids) * sqrt(hidden) with the scale rounded to the
+        # weights' dtype (fp32 here)
+        scale = torch.tensor(cfg.hidden_size ** 0.5, dtype=torch.float32)
+        embed = weights.get("model.embed_tokens.weight")  # [vocab, hidden]
+        if embed is not None:
+            embed = embed.float()
+            self.embed = embed * scale  # the table scaled once: the same products as scaling each lookup
+        elif gguf is not None:  # a lean folder: rows dequantized from the GGUF as looked up, then scaled
+            self.embed = ScaledRows(RowLookup(quantized["model.embed_tokens.weight"]), scale)
+        else:
+            raise SpecdecError("this model folder holds no matrices (a lean conversion for the gguf precisions); "
+                               "it runs on gguf-q16 or gguf-q8 with the native kernels")
         if gguf is not None:
             head = "model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"
             self.lm_head = GgufLinear([quantized[head]], precision, *gguf[1:])
             self.lm_head_q = self.lm_head.qm  # what forward_ragged's native path multiplies
         else:
             self.lm_head = Linear(embed if cfg.tie_word_embeddings else weights["lm_head.weight"], None, precision)
-        # transformers scales the looked-up rows, embedding(ids) * sqrt(hidden) with the scale rounded to the
-        # weights' dtype; scaling the table once gives the same products
-        self.embed = embed * torch.tensor(cfg.hidden_size ** 0.5, dtype=embed.dtype)  # [vocab, hidden]
         self.blocks = [Gemma3Block(cfg, weights, i, precision, gguf) for i in range(cfg.num_layers)]
+        if gguf is not None:
+            release_pages(quantized.values())  # the kernels hold their own planes now
         self.norm = (1.0 + weights["model.norm.weight"].float()).contiguous()
         # RoPE tables [positions, head_dim] per base, computed once (a lookup is exact; growing the table later
         # could round a few entries differently and break the verify == one-token-passes identity)

@@ -39,7 +39,7 @@ ARCHS: dict[str, GgufArch] = {
         "gemma3_text", check_metadata=gguf_gemma3.check_metadata, hf_name=gguf_gemma3.hf_name,
         hf_tensor=lambda name, weight, src, meta: gguf_gemma3.hf_tensor(name, weight, src),
         config=gguf_gemma3.config, tokenizer=gguf_gemma3.build_tokenizer, read_matrices=gguf_gemma3.read_matrices,
-        runnable=gguf_gemma3.runnable, lean=False, freq_factors=False),
+        runnable=gguf_gemma3.runnable, lean=True, freq_factors=False),
 }
 assert set(gguf_llama.ARCHES) <= set(ARCHS)
 

@@ -71,8 +71,8 @@ def default_precision(path: Path, spec: str | None, device: str, model_type: str
 
 
 def lean_load(spec: str | None, precision: str | None, device: str) -> bool:
-    """Whether a .gguf model loads lean (its matrices read from the file, never dequantized to a folder): a llama or
-    qwen2 file on a gguf precision, given or the default (the kernels build and read every matrix's type)."""
+    """Whether a .gguf model loads lean (its matrices read from the file, never dequantized to a folder): a llama,
+    qwen2 or gemma3 file on a gguf precision, given or the default (the kernels build and read every matrix's type)."""
     from specdec.models.gguf_arch import ARCHS
     from specdec.models.gguf_file import architecture
 
@@ -85,9 +85,8 @@ def lean_load(spec: str | None, precision: str | None, device: str) -> bool:
     if arch is None or not arch.lean:
         return False
     from specdec.kernels import decode_kernels
-    from specdec.models.gguf_weights import runnable
 
-    return (precision is not None or runnable(path)) and decode_kernels() is not None
+    return (precision is not None or arch.runnable(path)) and decode_kernels() is not None
 
 
 def load_model(spec: str = "default", precision: str | None = None, device: str = "cpu") -> LoadedModel:
