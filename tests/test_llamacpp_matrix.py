@@ -3,8 +3,10 @@ specdec runs natively, in every block type it reads: the logits at 96 positions 
 
 Architectures (SHAPES): tiny-llama (llama with tied embeddings, as SmolLM2 and Llama 3.2 1B/3B), tiny-llama-untied
 (a separate output.weight), tiny-llama3 (Llama 3 rope scaling: rope_freqs.weight, 24 of its 32 factors 8),
-tiny-qwen2 (q, k and v biases) and tiny-mistral (arch "llama", as llama.cpp's converter writes Mistral: untied,
-4 query heads a KV head). Quants: the eight block types uniformly (`llama-quantize --pure`), and the Q4_K_M mix.
+tiny-qwen2 (q, k and v biases), tiny-mistral (arch "llama", as llama.cpp's converter writes Mistral: untied,
+4 query heads a KV head) and tiny-gemma3 (Gemma 3's norms, GELU and scale, five sliding layers with a window of 16
+positions and a global sixth; gguf-q16 only: the exact path reads no Gemma). Quants: the eight block types
+uniformly (`llama-quantize --pure`), and the Q4_K_M mix.
 Tokens: 96 fixed pseudo-random ids of the bundled vocabulary, fed from position 0.
 
 As in test_llamacpp_oracle.py, specdec is held to llama.cpp on an F32 copy of each file (the same weights, no
@@ -39,12 +41,13 @@ from specdec.models.synth_gguf import write
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(oracle.missing() is not None, reason=str(oracle.missing()))]
 
-SHAPES = ("tiny-llama", "tiny-llama-untied", "tiny-llama3", "tiny-qwen2", "tiny-mistral")
+SHAPES = ("tiny-llama", "tiny-llama-untied", "tiny-llama3", "tiny-qwen2", "tiny-mistral", "tiny-gemma3")
 QUANTS = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M")
 EXACT = ("Q4_0", "Q4_1", "Q8_0")  # the types `--precision gguf` reads; the others run on the integer paths only
-ALL = [(s, q, p) for s in SHAPES for q in QUANTS for p in ("gguf-q16",) + (("gguf",) if q in EXACT else ())]
-# make test: every architecture in Q4_K_M, every type on tiny-llama (17 cells, about 4 minutes); the whole matrix
-# (60 cells, about 15 minutes: docs/results/llamacpp-matrix.md) with SPECDEC_FULL_MATRIX=1 (make llamacpp-matrix)
+ALL = [(s, q, p) for s in SHAPES for q in QUANTS
+       for p in ("gguf-q16",) + (("gguf",) if q in EXACT and "gemma" not in s else ())]
+# make test: every architecture in Q4_K_M, every type on tiny-llama (18 cells, about 4 minutes); the whole matrix
+# (69 cells, about 17 minutes: docs/results/llamacpp-matrix.md) with SPECDEC_FULL_MATRIX=1 (make llamacpp-matrix)
 CELLS = ALL if os.environ.get("SPECDEC_FULL_MATRIX") else [c for c in ALL if c[0] == "tiny-llama" or c[1] == "Q4_K_M"]
 IDS = np.random.default_rng(404).integers(0, 49152, 96).tolist()
 MAX_SD, MEAN_SD = 0.02, 0.002  # bounds against the F32 copy, in sd of llama.cpp's logits
@@ -111,6 +114,8 @@ SLIPS = {  # what a loader could get wrong in each file: the file as it would th
     "tiny-qwen2": lambda gguf: lambda name, v: np.zeros_like(v) if name.endswith(".bias") else v,
     "tiny-llama-untied": lambda gguf: (lambda embd: lambda name, v: embd if name == "output.weight" else v)(
         token_embd(gguf)),
+    # Gemma's norms are stored as 1 + w: a loader that forgot so would scale by 1 + (1 + w)
+    "tiny-gemma3": lambda gguf: lambda name, v: v + 1 if name.endswith("norm.weight") else v,
 }
 
 

