@@ -21,6 +21,7 @@ import specdec.models.gguf_convert as gc
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.errors import SpecdecError
+from specdec.models.checkpoint import load_weights
 from specdec.models.gemma3 import FULL, SLIDING, Gemma3, Gemma3Config
 from specdec.models.loader import load_model
 from specdec.models.tokenizer import Tokenizer
@@ -31,9 +32,9 @@ VOCAB, WINDOW = 96, 8
 LAYER_TYPES = [SLIDING, FULL, SLIDING, SLIDING]
 
 
-def write_tiny_gemma(path: Path, seed: int = 0, std: float = 0.1) -> Path:
+def write_tiny_gemma(path: Path, seed: int = 0, std: float = 0.1, full_rope: dict | None = None) -> Path:
     """A random Gemma3ForCausalLM (4 layers, window 8) saved by transformers, with random norm weights (zero, the
-    init, would hide a wrong 1 + w)."""
+    init, would hide a wrong 1 + w). `full_rope`: the full layers' rope_parameters (default: unscaled, base 5000)."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     cfg = Gemma3TextConfig(
@@ -41,7 +42,7 @@ def write_tiny_gemma(path: Path, seed: int = 0, std: float = 0.1) -> Path:
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=WINDOW, layer_types=LAYER_TYPES,
         max_position_embeddings=256, query_pre_attn_scalar=12, initializer_range=std,
         rope_parameters={SLIDING: {"rope_type": "default", "rope_theta": 100.0},
-                         FULL: {"rope_type": "default", "rope_theta": 5000.0}})
+                         FULL: full_rope or {"rope_type": "default", "rope_theta": 5000.0}})
     torch.manual_seed(seed)
     model = Gemma3ForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -125,6 +126,35 @@ def test_long_decode_agrees_with_transformers(gemma_dir):
     ref = hf_logits(gemma_dir, seq)
     assert (got - ref).abs().max().item() < 1e-4
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
+
+
+def test_linear_rope_scaling_agrees_with_transformers(tmp_path):
+    """Gemma 3 4B-27B scale the full layers' RoPE linearly (factor 8): a tiny model with factor 4 agrees with
+    transformers over 60 positions, and reading it unscaled would not. Both config spellings are read; other
+    scalings are refused in one line."""
+    import dataclasses
+
+    folder = write_tiny_gemma(tmp_path / "linear", full_rope={"rope_type": "linear", "factor": 4.0,
+                                                               "rope_theta": 5000.0})
+    model = Gemma3.from_dir(folder, "fp32")
+    assert model.cfg.rope_scaling_factor == 4.0
+    seq = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(5)).tolist()
+    ref = hf_logits(folder, seq)
+
+    def run(m):
+        return m.forward(torch.tensor([seq]), torch.tensor([0]), m.new_cache(1, 64), prefill=True)[0]
+
+    assert (run(model) - ref).abs().max().item() < 1e-4
+    unscaled = Gemma3(dataclasses.replace(model.cfg, rope_scaling_factor=1.0), load_weights(folder), "fp32")
+    assert (run(unscaled) - ref).abs().max().item() > 1e-2
+    base = {"model_type": "gemma3_text", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "head_dim": 4, "sliding_window": 3}
+    legacy = Gemma3Config.from_hf({**base, "rope_scaling": {"rope_type": "linear", "factor": 8.0}})
+    assert legacy.rope_scaling_factor == 8.0
+    with pytest.raises(SpecdecError, match="rope scaling 'yarn' on the full_attention layers is not covered"):
+        Gemma3Config.from_hf({**base, "rope_scaling": {"rope_type": "yarn", "factor": 8.0}})
+    with pytest.raises(SpecdecError, match="'linear' on the sliding_attention layers"):
+        Gemma3Config.from_hf({**base, "rope_parameters": {SLIDING: {"rope_type": "linear", "factor": 2.0}}})
 
 
 def test_window_and_scale_matter(gemma_dir):
@@ -241,7 +271,7 @@ def write_gemma_gguf(path: Path, *, drop: str | None = None, extra: str | None =
                      integer: bool = False) -> dict[str, np.ndarray]:
     """Write a 2-layer Gemma 3 GGUF as llama.cpp does (norms stored as w + 1, Q and K unpermuted); returns the
     Hugging Face state dict the conversion must give back. drop / extra: leave out / add a tensor; q8k: store one
-    matrix in Q8_K (no dequantizer); meta: extra metadata (key -> float); integer: every matrix in a type gguf-q16
+    matrix in Q8_K (no dequantizer); meta: extra metadata (key -> float or string); integer: every matrix in a type gguf-q16
     reads (k and up in Q5_0, as in the real 270M, instead of F32 and F16)."""
     import gguf
     from gguf import GGMLQuantizationType as Q
@@ -262,7 +292,7 @@ def write_gemma_gguf(path: Path, *, drop: str | None = None, extra: str | None =
                        (w.add_pad_token_id, 0), (w.add_add_bos_token, True), (w.add_add_space_prefix, False)]:
         add(value)
     for key, value in (meta or {}).items():
-        w.add_float32(key, value)
+        w.add_string(key, value) if isinstance(value, str) else w.add_float32(key, value)
     expected: dict[str, np.ndarray] = {}
 
     def put(gguf_name: str, hf_name: str, value: np.ndarray | None, qtype=Q.F32, rows_cols=None, d=0.0):
@@ -361,6 +391,13 @@ def test_gguf_metadata_defaults_follow_llama_cpp(tmp_path):
     config = gguf_gemma3.config({**meta, "gemma3.attention.scale": 0.125, "gemma3.rope.freq_base_swa": 500.0},
                                 tmp_path, shapes)
     assert config["query_pre_attn_scalar"] == 64.0 and config["rope_local_base_freq"] == 500.0
+    assert config["rope_parameters"][FULL]["rope_type"] == "default"
+    for scaling in ({"gemma3.rope.scaling.type": "linear", "gemma3.rope.scaling.factor": 8.0},
+                    {"gemma3.rope.scale_linear": 8.0}):  # linear is llama.cpp's default type, and the older key
+        full = gguf_gemma3.config({**meta, **scaling}, tmp_path, shapes)["rope_parameters"][FULL]
+        assert full == {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}
+    off = {"gemma3.rope.scaling.type": "none", "gemma3.rope.scaling.factor": 8.0}
+    assert gguf_gemma3.config({**meta, **off}, tmp_path, shapes)["rope_parameters"][FULL]["rope_type"] == "default"
 
 
 def test_gguf_model_agrees_with_transformers(converted):
@@ -428,6 +465,7 @@ BAD = {
     "missing tensor": (dict(drop="blk.1.post_ffw_norm.weight"),
                        "not a complete Gemma 3 model; missing model.layers.1.post_feedforward_layernorm.weight"),
     "softcapping": (dict(meta={"gemma3.final_logit_softcapping": 30.0}), "final_logit_softcapping = 30.0"),
+    "yarn": (dict(meta={"gemma3.rope.scaling.type": "yarn"}), "rope.scaling.type = 'yarn' is not supported"),
     "byte-level tokenizer": (dict(tokenizer_model="gpt2"), "GGUF tokenizer model 'gpt2' is not Gemma's"),
 }
 

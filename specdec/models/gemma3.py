@@ -13,7 +13,8 @@ tests/test_gemma3.py:
   - GeGLU: gelu (tanh approximation) of the gate, times up
   - scores are scaled by query_pre_attn_scalar^-1/2, not head_dim^-1/2 (the same number for the 270M)
   - sliding-window layers (cfg.layer_types): a query at position p sees keys in (p - window, p]; their RoPE base
-    is rope_local_theta (10000), the full layers' is rope_theta (1e6)
+    is rope_local_theta (10000), the full layers' is rope_theta (1e6). The full layers of Gemma 3 4B, 12B and 27B
+    scale RoPE linearly (rope_scaling_factor 8: their frequencies divided by it); the sliding layers never do
 
 At gguf-q16 and gguf-q8 every pass (decode, verify, prefill) runs all the blocks in one call of the native
 kernels, as a Llama model's do (Transformer.forward_ragged): the products on the GGUF's own blocks, and the block's
@@ -61,6 +62,7 @@ class Gemma3Config(ModelConfig):
     sliding_window: int | None = None  # keys a sliding layer's query sees, its own included (None: all)
     layer_types: tuple[str, ...] = ()  # per layer: SLIDING or FULL
     rope_local_theta: float = 10000.0  # RoPE base of the sliding layers (rope_theta is the full layers')
+    rope_scaling_factor: float = 1.0  # the full layers' linear RoPE scaling: frequencies divided by it
     model_type: str = MODEL_TYPE
 
     @classmethod
@@ -88,14 +90,19 @@ class Gemma3Config(ModelConfig):
             raise SpecdecError(f"layer_types {types!r}: want {layers} of {SLIDING!r} / {FULL!r}")
         rope = cfg.get("rope_parameters") or {}
         theta = {FULL: cfg.get("rope_theta", 1_000_000.0), SLIDING: cfg.get("rope_local_base_freq", 10_000.0)}
+        legacy = cfg.get("rope_scaling") or {}  # transformers 4.x: the full layers' scaling
+        factor = 1.0
         for kind in (FULL, SLIDING):
-            params = rope.get(kind) or {}
-            if params.get("rope_type", "default") != "default":
-                raise SpecdecError(f"rope scaling {params['rope_type']!r} is not covered by specdec's compact "
-                                   "implementation")
+            params = {**(legacy if kind == FULL else {}), **(rope.get(kind) or {})}
+            kind_of = params.get("rope_type", params.get("type", "default"))
+            if kind_of == "linear" and kind == FULL:
+                factor = float(params.get("factor", 1.0))
+            elif kind_of != "default":
+                raise SpecdecError(f"rope scaling {kind_of!r} on the {kind} layers is not covered by specdec's "
+                                   "compact implementation (it runs linear scaling of the full layers)")
             theta[kind] = params.get("rope_theta", theta[kind])
-        if cfg.get("rope_scaling"):
-            raise SpecdecError("rope scaling is not covered by specdec's compact implementation")
+        if factor <= 0:
+            raise SpecdecError(f"linear rope scaling factor {factor}: must be positive")
         heads = cfg["num_attention_heads"]
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
         return cls(
@@ -115,6 +122,7 @@ class Gemma3Config(ModelConfig):
             sliding_window=cfg.get("sliding_window"),
             layer_types=tuple(types),
             rope_local_theta=float(theta[SLIDING]),
+            rope_scaling_factor=factor,
         )
 
 
@@ -215,6 +223,8 @@ class Gemma3(Transformer):
         self.rope = {}  # sliding layer? -> (cos, sin)
         for sliding, theta in ((False, cfg.rope_theta), (True, cfg.rope_local_theta)):
             inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+            if not sliding and cfg.rope_scaling_factor != 1.0:
+                inv_freq = inv_freq / cfg.rope_scaling_factor  # as transformers' linear scaling divides them
             angles = positions * inv_freq.to(self.device)[None, :]  # [positions, d/2]
             angles = torch.cat([angles, angles], dim=-1)  # [positions, d]
             self.rope[sliding] = (angles.cos(), angles.sin())

@@ -8,6 +8,8 @@ What llama.cpp's converter (convert_hf_to_gguf.py, Gemma3Model) does to a Gemma3
     post_feedforward_layernorm, `attn_q_norm` / `attn_k_norm` self_attn.q_norm / k_norm
   - every `*norm.weight` is stored as w + 1 (Gemma3RMSNorm scales by 1 + w, llama.cpp's RMSNorm by its weight):
     1 is subtracted back. Q and K are not permuted (Gemma's RoPE is NEOX style in llama.cpp): copied as they are
+  - Gemma 3 4B, 12B and 27B scale their global layers' RoPE linearly (`rope.scaling.type` linear, factor 8): the
+    folder's rope_parameters say so for the full layers; the sliding ones are never scaled (llama.cpp's rule)
   - what the file does not say, llama.cpp's loader assumes (llama-model.cpp, LLM_ARCH_GEMMA3): every 6th layer
     is global and the others slide (unless `attention.sliding_window_pattern` says otherwise), sliding layers use
     RoPE base 10000 (unless `rope.freq_base_swa`), and scores are scaled by head_dim^-1/2, except the 62-layer
@@ -56,10 +58,23 @@ CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
 
 def check_metadata(meta: dict[str, Any], src: Path) -> None:
     """Refuse what the compact Gemma 3 does not cover."""
-    for key in ("rope.scaling.type", "final_logit_softcapping", "attn_logit_softcapping"):
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
         value = meta.get(f"{ARCH}.{key}")
         if value not in (None, "none"):
             raise SpecdecError(f"{src}: Gemma 3 with {ARCH}.{key} = {value!r} is not supported")
+    scaling = meta.get(f"{ARCH}.rope.scaling.type")
+    if scaling not in (None, "none", "linear"):  # 4B, 12B and 27B scale their global layers linearly
+        raise SpecdecError(f"{src}: Gemma 3 with {ARCH}.rope.scaling.type = {scaling!r} is not supported (specdec "
+                           "runs linear scaling)")
+
+
+def linear_factor(meta: dict[str, Any]) -> float:
+    """The global layers' linear RoPE scaling factor, as llama.cpp reads it: `rope.scaling.factor` (or the older
+    `rope.scale_linear`), applied unless `rope.scaling.type` says "none" (linear is its default); 1 without one."""
+    factor = meta.get(f"{ARCH}.rope.scaling.factor") or meta.get(f"{ARCH}.rope.scale_linear") or 1.0
+    if meta.get(f"{ARCH}.rope.scaling.type", "linear") == "none":
+        return 1.0
+    return decimal(factor)
 
 
 def hf_name(name: str, src: Path) -> str:
@@ -138,6 +153,10 @@ def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
         query_scalar = hidden // heads if layers == 62 else head_dim  # llama.cpp: the 27B, and the others
     theta = decimal(meta.get(f"{ARCH}.rope.freq_base", 1_000_000.0))
     local_theta = decimal(meta.get(f"{ARCH}.rope.freq_base_swa", DEFAULT_LOCAL_THETA))
+    full_rope = {"rope_type": "default", "rope_theta": theta}
+    factor = linear_factor(meta)
+    if factor != 1.0:  # llama.cpp scales the global layers only
+        full_rope = {"rope_type": "linear", "factor": factor, "rope_theta": theta}
     _check_tensors(shapes, layers, src)
     ids = {k: meta.get(f"tokenizer.ggml.{k}") for k in ("bos_token_id", "eos_token_id", "padding_token_id")}
     return {
@@ -156,7 +175,7 @@ def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
         "layer_types": types,
         "rope_theta": theta,
         "rope_local_base_freq": local_theta,
-        "rope_parameters": {FULL: {"rope_type": "default", "rope_theta": theta},
+        "rope_parameters": {FULL: full_rope,
                             SLIDING: {"rope_type": "default", "rope_theta": local_theta}},
         "max_position_embeddings": int(need("context_length")),
         "vocab_size": int(shapes["model.embed_tokens.weight"][0]),

@@ -35,7 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGML_QUANT_VERSION, GGMLQuantizationType, GGUFValueType, GGUFWriter, LlamaFileType
+from gguf import (
+    GGML_QUANT_SIZES,
+    GGML_QUANT_VERSION,
+    GGMLQuantizationType,
+    GGUFValueType,
+    GGUFWriter,
+    LlamaFileType,
+    RopeScalingType,
+)
 from gguf.gguf_writer import WriterState
 
 from specdec.atomic import atomic_file, check_writable
@@ -74,6 +82,7 @@ class Shape:
     qkv_bias: bool = False  # Qwen2: biases on q, k and v
     llama3_rope: Llama3Rope | None = None  # written as the rope_freqs.weight tensor, as llama.cpp's converter does
     sliding_window: int = 0  # Gemma 3: keys a sliding layer sees (llama.cpp makes every 6th layer global)
+    rope_linear: float = 1.0  # Gemma 3 4B and up: the global layers' linear RoPE scaling factor
 
 
 _LLAMA_3 = dict(arch="llama", vocab=128256, context=131072, rope_theta=500000.0, rms_eps=1e-5)
@@ -89,6 +98,10 @@ SHAPES: dict[str, Shape] = {  # the published config.json of each model
     # its rows of 1152 are no multiple of 256: Q4_K_M's Q4_K falls back to Q5_0 there, Q6_K to Q8_0
     "gemma-3-1b": Shape(arch="gemma3", hidden=1152, layers=26, heads=4, kv_heads=1, head_dim=256, ffn=6912,
                         vocab=262144, context=32768, rope_theta=1e6, rms_eps=1e-6, tied=True, sliding_window=512),
+    # the text model of Gemma 3 4B (its GGUF leaves the vision tower to a separate mmproj file)
+    "gemma-3-4b": Shape(arch="gemma3", hidden=2560, layers=34, heads=8, kv_heads=4, head_dim=256, ffn=10240,
+                        vocab=262208, context=131072, rope_theta=1e6, rms_eps=1e-6, tied=True, sliding_window=1024,
+                        rope_linear=8.0),
     # for tests: seconds to write, and specdec's own kernels run tiny-llama in Q4_0, Q4_1 and Q8_0
     "tiny-llama": Shape(arch="llama", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512,
                         vocab=BUNDLED_VOCAB, context=8192, rope_theta=100000.0, rms_eps=1e-5, tied=True),
@@ -106,10 +119,11 @@ SHAPES: dict[str, Shape] = {  # the published config.json of each model
     # sliding window), so a Mistral GGUF is a llama file: untied, 4 query heads a KV head, rope_theta 1e6 (v0.2).
     "tiny-mistral": Shape(arch="llama", hidden=256, layers=2, heads=4, kv_heads=1, head_dim=64, ffn=768,
                           vocab=BUNDLED_VOCAB, context=8192, rope_theta=1e6, rms_eps=1e-5, tied=False),
-    # Gemma 3: six layers, so that the sixth is global and the others slide, over a window of 16 positions
+    # Gemma 3: six layers, so that the sixth is global and the others slide, over a window of 16 positions; the
+    # global layer's RoPE scaled linearly as 4B's is
     "tiny-gemma3": Shape(arch="gemma3", hidden=256, layers=6, heads=4, kv_heads=2, head_dim=64, ffn=512,
                          vocab=BUNDLED_VOCAB, context=2048, rope_theta=1e6, rms_eps=1e-6, tied=True,
-                         sliding_window=16),
+                         sliding_window=16, rope_linear=8.0),
 }
 
 FILE_TYPES = {  # general.file_type; a uniform K-quant is what `--pure` makes of its "S" file type
@@ -307,6 +321,9 @@ def _metadata(w: GGUFWriter, s: Shape, name: str, quant: str, seed: int) -> None
         w.add_rope_dimension_count(s.head_dim)
     if s.arch == "gemma3":
         w.add_sliding_window(s.sliding_window)
+    if s.rope_linear != 1.0:
+        w.add_rope_scaling_type(RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(s.rope_linear)
     _tokenizer(w, s.vocab, gemma=s.arch == "gemma3")
     w.add_quantization_version(GGML_QUANT_VERSION)
 
