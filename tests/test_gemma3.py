@@ -271,8 +271,8 @@ def write_gemma_gguf(path: Path, *, drop: str | None = None, extra: str | None =
                      integer: bool = False) -> dict[str, np.ndarray]:
     """Write a 2-layer Gemma 3 GGUF as llama.cpp does (norms stored as w + 1, Q and K unpermuted); returns the
     Hugging Face state dict the conversion must give back. drop / extra: leave out / add a tensor; q8k: store one
-    matrix in Q8_K (no dequantizer); meta: extra metadata (key -> float or string); integer: every matrix in a type gguf-q16
-    reads (k and up in Q5_0, as in the real 270M, instead of F32 and F16)."""
+    matrix in Q8_K (no dequantizer); meta: extra metadata (key -> float or string); integer: every matrix in a
+    type gguf-q16 reads (k and up in Q5_0, as in the real 270M, instead of F32 and F16)."""
     import gguf
     from gguf import GGMLQuantizationType as Q
     from gguf.quants import dequantize, quantize
