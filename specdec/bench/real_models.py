@@ -23,7 +23,7 @@ from pathlib import Path
 from specdec.errors import SpecdecError
 from specdec.provenance import provenance
 
-SHAPES = ("llama-3.2-1b", "gemma-3-1b", "qwen2.5-1.5b", "llama-3.2-3b", "llama-3.1-8b")
+SHAPES = ("llama-3.2-1b", "gemma-3-1b", "qwen2.5-1.5b", "llama-3.2-3b", "gemma-3-4b", "llama-3.1-8b")
 ACCEPTANCE_JSON = "docs/results/drafters.json"  # the bundled model's Spec-Bench run, n-gram at a fixed k=5
 ACCEPTANCE_METHOD = "ngram k=5"
 DRAFT_ALPHAS = (0.6, 0.7, 0.8)  # assumed: no draft model for these targets was measured here
