@@ -174,3 +174,24 @@ def test_prefill_is_batch_invariant(tiny_model):
                     *((together.keys(i)[r, :, :len(p)] - alone.keys(i)[r, :, :len(p)]).abs().max().item()
                       for i in range(len(together.k))))
     assert worst == 0.0, f"prefill in a batch differs from batch-1 prefill by up to {worst:.3g}"
+
+
+def test_rope_tables_grow_by_blocks_as_caches_need_them(tiny_dir):
+    """The RoPE tables start empty and cover what the caches made so far can hold, in whole blocks up to the model's
+    positions; growing appends, so a model whose caches grew gives the logits of one that began with the large
+    cache, bit for bit, and positions already cached keep their angles."""
+    from specdec.models.transformer import ROPE_BLOCK, Transformer
+
+    folder = tiny_dir(max_pos=3 * ROPE_BLOCK - 100)  # the last block is a part one
+    grown, fresh = Transformer.from_dir(folder, "fp16"), Transformer.from_dir(folder, "fp16")
+    assert grown.cos.shape[0] == 0
+    grown.new_cache(1, 100)
+    assert grown.cos.shape == (ROPE_BLOCK, grown.cfg.head_dim)
+    first = grown.cos.clone()
+    big = grown.new_cache(1, 2 * ROPE_BLOCK + 10)
+    assert grown.cos.shape[0] == grown.cfg.max_position_embeddings and torch.equal(grown.cos[:ROPE_BLOCK], first)
+    fresh_cache = fresh.new_cache(1, 3 * ROPE_BLOCK)
+    assert torch.equal(grown.cos, fresh.cos) and torch.equal(grown.sin, fresh.sin)
+    ids = torch.randint(0, 64, (1, 9), generator=torch.Generator().manual_seed(0))
+    start = torch.tensor([2 * ROPE_BLOCK])  # positions in the last block
+    assert torch.equal(grown.forward(ids, start, big), fresh.forward(ids, start, fresh_cache))

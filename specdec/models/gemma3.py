@@ -40,6 +40,7 @@ from specdec.models.gguf_weights import RowLookup, release_pages
 from specdec.models.hugepages import Arena
 from specdec.models.linear import GgufLinear, Linear
 from specdec.models.transformer import (
+    RopeTable,
     Transformer,
     _slot_picker,
     _tap,
@@ -216,26 +217,38 @@ class Gemma3(Transformer):
         if gguf is not None:
             release_pages(quantized.values())  # the kernels hold their own planes now
         self.norm = (1.0 + weights["model.norm.weight"].float()).contiguous()
-        # RoPE tables [positions, head_dim] per base, computed once (a lookup is exact; growing the table later
-        # could round a few entries differently and break the verify == one-token-passes identity)
+        # RoPE tables [positions, head_dim] per base, grown by new_cache (transformer.RopeTable)
         d = cfg.head_dim
-        positions = torch.arange(cfg.max_position_embeddings, device=self.device).float()[:, None]
-        self.rope = {}  # sliding layer? -> (cos, sin)
+        self.tables = {}  # sliding layer? -> RopeTable
         for sliding, theta in ((False, cfg.rope_theta), (True, cfg.rope_local_theta)):
             inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
             if not sliding and cfg.rope_scaling_factor != 1.0:
                 inv_freq = inv_freq / cfg.rope_scaling_factor  # as transformers' linear scaling divides them
-            angles = positions * inv_freq.to(self.device)[None, :]  # [positions, d/2]
-            angles = torch.cat([angles, angles], dim=-1)  # [positions, d]
-            self.rope[sliding] = (angles.cos(), angles.sin())
-        # the native stack's default tables (every Gemma layer passes its own, self.rope's)
-        self.cos, self.sin = self.rope[False]
-        if self.kernels is not None:
-            scale = cfg.query_pre_attn_scalar ** -0.5
-            for blk in self.blocks:
-                blk.native = (blk.input_norm, blk.qkv.qm, blk.o.qm, blk.pre_ff_norm, blk.gate_up.qm, blk.down.qm, None,
-                              (blk.q_norm, blk.k_norm, blk.post_attention_norm, blk.post_ff_norm, scale,
-                               blk.window or 0, *self.rope[blk.sliding]))
+            self.tables[sliding] = RopeTable(inv_freq.to(self.device), cfg.max_position_embeddings, self.device)
+        self._rope = self.tables[False]  # the native stack's default tables (every Gemma layer passes its own)
+        self._native_blocks()
+
+    @property
+    def rope(self) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
+        """sliding layer? -> (cos, sin) [positions covered, head_dim]."""
+        return {sliding: (t.cos, t.sin) for sliding, t in self.tables.items()}
+
+    def _cover_rope(self, positions: int) -> None:
+        grew = [t.cover(positions) for t in self.tables.values()]
+        if any(grew):
+            self._native_blocks()  # the stack holds each layer's tables: new tensors, a new stack
+
+    def _native_blocks(self) -> None:
+        """Each block's arguments for the native stack (kernels/gguf.cpp, GgufStack), with its layer's tables."""
+        if self.kernels is None:
+            return
+        scale = self.cfg.query_pre_attn_scalar ** -0.5
+        for blk in self.blocks:
+            table = self.tables[blk.sliding]
+            blk.native = (blk.input_norm, blk.qkv.qm, blk.o.qm, blk.pre_ff_norm, blk.gate_up.qm, blk.down.qm, None,
+                          (blk.q_norm, blk.k_norm, blk.post_attention_norm, blk.post_ff_norm, scale, blk.window or 0,
+                           table.cos, table.sin))
+        self._stack = None
 
     @staticmethod
     def _gguf(precision: str, device: str, quantized: dict | None):
@@ -275,10 +288,10 @@ class Gemma3(Transformer):
         norms = sum(n.numel() for b in self.blocks for n in b.norms) * 4 + self.norm.numel() * 4
         return lin + norms
 
-    def _rope(self, sliding: bool, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _angles(self, sliding: bool, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B, n, 1, head_dim] at positions pos [B, n], for sliding or full layers."""
-        cos, sin = self.rope[sliding]
-        return cos[pos].unsqueeze(2), sin[pos].unsqueeze(2)
+        table = self.tables[sliding]
+        return table.cos[pos].unsqueeze(2), table.sin[pos].unsqueeze(2)
 
     def _layers(self, x: torch.Tensor, pos: torch.Tensor, cache, rows: torch.Tensor | None,
                 prefill: bool, taps: tuple[int, ...] = ()):
@@ -291,7 +304,7 @@ class Gemma3(Transformer):
         feats = x.new_empty(b * n, len(taps) * cfg.hidden_size) if taps else None  # [B*n, taps * hidden]
         hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         scale = cfg.query_pre_attn_scalar ** -0.5
-        rope = {sliding: self._rope(sliding, pos) for sliding in self.rope}
+        rope = {sliding: self._angles(sliding, pos) for sliding in self.tables}
         pick = None if rows is None else _slot_picker(rows)
         for layer, blk in enumerate(self.blocks):
             _tap(feats, 0, x, taps, layer)

@@ -38,6 +38,7 @@ CHUNK = 64  # keys per attention block; cache capacity is a multiple of it
 MIN_QUERY_POSITIONS = 3
 MAX_QUERY_ROWS = 30  # query rows (heads per group x positions) per matrix product
 NATIVE_ROWS = 256  # token-rows per native call (bounds its buffers; rows are independent, so results are not)
+ROPE_BLOCK = 2048  # positions per block of the RoPE tables, which grow a block at a time as caches need them
 
 
 class KVCache:
@@ -139,6 +140,32 @@ class Block:
         return [self.qkv, self.o, self.gate_up, self.down]
 
 
+class RopeTable:
+    """cos and sin [positions, head_dim] of one RoPE base (rotate-half layout: each angle twice), built ROPE_BLOCK
+    positions at a time, up to what the caches made so far can hold (new_cache). Blocks are appended, never
+    recomputed, so a position's angles stay the ones every earlier pass used and cached keys stay exact. A whole
+    table of 131,072 positions at a head_dim of 256 is 256 MB (cos and sin); for 4k-token caches it is 8 MB."""
+
+    def __init__(self, inv_freq: torch.Tensor, limit: int, device: torch.device):
+        self.inv_freq, self.limit, self.device = inv_freq, limit, device  # [d/2]; the model's positions
+        self.cos = self.sin = torch.empty(0, 2 * inv_freq.numel(), device=device)
+
+    def cover(self, positions: int) -> bool:
+        """Extend the tables to hold `positions` (at most the limit), in whole blocks; True when they grew (they are
+        new tensors then)."""
+        want, have = min(self.limit, -(-positions // ROPE_BLOCK) * ROPE_BLOCK), self.cos.shape[0]
+        if want <= have:
+            return False
+        cos, sin = [self.cos], [self.sin]
+        for a in range(have, want, ROPE_BLOCK):
+            angles = torch.arange(a, min(want, a + ROPE_BLOCK)).float()[:, None] * self.inv_freq[None, :]
+            angles = torch.cat([angles, angles], dim=-1).to(self.device)  # [block, d]
+            cos.append(angles.cos())
+            sin.append(angles.sin())
+        self.cos, self.sin = torch.cat(cos), torch.cat(sin)
+        return True
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
@@ -201,9 +228,15 @@ class Transformer:
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
         if cfg.rope_freq_factors is not None:  # Llama 3's scaling, as llama.cpp applies rope_freqs
             inv_freq = inv_freq / torch.tensor(cfg.rope_freq_factors, dtype=torch.float32)
-        angles = torch.arange(cfg.max_position_embeddings).float()[:, None] * inv_freq[None, :]
-        angles = torch.cat([angles, angles], dim=-1).to(self.device)  # [positions, d]
-        self.cos, self.sin = angles.cos(), angles.sin()
+        self._rope = RopeTable(inv_freq, cfg.max_position_embeddings, self.device)  # grown by new_cache
+
+    @property
+    def cos(self) -> torch.Tensor:
+        return self._rope.cos  # [positions covered, head_dim]
+
+    @property
+    def sin(self) -> torch.Tensor:
+        return self._rope.sin
 
     @classmethod
     def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu",
@@ -254,9 +287,14 @@ class Transformer:
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         if capacity > self.cfg.max_position_embeddings:
             capacity = self.cfg.max_position_embeddings
+        self._cover_rope(capacity)
         if self.kernels is not None:
             return KVCache(self.cfg, batch, capacity, self.device, torch.float16, blocked=True)
         return KVCache(self.cfg, batch, capacity, self.device)
+
+    def _cover_rope(self, positions: int) -> None:
+        """The RoPE tables hold every position a cache of this capacity can."""
+        self._rope.cover(positions)
 
     # --- forward -----------------------------------------------------------------------------------------
 
