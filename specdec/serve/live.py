@@ -233,10 +233,22 @@ class LiveStats:
         return out
 
     def _plain_cost(self, rows: int, cost: dict[int, float]) -> float | None:
-        """Seconds of a plain pass over `rows` rows: measured where the server ran one, else the policy's curve."""
+        """Seconds of a plain pass over `rows` rows: measured where the server ran one, else the policy's curve,
+        else read off the measured passes (linear between the nearest widths measured; past the widest, in
+        proportion to its rows, an upper bound; below the narrowest, the narrowest's cost). None with no pass yet:
+        a batch width the server happened not to run never leaves the page without a figure."""
         if rows in cost:
             return cost[rows]
-        return self.policy_cost(rows) if self.policy_cost is not None else None
+        if self.policy_cost is not None:
+            return self.policy_cost(rows)
+        below = [n for n in cost if n < rows]
+        above = [n for n in cost if n > rows]
+        if below and above:
+            lo, hi = max(below), min(above)
+            return cost[lo] + (cost[hi] - cost[lo]) * (rows - lo) / (hi - lo)
+        if below:
+            return cost[max(below)] * rows / max(below)
+        return cost[min(above)] if above else None
 
 
 def _finite(x: float) -> float | None:
