@@ -36,6 +36,33 @@ def test_chunks_start_on_huge_pages():
     assert first.data_ptr() % PAGE == 0
 
 
+def _rss_anon() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) << 10
+    pytest.skip("no /proc/self/status")
+
+
+@pytest.mark.skipif(not LINUX_THP, reason="measures resident memory through Linux's /proc")
+@pytest.mark.parametrize("blocked,hugepages", [(True, "1"), (True, "0"), (False, "1")])
+def test_a_kv_pool_is_resident_only_where_written(blocked, hugepages, monkeypatch):
+    """A server's pool is sized for the model's whole context (Gemma 3 270M: 4.5 GiB at 8 slots of 32k); it must
+    not take that memory before sequences fill it, and what was never written reads as zeros."""
+    from specdec.models.config import ModelConfig
+    from specdec.models.transformer import KVCache
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
+                      num_kv_heads=2, head_dim=16, max_position_embeddings=1 << 16)
+    monkeypatch.setenv("SPECDEC_HUGEPAGES", hugepages)
+    before = _rss_anon()
+    cache = KVCache(cfg, 8, 1 << 16, dtype=torch.float16, blocked=blocked)  # native kernels' layout, or torch's
+    nbytes = sum(t.numel() * t.element_size() for t in cache.k + cache.v)  # 256 MiB
+    grew = _rss_anon() - before
+    assert grew < nbytes / 8, f"{grew >> 20} MiB resident of a {nbytes >> 20} MiB pool nothing has written"
+    cache.v[1][3, 1, 1000:1100] = 1.0  # [slot, kv head, positions, head_dim]  # a sequence writes some positions
+    assert cache.v[1].sum() == 100 * 16 and not cache.k[3].any() and not cache.v[0][7].any()
+
+
 def test_off_switch_gives_ordinary_tensors(monkeypatch):
     monkeypatch.setenv("SPECDEC_HUGEPAGES", "0")
     arena = Arena()

@@ -382,3 +382,15 @@ def test_a_draft_model_server_under_auto_gives_the_same_greedy_text(server, mode
         assert sum(g.usage.model_extra["speculative"]["accepted_tokens"] for g in got) > 0
     finally:
         s.stop()
+
+
+def test_a_pool_larger_than_the_memory_left_is_named_at_start(capsys):
+    """The pool is reserved, not taken, at start: a server whose slots could outgrow the machine says so, with
+    the flags that shrink it, and one that fits says nothing."""
+    from specdec.serve.cli import available_gib, warn_reserved
+
+    assert warn_reserved(6.7, available=4.0)
+    err = capsys.readouterr().err
+    assert "6.7 GiB" in err and "4.0 GiB" in err and "--context" in err and "--max-batch" in err
+    assert not warn_reserved(1.0, available=4.0) and capsys.readouterr().err == ""
+    assert available_gib() is None or available_gib() > 0

@@ -75,4 +75,15 @@ class Arena:
         return out
 
     def zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return self.empty(shape, dtype).zero_()
+        """A tensor of zeros. In the arena it is not written: a fresh anonymous mapping reads as zeros and is
+        backed by memory only where it is first written, so a KV pool sized for the model's whole context costs
+        memory as its sequences grow, not at start (the arena never hands out memory twice)."""
+        return self.empty(shape, dtype) if self.advised else lazy_zeros(shape, dtype)
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Zeros in a fresh anonymous mapping of their own (on ordinary pages): backed by memory only where written,
+    where torch.zeros writes, and so takes, every byte at once. Unmapped when the last view is freed."""
+    n = torch.Size(shape).numel()
+    region = mmap.mmap(-1, max(1, n * dtype.itemsize), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(region, dtype=torch.uint8).view(dtype)[:n].view(shape)

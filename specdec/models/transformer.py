@@ -31,7 +31,7 @@ from specdec.kernels import pairs_layout
 from specdec.models.config import ACT_BITS, GGUF_PRECISIONS, ModelConfig
 from specdec.models.gguf_llama import read_matrices
 from specdec.models.gguf_weights import QTensor, RowLookup, qmatrix, release_pages
-from specdec.models.hugepages import Arena
+from specdec.models.hugepages import Arena, lazy_zeros
 from specdec.models.linear import Linear
 
 CHUNK = 64  # keys per attention block; cache capacity is a multiple of it
@@ -59,6 +59,10 @@ class KVCache:
             arena = Arena()
             self.k = [arena.zeros(k_shape, dtype) for _ in range(cfg.num_layers)]
             self.v = [arena.zeros(v_shape, dtype) for _ in range(cfg.num_layers)]
+            return
+        if torch.device(device).type == "cpu":  # taking memory as sequences fill it, not all at start
+            self.k = [lazy_zeros(k_shape, dtype) for _ in range(cfg.num_layers)]
+            self.v = [lazy_zeros(v_shape, dtype) for _ in range(cfg.num_layers)]
             return
         self.k = [torch.zeros(k_shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
         self.v = [torch.zeros(v_shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]

@@ -77,6 +77,29 @@ def check_bindable(host: str, port: int) -> None:
         raise SpecdecError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
+def available_gib() -> float | None:
+    """Memory Linux can still hand out without swapping (MemAvailable), or None where it does not say."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None
+
+
+def warn_reserved(gib: float, available: float | None = None) -> bool:
+    """The KV pool and prefix cache are reserved for every slot's whole context but backed by memory only as
+    sequences fill them: say so when filling them all would take more than the machine has left."""
+    available = available_gib() if available is None else available
+    if available is None or gib <= available:
+        return False
+    print(f"specdec: warning: the KV pool and prefix cache can grow to {gib:.1f} GiB as sequences fill them, more "
+          f"than the {available:.1f} GiB this machine has available: lower --context, --max-batch or "
+          f"--prefix-cache if long requests on every slot are expected", file=sys.stderr, flush=True)
+    return True
+
+
 def run_serve(args) -> int:
     import uvicorn
 
@@ -119,9 +142,10 @@ def run_serve(args) -> int:
                                                            args.lossy_typical_acceptance, args.pace))
     worker.start()
     kv_gib = getattr(sched.cache, "nbytes", 0) / 2**30
+    warn_reserved(kv_gib + (sched.prefix.nbytes / 2**30 if sched.prefix is not None else 0.0))
     print(f"specdec: serving {name} ({target.model.precision}) on http://{args.host}:{args.port}/v1 - drafter "
-          f"{drafter.name}, policy {policy_name}, k <= {args.k}, "
-          f"max batch {args.max_batch}, context {sched.context} (KV pool {kv_gib:.1f} GiB), prefix cache {prefix}"
+          f"{drafter.name}, policy {policy_name}, k <= {args.k}, max batch {args.max_batch}, context "
+          f"{sched.context} (KV pool up to {kv_gib:.1f} GiB, taken as sequences fill it), prefix cache {prefix}"
           f", streams paced {args.pace}{', acceptance LOSSY (typical)' if args.lossy_typical_acceptance else ''}",
           file=sys.stderr,
           flush=True)
