@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from specdec.bench.serve_bench import prompt_sets  # noqa: E402
 from specdec.bench.servers import LocalServer  # noqa: E402
 from specdec.client import prometheus_series  # noqa: E402
+from specdec.engine.scheduler import PREFILL_CHUNK  # noqa: E402
 
 SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared/data/spec_bench/question.jsonl"
 
@@ -142,6 +143,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--out", default="docs/results/pace-bench.md")
     ap.add_argument("--prompts", default=str(SPEC_BENCH), help="Spec-Bench question.jsonl")
+    ap.add_argument("--prefill-chunk", type=int, default=None,
+                    help="the server's --prefill-chunk (default: its own): what a newcomer's prefill costs the "
+                         "streams already running")
     args = ap.parse_args()
     from specdec.bench.profile import measure_bandwidth
 
@@ -155,6 +159,8 @@ def main() -> int:
     levels = [int(x) for x in args.levels.split(",")]
     for policy in args.policies.split(","):
         serve = ["--policy", policy, "--k", str(args.k), "--max-batch", str(max(levels))]
+        if args.prefill_chunk is not None:
+            serve += ["--prefill-chunk", str(args.prefill_chunk)]
         if args.model:
             serve = ["--model", args.model, *serve]
         server = LocalServer(f"pace-{policy}", serve, log_dir)
@@ -222,7 +228,9 @@ def write(args, rows: list[dict], raw: dict) -> None:
         f"{args.bandwidth['read_GBps']:.1f} GB/s (torch sum over 1 GiB, median of 5, before the server started)",
         f"- the bundled model unless named ({args.model or 'SmolLM2-135M Q4_1'}), chat, greedy, up to "
         f"{args.max_tokens} tokens (most answers end sooner, at the end-of-sequence token), k <= {args.k}, max "
-        f"batch {max(int(x) for x in args.levels.split(','))}; Spec-Bench prompts",
+        f"batch {max(int(x) for x in args.levels.split(','))}; prompts prefilled "
+        f"{args.prefill_chunk or PREFILL_CHUNK} tokens a step between decode rounds (--prefill-chunk); Spec-Bench "
+        "prompts",
         f"- command: `.venv/bin/python scripts/pace_bench.py {' '.join(sys.argv[1:])}`", "",
         "Each level runs twice over. **Pairs**: every prompt is sent unpaced and paced back to back (the order "
         "alternating), so both modes meet the same load at the same moments; the gaps, first-token and end-to-end "

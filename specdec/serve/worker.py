@@ -1,4 +1,6 @@
-"""The engine thread of the server: it owns the step loop and is the only code that touches the model.
+"""The engine side of the server: the step loop, the only code that touches the model. `specdec serve` runs it
+on its main thread, where the model was loaded, with HTTP on a thread of its own (serve/cli.py says why); "the
+engine thread" below is whichever thread runs it.
 
 Requests arrive from the event loop through `submit` (which refuses at once when the queue is full) and leave
 through `cancel` (a client that went away); each step's events go back to the request's own asyncio queue.
@@ -86,13 +88,24 @@ class EngineWorker:
         self._publish()
 
     def start(self) -> None:
+        """The step loop on a thread of its own (tests; `specdec serve` runs it on its main thread: run_here)."""
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def run_here(self) -> None:
+        """The step loop on the calling thread, until request_stop(). Passes are fastest on the thread that
+        loaded the model (serve/cli.py serve_on_this_thread says why)."""
+        self._run()
+
+    def request_stop(self) -> None:
+        """The step loop returns after the step it is in."""
         with self._lock:
             self._stop = True
             self._lock.notify()
-        self._thread.join(timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.request_stop()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
     # --- from the event loop -----------------------------------------------------------------------------
 
