@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -76,7 +77,12 @@ def main() -> int:
     steps()  # warm-up: the policy's first rounds, the kernels' buffers
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), "?")
-    print(f"{cpu}, {torch.get_num_threads()} threads, {model.precision}")
+    from specdec.bench.profile import measure_bandwidth
+
+    bw = measure_bandwidth(1 << 30, 5)["read_GBps"]
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print(f"{cpu}, {torch.get_num_threads()} threads, {model.precision}; read bandwidth {bw:.1f} GB/s (torch sum "
+          f"over 1 GiB, median of 5); git {rev}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     ratios = []
     for rep in range(args.reps):
         order = (False, True) if rep % 2 == 0 else (True, False)
