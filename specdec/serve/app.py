@@ -40,7 +40,7 @@ class ServeConfig:
     max_tokens_default: int | None = None  # None: up to the context
     aliases: tuple[str, ...] = ()  # other names a request may give the model by
     lossy_typical_acceptance: bool = False  # LOSSY: typical acceptance for every request; header says so
-    pace: Pace = Pace("auto")  # how streams release tokens (a request's stream_options.pace overrides it)
+    pace: Pace = Pace("off")  # how streams release tokens (a request's stream_options.pace overrides it)
 
 
 LIVE_HEADER = "x-specdec-live"  # on GET /: the path of the server's live measurements, relative to the page

@@ -48,9 +48,10 @@ def register(sub) -> None:
     s.add_argument("--lossy-typical-acceptance", action="store_true",
                    help="LOSSY: Medusa-style typical acceptance for every request; responses are no longer the "
                         "model's own distribution (they carry 'x-specdec-acceptance: lossy-typical')")
-    s.add_argument("--pace", default="auto", type=_pace,
-                   help="how streams release tokens: auto (one at a time, at the rate the stream is producing; "
-                        "default), off (as each round emits them, in bursts), or milliseconds between tokens; "
+    s.add_argument("--pace", default="off", type=_pace,
+                   help="how streams release tokens: off (as each round emits them, in bursts; default), auto (one "
+                        "at a time, at the rate the stream is producing: steadier, and round sizes hidden, for 5-16%% "
+                        "of throughput on 2 cores, docs/results/pace-bench-xeon.md), or milliseconds between tokens; "
                         "a request may choose its own with stream_options.pace")
     s.set_defaults(func=run_serve)
 
