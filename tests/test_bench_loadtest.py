@@ -435,3 +435,18 @@ def test_serve_bench_goals_and_counter_deltas():
               "goals": goals(policies)}
     text = report(result)
     assert "## Prompt set `mixed` (2 prompts)" in text and "| 1 | 1.490 | 0.993 | 1.500 |" in text
+
+
+def test_the_chunked_prefill_table_says_when_the_streams_ended_before_the_window():
+    """Once the server decoded 4x faster, 200-token background streams ended before the long prompt's first token
+    and the section measured nothing without saying so."""
+    from specdec.bench.serve_report import prefill_table
+
+    def pre(through):
+        trial = {"long_prompt_tokens": 1490, "streams_through_window": through, "stream_tokens": [1500] * 4}
+        run = {"trials": [trial], "long_ttft_p50_s": 1.0, "window_gaps": 3, "window_gap_p50_s": 0.04,
+               "window_gap_p99_s": 0.05, "window_gap_max_s": 0.05, "gaps_before_p50_s": 0.006}
+        return {"runs": {"64": run}}
+
+    assert "| 64 | 1490 | 1000.0 | 4 | 3 |" in prefill_table(pre(4)) and "ended" not in prefill_table(pre(4))
+    assert "Some streams ended before" in prefill_table(pre(0))

@@ -18,7 +18,7 @@ URL_ONLY = {"no_stream": False, "api_key": None, "model": None, "endpoint": "cha
 # The options of `loadtest --servers` and their defaults (refused with --url).
 SERVE_DEFAULTS = {"copy_concurrency": "1,4", "no_cover": False, "k": 5, "max_batch": 16, "per_category": 2,
                   "copy_per_category": 3, "auto_profile": None, "startup_timeout": 180.0, "long_prompt_tokens": 1500,
-                  "prefill_stream_tokens": 200, "prefill_delay": 1.5, "prefill_reps": 3, "skip_prefill": False,
+                  "prefill_stream_tokens": 1500, "prefill_delay": 1.5, "prefill_reps": 3, "skip_prefill": False,
                   "quick": False, "strict": False}
 REQUESTS_PER_CLIENT = 2  # the default with --servers
 REQUEST_TIMEOUT_S = 600.0  # the default with --servers
@@ -64,7 +64,9 @@ def register(sub) -> None:
     s.add_argument("--startup-timeout", type=float, default=d["startup_timeout"], action=POSITIVE,
                    help="seconds to wait for GET /health")
     s.add_argument("--long-prompt-tokens", type=int, default=d["long_prompt_tokens"], action=AT_LEAST_1)
-    s.add_argument("--prefill-stream-tokens", type=int, default=d["prefill_stream_tokens"], action=AT_LEAST_1)
+    s.add_argument("--prefill-stream-tokens", type=int, default=d["prefill_stream_tokens"], action=AT_LEAST_1,
+                   help="greedy tokens each of the four background streams asks for: enough to outlast the delay and "
+                        "the long prompt's prefill (the report says when some did not)")
     s.add_argument("--prefill-delay", type=float, default=d["prefill_delay"], action=NON_NEGATIVE,
                    help="seconds after all four stream")
     s.add_argument("--prefill-reps", type=int, default=d["prefill_reps"], action=AT_LEAST_1)
