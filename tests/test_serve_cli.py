@@ -1,0 +1,68 @@
+"""`specdec serve`'s start-up, without a model or a socket: where the step loop runs, and what the start line says
+about memory (serve/cli.py). Fast: fakes stand in for the worker and uvicorn."""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import pytest
+
+
+def test_a_pool_larger_than_the_memory_left_is_named_at_start(capsys):
+    """The pool is reserved, not taken, at start: a server whose slots could outgrow the machine says so, with
+    the flags that shrink it, and one that fits says nothing."""
+    from specdec.serve.cli import available_gib, warn_reserved
+
+    assert warn_reserved(6.7, available=4.0)
+    err = capsys.readouterr().err
+    assert "6.7 GiB" in err and "4.0 GiB" in err and "--context" in err and "--max-batch" in err
+    assert not warn_reserved(1.0, available=4.0) and capsys.readouterr().err == ""
+    assert available_gib() is None or available_gib() > 0
+
+
+class _FakeWorker:
+    def __init__(self):
+        self.ran_on, self.stopped = None, False
+        self._stop = threading.Event()
+
+    def run_here(self):
+        self.ran_on = threading.current_thread()
+        assert self._stop.wait(10), "the step loop was never told to stop"
+
+    def request_stop(self):
+        self.stopped = True
+        self._stop.set()
+
+
+class _FakeHttp:
+    def __init__(self, exit_code=None):
+        self.ran_on, self.exit_code = None, exit_code
+
+    def run(self):
+        self.ran_on = threading.current_thread()
+        if self.exit_code is not None:
+            raise SystemExit(self.exit_code)
+
+    def handle_exit(self, sig, frame):
+        pass
+
+
+@pytest.mark.parametrize("exit_code,status", [(None, 0), (0, 0), (1, 1)])
+def test_the_step_loop_runs_on_the_thread_that_loaded_the_model(exit_code, status, capsys):
+    """`specdec serve` steps the engine on its own (main) thread and serves HTTP from another: passes on a second
+    thread ran 4.7x slower (serve/cli.py serve_on_this_thread). When HTTP ends, so does the step loop; uvicorn's
+    failure to start is a status of 1 with a line saying so."""
+    from specdec.serve.cli import serve_on_this_thread
+
+    worker, http = _FakeWorker(), _FakeHttp(exit_code)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        assert serve_on_this_thread(worker, http) == status
+        assert signal.getsignal(signal.SIGTERM) == http.handle_exit  # SIGTERM reaches uvicorn's graceful stop
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    assert worker.ran_on is threading.current_thread() and http.ran_on is not threading.current_thread()
+    assert worker.stopped
+    assert ("HTTP server stopped" in capsys.readouterr().err) == (status == 1)
