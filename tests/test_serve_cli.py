@@ -66,3 +66,32 @@ def test_the_step_loop_runs_on_the_thread_that_loaded_the_model(exit_code, statu
     assert worker.ran_on is threading.current_thread() and http.ran_on is not threading.current_thread()
     assert worker.stopped
     assert ("HTTP server stopped" in capsys.readouterr().err) == (status == 1)
+
+
+def test_a_step_loop_that_fails_stops_http_too():
+    """A bug in the step loop must not leave a server that answers but never decodes."""
+    from specdec.serve.cli import serve_on_this_thread
+
+    class Broken(_FakeWorker):
+        def run_here(self):
+            raise RuntimeError("a bug")
+
+    class Waits(_FakeHttp):
+        should_exit, told = False, False
+
+        def run(self):
+            for _ in range(500):  # uvicorn's main loop checks should_exit every 0.1 s
+                if self.should_exit:
+                    self.told = True
+                    return
+                threading.Event().wait(0.01)
+
+    http = Waits()
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with pytest.raises(RuntimeError, match="a bug"):
+            serve_on_this_thread(Broken(), http)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    assert http.told

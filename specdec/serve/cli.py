@@ -158,8 +158,8 @@ def serve_on_this_thread(worker, server) -> int:
 
     The kernels' OpenMP team belongs to the thread that first ran a pass: a pass on another thread starts a second
     team, and with more OpenMP threads alive than cores, libgomp's barriers stop spinning and sleep. On the bundled
-    model (2 cores) a one-row pass took 11.7 ms on a second thread against 2.5 ms on the loading one, and a server
-    whose engine ran on its own thread decoded at a quarter of the engine's speed.
+    model (2 cores) a one-row pass took 11.3-11.6 ms on a second thread against 2.4 ms on the loading one, and the
+    step loop ran 4.2-4.3x slower there (docs/results/engine-thread.md).
 
     SIGTERM or SIGINT: uvicorn stops accepting connections and lets the requests in flight finish (their steps
     still run here), then the step loop ends and the exit status is 0."""
@@ -179,8 +179,11 @@ def serve_on_this_thread(worker, server) -> int:
         signal.signal(sig, server.handle_exit)  # uvicorn installs handlers only on the main thread: this is it
     thread = threading.Thread(target=http, name="specdec-http", daemon=True)
     thread.start()
-    worker.run_here()
-    thread.join()
+    try:
+        worker.run_here()
+    finally:  # the step loop ended (HTTP stopped, or a bug): HTTP stops too, its requests in flight finished
+        server.should_exit = True
+        thread.join()
     if failed and not (isinstance(failed[0], SystemExit) and not failed[0].code):
         print(f"specdec: error: the HTTP server stopped: {failed[0]!r}", file=sys.stderr)
         return 1
