@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -24,9 +23,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from specdec.bench.profile import measure_bandwidth  # noqa: E402
 from specdec.engine.calibrate import make_policy  # noqa: E402
 from specdec.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from specdec.engine.sequence import GenerationConfig  # noqa: E402
+from specdec.provenance import cpu_name, git_revision  # noqa: E402
 from specdec.runtime import ModelSpec, build  # noqa: E402
 
 SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared/data/spec_bench/question.jsonl"
@@ -75,12 +76,8 @@ def main() -> int:
         return tokens / (time.perf_counter() - t0)
 
     steps()  # warm-up: the policy's first rounds, the kernels' buffers
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "?")
-    from specdec.bench.profile import measure_bandwidth
-
     bw = measure_bandwidth(1 << 30, 5)["read_GBps"]
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    cpu, rev = cpu_name(), git_revision(Path(__file__).resolve().parents[1])
     print(f"{cpu}, {torch.get_num_threads()} threads, {model.precision}; read bandwidth {bw:.1f} GB/s (torch sum "
           f"over 1 GiB, median of 5); git {rev}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     ratios = []

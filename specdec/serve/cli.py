@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, PORT, ranged
@@ -163,8 +164,6 @@ def serve_on_this_thread(worker, server) -> int:
 
     SIGTERM or SIGINT: uvicorn stops accepting connections and lets the requests in flight finish (their steps
     still run here), then the step loop ends and the exit status is 0."""
-    import threading
-
     failed: list[BaseException] = []
 
     def http() -> None:
