@@ -26,6 +26,8 @@ from specdec.provenance import provenance
 SHAPES = ("llama-3.2-1b", "gemma-3-1b", "qwen2.5-1.5b", "llama-3.2-3b", "gemma-3-4b", "llama-3.1-8b")
 ACCEPTANCE_JSON = "docs/results/drafters.json"  # the bundled model's Spec-Bench run, n-gram at a fixed k=5
 ACCEPTANCE_METHOD = "ngram k=5"
+# the same prompts with --k auto, the engine's default (drafts as long as the lookup's confidence allows)
+ACCEPTANCE_AUTO = ("docs/results/drafters-lookup-rates.json", "ngram k=auto")
 DRAFT_ALPHAS = (0.6, 0.7, 0.8)  # assumed: no draft model for these targets was measured here
 
 
@@ -177,7 +179,8 @@ def run(args) -> int:
         lc = llamacpp(path, ids, args.new_tokens, ttft_ids, args.threads)
         entry = {"file": str(path), "file_bytes": path.stat().st_size, "specdec": sd, "llamacpp": lc,
                  "floor_tokens_per_s": bw / path.stat().st_size, "load_before": load, "load_after": os.getloadavg()}
-        entry["projections"] = projections(sd, bundled, args.acceptance, ACCEPTANCE_METHOD, DRAFT_ALPHAS)
+        entry["projections"] = projections(sd, bundled, args.acceptance, ACCEPTANCE_METHOD, DRAFT_ALPHAS,
+                                          ACCEPTANCE_AUTO if args.acceptance == ACCEPTANCE_JSON else None)
         report["shapes"][shape] = entry
         save(report, out_dir, args.page)  # after each model: a run cut short keeps what it measured
     save(report, out_dir, args.page)

@@ -12,26 +12,40 @@ from specdec.theory.economics import CostCurve, plan, predict_from_positional
 MAX_K = 8  # the curve is measured up to 9 rows: the planner never extrapolates
 
 
-def projections(sd: dict, bundled: dict, acceptance_path: str, method: str, alphas) -> dict:
+def _rounds(r: dict, c: float, curve: CostCurve) -> float:
+    """The rounds model: a run's measured draft lengths and per-position acceptance on this curve."""
+    drafted = [int(d) for d, n in r["draft_lengths"].items() for _ in range(n)]
+    return predict_from_positional(r["acceptance_by_position"], drafted, c, curve)
+
+
+def projections(sd: dict, bundled: dict, acceptance_path: str, method: str, alphas,
+                auto: tuple[str, str] | None = None) -> dict:
     """PROJECTED decode-phase speedups on this model's curve. n-gram: per Spec-Bench category, (a) the rounds
-    model (the bundled model's measured draft lengths and per-position acceptance, as `bench` predicts) and
-    (b) the planner (one rate a, the best k). Draft model: the planner at each assumed a, with c = the bundled
+    model (the bundled model's measured draft lengths and per-position acceptance, as `bench` predicts) on the
+    fixed-k run `method`, (b) the same on `auto` (a report and method: the run with `--k auto`, the engine's
+    default, whose drafts are as long as the lookup's confidence made them on the bundled model's curve) and
+    (c) the planner (one rate a, the best k). Draft model: the planner at each assumed a, with c = the bundled
     model's 1-row pass over this model's, both at the same context."""
     curve = CostCurve.from_mapping(sd["verify"]["cost"])
     step = sd["verify"]["step_s"]
     c_ngram = bundled["lookup"]["seconds_per_round"] / bundled["lookup"]["k"] / step
     c_draft = bundled["verify"]["step_s"] / step
     res = json.loads(Path(acceptance_path).read_text())["results"][method]
+    res_auto = json.loads(Path(auto[0]).read_text())["results"][auto[1]] if auto else None
     ngram = {}
     for cat, r in [*res["categories"].items(), ("overall", res["overall"])]:
-        drafted = [int(d) for d, n in r["draft_lengths"].items() for _ in range(n)]
         p = plan(r["alpha"], c_ngram, MAX_K, curve)
-        ngram[cat] = {"alpha": r["alpha"], "rounds": predict_from_positional(r["acceptance_by_position"], drafted,
-                                                                              c_ngram, curve),
-                      "plan_k": p.best_k, "plan": p.best_speedup}
+        ngram[cat] = {"alpha": r["alpha"], "rounds": _rounds(r, c_ngram, curve), "plan_k": p.best_k,
+                      "plan": p.best_speedup}
+        if res_auto is not None:
+            ngram[cat]["rounds_auto"] = _rounds(res_auto["overall"] if cat == "overall" else
+                                                res_auto["categories"][cat], c_ngram, curve)
     draft = {str(a): {"k": (p := plan(a, c_draft, MAX_K, curve)).best_k, "speedup": p.best_speedup} for a in alphas}
-    return {"c_ngram": c_ngram, "c_draft": c_draft, "acceptance": f"{acceptance_path} ({method})", "ngram": ngram,
-            "draft": draft}
+    out = {"c_ngram": c_ngram, "c_draft": c_draft, "acceptance": f"{acceptance_path} ({method})", "ngram": ngram,
+           "draft": draft}
+    if auto:
+        out["acceptance_auto"] = f"{auto[0]} ({auto[1]})"
+    return out
 
 
 def gb(n: float) -> str:
@@ -102,7 +116,8 @@ def ngram_rows(report: dict) -> list[str]:
         cells = []
         for n in names:
             p = report["shapes"][n]["projections"]["ngram"][cat]
-            cells.append(f"{p['rounds']:.2f}x / {p['plan']:.2f}x (k={p['plan_k']})")
+            auto = f" / {p['rounds_auto']:.2f}x" if "rounds_auto" in p else ""  # reports before 2026-12-04 lack it
+            cells.append(f"{p['rounds']:.2f}x{auto} / {p['plan']:.2f}x (k={p['plan_k']})")
         label = f"**{cat}**" if cat == "overall" else cat
         rows.append(f"| {label} | {first[cat]['alpha']:.2f} | " + " | ".join(cells) + " |")
     return rows
@@ -200,7 +215,12 @@ def write_page(report: dict, path: Path) -> None:
                   f"`{proj['acceptance']}` (65 prompts, 5 per category, 128 tokens). Random weights make acceptance "
                   "on these files meaningless, so these are projections: a real model of this shape accepts "
                   "differently. Each cell: the rounds model (the bundled run's draft lengths and per-position "
-                  "acceptance, on this model's measured curve) / the planner (`specdec plan`: one rate a, best k up "
+                  "acceptance, on this model's measured curve) / "
+                  + ("the same on the bundled model's `--k auto` run, the engine's default "
+                     f"(`{proj['acceptance_auto']}`; its drafts were cut to the lookup's confidence on the 135M "
+                     "curve, so they are no longer than this curve would allow) / " if "acceptance_auto" in proj
+                     else "")
+                  + "the planner (`specdec plan`: one rate a, best k up "
                   "to 8). Lookup cost c per drafted token: the bundled run's lookup time over this model's pass.", "",
                   *ngram_rows(report), "",
                   "Draft model: cost per pass = the bundled 135M model's 1-row pass measured here (same context), "

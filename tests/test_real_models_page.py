@@ -1,0 +1,50 @@
+"""`specdec real-models`' projections (bench/real_models_page.py): the rounds model on a measured verify-cost curve,
+from the bundled model's fixed-k and `--k auto` Spec-Bench runs. Fast: no model runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.bench.real_models import ACCEPTANCE_AUTO, ACCEPTANCE_JSON, ACCEPTANCE_METHOD
+from specdec.bench.real_models_page import ngram_rows, projections
+
+
+def _sd(cost_of_rows) -> dict:
+    return {"verify": {"cost": {str(n): cost_of_rows(n) for n in range(1, 10)}, "step_s": 0.05}}
+
+
+BUNDLED = {"lookup": {"seconds_per_round": 1e-5, "k": 5}, "verify": {"step_s": 0.003}}
+
+
+def _project(cost_of_rows) -> dict:
+    return projections(_sd(cost_of_rows), BUNDLED, ACCEPTANCE_JSON, ACCEPTANCE_METHOD, (0.7,), ACCEPTANCE_AUTO)
+
+
+def test_the_rounds_model_pays_on_a_flat_curve_and_never_where_a_row_costs_a_pass():
+    """A verify pass that costs one pass whatever its rows: every accepted draft is a token for free, so both runs
+    project more than 1x. A pass whose cost grows with its rows as n one-row passes: a round of k drafts costs
+    k + 1 passes and yields at most k + 1 tokens, so nothing projects above 1x."""
+    flat, linear = _project(lambda n: 1.0), _project(lambda n: float(n))
+    assert set(flat["ngram"]) == set(linear["ngram"]) and "overall" in flat["ngram"]
+    for cat, p in flat["ngram"].items():
+        assert p["rounds"] > 1.0 and p["rounds_auto"] > 1.0, cat
+        assert linear["ngram"][cat]["rounds"] <= 1.0 + 1e-9 and linear["ngram"][cat]["rounds_auto"] <= 1.0 + 1e-9
+    assert flat["acceptance_auto"] == f"{ACCEPTANCE_AUTO[0]} ({ACCEPTANCE_AUTO[1]})"
+
+
+def test_a_flatter_curve_projects_more():
+    steep, gentle = _project(lambda n: 1 + 0.25 * (n - 1)), _project(lambda n: 1 + 0.1 * (n - 1))
+    for cat in steep["ngram"]:
+        assert gentle["ngram"][cat]["rounds_auto"] > steep["ngram"][cat]["rounds_auto"], cat
+
+
+@pytest.mark.parametrize("auto", [True, False], ids=["with-auto", "older-report"])
+def test_each_cell_shows_the_runs_it_has(auto):
+    p = _project(lambda n: 1.0) if auto else projections(_sd(lambda n: 1.0), BUNDLED, ACCEPTANCE_JSON,
+                                                           ACCEPTANCE_METHOD, (0.7,))
+    rows = ngram_rows({"shapes": {"m": {"projections": p}}})
+    overall = next(r for r in rows if "**overall**" in r)
+    o = p["ngram"]["overall"]
+    want = f"{o['rounds']:.2f}x" + (f" / {o['rounds_auto']:.2f}x" if auto else "") + f" / {o['plan']:.2f}x"
+    assert want in overall
+    assert ("rounds_auto" in o) == auto
