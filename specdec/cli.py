@@ -25,11 +25,19 @@ COMMAND_MODULES = (
 )
 
 
+class UsageError(SpecdecError):
+    """A command line argparse refuses: `prog` is the (sub)command it was meant for."""
+
+    def __init__(self, prog: str, message: str):
+        super().__init__(message)
+        self.prog = prog
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line, not a usage block."""
 
     def error(self, message: str) -> None:
-        raise SpecdecError(f"{self.prog}: {message}")
+        raise UsageError(self.prog, message)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,9 +50,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        if not argv:  # what there is to run, rather than a line saying a command is missing
+            print(parser.format_help(), file=sys.stderr, end="")
+            return 2
+        args = parser.parse_args(argv)
         return int(args.func(args) or 0)
+    except UsageError as e:  # "specdec: error: generate: argument --k: ...", the program named once
+        sub = e.prog.removeprefix("specdec").strip()
+        print(f"specdec: error: {sub + ': ' if sub else ''}{e}", file=sys.stderr)
+        return 2
     except SpecdecError as e:
         print(f"specdec: error: {e}", file=sys.stderr)
         return 2

@@ -134,12 +134,28 @@ def test_no_prompt_and_stdin_closed(capsys, monkeypatch, stdin):
     assert_clear_error(code, err, "no prompt")
 
 
+def test_usage_errors_name_the_program_once_and_the_subcommand(capsys):
+    """argparse's refusals are one line that names the subcommand, not "specdec: error: specdec generate: ..." """
+    code, _, err = run_cli(capsys, "--temperature", "abc")
+    assert_clear_error(code, err, "generate: argument --temperature: invalid float value: 'abc'")
+    assert err.count("specdec") == 1
+    assert main(["no-such-command"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specdec: error: argument COMMAND: invalid choice") and "generate" in err
+
+
+def test_specdec_alone_lists_the_commands(capsys):
+    assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("usage: specdec") and all(c in err for c in ("generate", "serve", "bench"))
+
+
 def test_empty_prompt_on_stdin(capsys, monkeypatch):
     import io
 
     monkeypatch.setattr(sys, "stdin", io.StringIO("  \n"))
     code, _, err = run_cli(capsys)
-    assert_clear_error(code, err, "the prompt is empty")
+    assert_clear_error(code, err, "the prompt is empty: stdin (give --prompt TEXT or --prompt-file FILE")
 
 
 # ---- the bundled model -----------------------------------------------------------------------------------------
@@ -245,6 +261,32 @@ def test_demo_runs_and_says_the_outputs_are_identical(capsys, reuse_bundled, k):
     assert "outputs identical: yes, token for token" in out
     assert ("auto chose these draft lengths" in out) == (k is None)
     assert "k = auto" in out if k is None else "k = 3," in out
+
+
+@pytest.mark.parametrize("spread", [0.0, 0.5], ids=["steady", "busy"])
+def test_demo_alternates_its_runs_and_says_when_the_machine_was_busy(capsys, tiny_cli_model, monkeypatch, spread):
+    """A first demo on a busy machine once printed 63x: each method now runs twice, alternated, the faster run of
+    each is shown, and runs of one method far apart in speed get a line saying the figures are unsteady."""
+    from specdec.engine import demo
+
+    spreads = []
+    monkeypatch.setattr(demo, "run_spread", lambda runs: spreads.append(len(runs)) or spread)
+    monkeypatch.setattr(demo, "DEMO_PROMPT", "a b c a b c a b")  # the tiny model's context is 64 positions
+    code = main(["demo", "--model", str(tiny_cli_model), "--max-new-tokens", "8", "--no-color"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert spreads == [demo.RUNS, demo.RUNS] and "the faster of 2 alternated runs" in out
+    assert ("the machine was busy: runs of the same method differed by 50%" in out) == (spread > demo.NOISY)
+    assert "outputs identical: yes" in out
+
+
+def test_run_spread():
+    from types import SimpleNamespace
+
+    from specdec.engine.demo import run_spread
+
+    runs = [SimpleNamespace(stats=SimpleNamespace(tokens_per_s=v)) for v in (300.0, 240.0)]
+    assert run_spread(runs) == pytest.approx(0.2) and run_spread(runs[:1]) == 0.0
 
 
 def test_demo_bad_k(capsys, tiny_cli_model):

@@ -43,7 +43,8 @@ def parse_line(text: str, where: str, lineno: int) -> Prompt:
 def load_prompts(path: str | Path) -> list[Prompt]:
     path = Path(path)
     if not path.is_file():
-        raise SpecdecError(f"prompt file not found: {path}")
+        raise SpecdecError(f"prompt file not found: {path} (Spec-Bench's question.jsonl is data/spec_bench/"
+                           'question.jsonl in the Spec-Bench repository; or write JSONL lines of {"prompt": ...})')
     prompts, seen = [], set()
     for lineno, line in enumerate(read_text(path).splitlines(), start=1):
         if line.strip():

@@ -47,7 +47,8 @@ def resolve_suite_args(args) -> None:
     if args.concurrency is None:
         args.concurrency = CONCURRENCY.get(suite, "1")
     if args.prompts is None and suite != "kernels":
-        raise SpecdecError("specdec bench: the following arguments are required: --prompts")
+        raise SpecdecError("bench: the following arguments are required: --prompts (Spec-Bench's question.jsonl, "
+                           'or JSONL lines of {"prompt": ...})')
     if suite is None:
         if args.quick or args.out != "artifacts" or args.max_batch != 8:
             raise SpecdecError("--out, --quick and --max-batch apply to --kernels, --long-context and --endpoint-check")

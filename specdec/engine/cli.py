@@ -65,11 +65,13 @@ def register(sub) -> None:
 
 
 def read_prompt(args) -> str:
+    where = "--prompt"
     if args.prompt is not None:
         text = args.prompt
     elif args.prompt_file:
-        text = read_text(args.prompt_file)
+        text, where = read_text(args.prompt_file), args.prompt_file
     elif sys.stdin is not None and not sys.stdin.closed and not sys.stdin.isatty():  # None: stdin closed
+        where = "stdin (give --prompt TEXT or --prompt-file FILE, or pipe text in)"
         try:
             text = sys.stdin.read()
         except UnicodeDecodeError as e:
@@ -77,7 +79,7 @@ def read_prompt(args) -> str:
     else:
         raise SpecdecError("no prompt: give --prompt TEXT, --prompt-file FILE, or pipe text on stdin")
     if not text.strip():
-        raise SpecdecError("the prompt is empty")
+        raise SpecdecError(f"the prompt is empty: {where}")
     try:  # undecodable bytes in argv or stdin arrive as lone surrogates
         text.encode("utf-8")
     except UnicodeEncodeError as e:

@@ -192,7 +192,7 @@ def run_plan(args) -> int:
         if given:
             raise SpecdecError(f"{', '.join(given)}: only used with --emit ENGINE")
         if args.alpha is None:
-            raise SpecdecError("specdec plan: the following arguments are required: --alpha")
+            raise SpecdecError("plan: the following arguments are required: --alpha")
         check_plot_path(args.plot)
     curve, profile_c = cost_curve_from_args(args)
     c = args.draft_cost if args.draft_cost is not None else (profile_c or 0.0)
@@ -217,6 +217,10 @@ def run_plan(args) -> int:
     if not result.beats_plain:
         print("no draft depth beats plain decoding at this acceptance rate and draft cost: turn speculation off")
     print(f"largest draft cost that can pay at a = {result.alpha:g}: c* = {result.max_useful_draft_cost:.3f}")
+    if not curve:
+        print("these assume a verify pass of k + 1 rows costs one plain pass, as it does only while decoding is "
+              "memory-bound; a measured curve (--profile from `specdec profile`, or --verify-cost) gives this "
+              "machine's best k")
     return 0
 
 
