@@ -25,7 +25,7 @@ class ScriptedDrafter(Drafter):
         self.heard: list[list[int]] = []  # per round, the accepted counts
         self.row_of: dict[int, int] = {}  # slot -> the row of futures it continues
 
-    def reserve(self, slots, capacity) -> int:
+    def reserve(self, slots, capacity, huge_pages=True) -> int:
         return capacity
 
     def open(self, slot, prompt, sampling) -> None:

@@ -41,7 +41,7 @@ class CyclingTarget:
         # per pass: ("prefill", prompt tokens) for a prefill chunk, ("decode", token-rows per slot) for a round
         self.passes: list[tuple[str, object]] = []
 
-    def new_cache(self, batch: int, capacity: int) -> NoCache:
+    def new_cache(self, batch: int, capacity: int, huge_pages: bool = True) -> NoCache:
         return NoCache()
 
     def _logits(self, tokens):

@@ -23,7 +23,7 @@ class CacheSpy:
     def __init__(self, model):
         self.model, self.cfg, self.caches = model, model.cfg, []
 
-    def new_cache(self, batch, capacity):
+    def new_cache(self, batch, capacity, huge_pages=True):
         self.caches.append(self.model.new_cache(batch, capacity))
         return self.caches[-1]
 

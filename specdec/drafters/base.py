@@ -56,9 +56,10 @@ class Drafter(Protocol):
     learns: bool = False
     catch_up_s: float = 0.0
 
-    def reserve(self, slots: int, capacity: int) -> int:
+    def reserve(self, slots: int, capacity: int, huge_pages: bool = True) -> int:
         """Room for `slots` sequences at once, each never longer than `capacity` tokens. Returns the length it
-        can serve (less when, say, a draft model's own context is shorter)."""
+        can serve (less when, say, a draft model's own context is shorter). huge_pages: whether a KV cache it
+        keeps goes on 2 MB pages (models/transformer.py KVCache says when)."""
         ...
 
     def open(self, slot: int, prompt: Sequence[int], sampling: SamplingConfig) -> None:
@@ -103,7 +104,7 @@ class NoDrafter(Drafter):
     learns = False
     catch_up_s = 0.0
 
-    def reserve(self, slots, capacity) -> int:
+    def reserve(self, slots, capacity, huge_pages=True) -> int:
         return capacity
 
     def open(self, slot, prompt, sampling) -> None:

@@ -39,8 +39,8 @@ class CascadeDrafter(Drafter):
         self.used: dict[int, object] = {}  # slot -> the member whose draft it took last round
         self.counts = {m.name: 0 for m in self.members}  # rows drafted by each member
 
-    def reserve(self, slots: int, capacity: int) -> int:
-        return min(m.reserve(slots, capacity) or capacity for m in self.members)
+    def reserve(self, slots: int, capacity: int, huge_pages: bool = True) -> int:
+        return min(m.reserve(slots, capacity, huge_pages=huge_pages) or capacity for m in self.members)
 
     def open(self, slot, prompt, sampling) -> None:
         for m in self.members:

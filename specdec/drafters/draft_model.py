@@ -46,9 +46,9 @@ class DraftModelDrafter(Drafter):
                                f"the target's vocabulary ({draft_tokenizer.vocab_size} vs "
                                f"{target_tokenizer.vocab_size} tokens, or the same size with other tokens)")
 
-    def reserve(self, slots: int, capacity: int) -> int:
+    def reserve(self, slots: int, capacity: int, huge_pages: bool = True) -> int:
         capacity = min(capacity, self.model.cfg.max_position_embeddings)  # its own context may be shorter
-        self.cache = self.model.new_cache(slots, capacity)
+        self.cache = self.model.new_cache(slots, capacity, huge_pages=huge_pages)
         return capacity
 
     def open(self, slot: int, prompt: Sequence[int], sampling: SamplingConfig) -> None:

@@ -101,7 +101,7 @@ class EagleDrafter(Drafter):
         self.sampling: dict[int, SamplingConfig] = {}
         self.gen: dict[int, torch.Generator] = {}
 
-    def reserve(self, slots: int, capacity: int) -> int:
+    def reserve(self, slots: int, capacity: int, huge_pages: bool = True) -> int:  # its caches: torch's
         c = self.head.cfg
         capacity = min(capacity, c.max_positions)
         self.layer.reserve(slots, capacity)

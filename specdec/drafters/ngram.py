@@ -89,7 +89,7 @@ class NgramDrafter(Drafter):
         self.rows: dict[int, _RowIndex] = {}  # slot -> its sequence's index
         self.table = AcceptanceTable()  # shared by every sequence of this process
 
-    def reserve(self, slots: int, capacity: int) -> int:
+    def reserve(self, slots: int, capacity: int, huge_pages: bool = True) -> int:
         return capacity
 
     def open(self, slot: int, prompt: Sequence[int] = (), sampling=None) -> None:

@@ -245,7 +245,7 @@ class SuffixDrafter(Drafter):
         self.learns = max_tokens > 0  # finished sequences feed the shared index
         self.rows: dict[int, _Row] = {}  # slot -> its sequence
 
-    def reserve(self, slots: int, capacity: int) -> int:
+    def reserve(self, slots: int, capacity: int, huge_pages: bool = True) -> int:
         return capacity
 
     def open(self, slot: int, prompt: Sequence[int] = (), sampling=None) -> None:

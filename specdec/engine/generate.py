@@ -65,7 +65,8 @@ class Engine:
         context = min(limit, longest + cfg.max_new_tokens + policy.max_k + 2)
         sched = Scheduler(self.model, self.tokenizer, drafter, policy,
                           SchedulerConfig(max_batch=len(prompts), max_queue=None, context=context,
-                                          prefill_chunk=prefill_chunk), prefix_cache=self.prefix)
+                                          prefill_chunk=prefill_chunk, kv_huge_pages=True),  # sized to fill
+                          prefix_cache=self.prefix)
         sched.on_round = self._meter_round
         seqs = []
         for r, p in enumerate(prompts):

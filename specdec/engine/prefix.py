@@ -35,13 +35,14 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class PrefixCache:
-    def __init__(self, model, entries: int, capacity: int):
+    def __init__(self, model, entries: int, capacity: int, huge_pages: bool = False):
+        """huge_pages: see KVCache; off, as entries hold prompts far shorter than `capacity` as a rule."""
         if entries < 1:
             raise SpecdecError(f"a prefix cache needs at least 1 entry, got {entries}")
         if not TargetTraits.of(model).exact_kv_reuse:
             raise SpecdecError("prefix caching needs the native kernels (this model's prefill and decode "
                                "compute keys differently, so reuse would change outputs)")
-        self.cache = model.new_cache(entries, capacity)
+        self.cache = model.new_cache(entries, capacity, huge_pages=huge_pages)
         self.capacity = self.cache.capacity
         self.entries: list[Entry | None] = [None] * entries
         self.clock = 0

@@ -52,6 +52,9 @@ class SchedulerConfig:
     max_queue: int | None = 64  # sequences waiting for a slot (None: no limit)
     context: int | None = None  # positions per slot (default: the model's whole context)
     prefill_chunk: int | None = PREFILL_CHUNK  # prompt tokens prefilled per step (None: each prompt in one go)
+    # the KV pool on 2 MB pages: only for a pool sized to its prompts (Engine.generate); a server's pool holds
+    # `context` positions a slot, mostly unused, and on 2 MB pages each slot's first request stalls (see KVCache)
+    kv_huge_pages: bool = False
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -99,10 +102,10 @@ class Scheduler:
         self.cfg = cfg or SchedulerConfig()
         limit = model.cfg.max_position_embeddings
         self.context = min(self.cfg.context or limit, limit)  # tokens a sequence may hold, prompt included
-        served = self.drafter.reserve(self.cfg.max_batch, self.context)
+        served = self.drafter.reserve(self.cfg.max_batch, self.context, huge_pages=self.cfg.kv_huge_pages)
         if served is not None and served < self.context:  # a draft model with a shorter context bounds it
             self.context = served
-        self.cache = model.new_cache(self.cfg.max_batch, self.context)
+        self.cache = model.new_cache(self.cfg.max_batch, self.context, huge_pages=self.cfg.kv_huge_pages)
         self.prefix = prefix_cache  # finished sequences' keys and values, reused by prompts that share them
         self.slots: list[Sequence | None] = [None] * self.cfg.max_batch
         self.waiting: deque[Sequence] = deque()

@@ -38,7 +38,7 @@ class HFAdapter:
     def weight_bytes_per_token(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.hf.parameters())
 
-    def new_cache(self, batch: int, capacity: int) -> HFCache:
+    def new_cache(self, batch: int, capacity: int, huge_pages: bool = True) -> HFCache:  # huge_pages: unused
         from transformers import DynamicCache
 
         if batch != 1:

@@ -46,16 +46,24 @@ class KVCache:
 
     The torch path keeps [batch, kv_heads, capacity, head_dim] in fp32. The native kernels keep fp16 and store
     keys in blocks of CHUNK positions transposed, [batch, kv_heads, capacity / CHUNK, head_dim, CHUNK] (see
-    kernels/attention.cpp); `keys` and `values` give every layout as [batch, kv_heads, capacity, head_dim]."""
+    kernels/attention.cpp); `keys` and `values` give every layout as [batch, kv_heads, capacity, head_dim].
+
+    huge_pages (the native cache on CPU): on 2 MB pages, for a cache its sequences fill (a run's own, sized to its
+    prompts). A server's pool holds --context positions a slot and its sequences mostly use a fraction: on 2 MB
+    pages a slot's first sequence maps a huge page in each (layer, key or value, head) region it writes, so on the
+    bundled model a fresh slot took 180 MB and its first prefill chunk 56-466 ms, where 4 KB pages took 1 MB and
+    34 ms; once mapped, 4 KB pages made passes 1-10% slower, most at long contexts (scripts/kv_pages_bench.py,
+    docs/results/kv-pages.md). A pool takes 4 KB pages (huge_pages False): memory as sequences fill it, and no
+    stall on a slot's first request."""
 
     def __init__(self, cfg: ModelConfig, batch: int, capacity: int, device="cpu", dtype=torch.float32,
-                 blocked: bool = False):
+                 blocked: bool = False, huge_pages: bool = True):
         self.capacity, self.blocked = math.ceil(capacity / CHUNK) * CHUNK, blocked
         hk, d = cfg.num_kv_heads, cfg.head_dim
         k_shape = (batch, hk, self.capacity // CHUNK, d, CHUNK) if blocked else (batch, hk, self.capacity, d)
         v_shape = (batch, hk, self.capacity, d)
-        if blocked and torch.device(device).type == "cpu":  # the native kernels' cache: read by every pass, so
-            # on huge pages (models/hugepages.py)
+        if blocked and huge_pages and torch.device(device).type == "cpu":  # the native kernels' cache: read by
+            # every pass, so on huge pages (models/hugepages.py)
             arena = Arena()
             self.k = [arena.zeros(k_shape, dtype) for _ in range(cfg.num_layers)]
             self.v = [arena.zeros(v_shape, dtype) for _ in range(cfg.num_layers)]
@@ -288,12 +296,13 @@ class Transformer:
         per = 2 if self.kernels is not None else 4  # the native kernels keep the cache in fp16
         return 2 * self.cfg.num_layers * self.cfg.num_kv_heads * self.cfg.head_dim * per
 
-    def new_cache(self, batch: int, capacity: int) -> KVCache:
+    def new_cache(self, batch: int, capacity: int, huge_pages: bool = True) -> KVCache:
+        """huge_pages: see KVCache (False for a server's pool, whose sequences fill a fraction of each slot)."""
         if capacity > self.cfg.max_position_embeddings:
             capacity = self.cfg.max_position_embeddings
         self._cover_rope(capacity)
         if self.kernels is not None:
-            return KVCache(self.cfg, batch, capacity, self.device, torch.float16, blocked=True)
+            return KVCache(self.cfg, batch, capacity, self.device, torch.float16, blocked=True, huge_pages=huge_pages)
         return KVCache(self.cfg, batch, capacity, self.device)
 
     def _cover_rope(self, positions: int) -> None:
