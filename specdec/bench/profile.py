@@ -32,9 +32,9 @@ KNEE_RULE = (f"threshold: the first n whose pass costs more than {KNEE_THRESHOLD
 Tick = Callable[[], None]
 
 
-def time_passes(model, context: int, rows: Sequence[int], reps: int, tick: Tick = lambda: None) -> dict[int, list]:
-    """Seconds of target passes over n rows after `context` cached tokens, reps times per n (rep-major,
-    alternating direction, so that drift spreads over every n)."""
+def primed(model, context: int, rows: Sequence[int]):
+    """A pass over n rows after `context` cached tokens, for each n in rows, ready to time: n -> a function that
+    runs it (the cache prefilled with random tokens, every pass rewriting the same positions; warmed up)."""
     limit = model.cfg.max_position_embeddings
     if context < 1 or context + max(rows) > limit:
         raise SpecdecError(f"context {context} + {max(rows)} rows does not fit the model's {limit} positions")
@@ -45,16 +45,40 @@ def time_passes(model, context: int, rows: Sequence[int], reps: int, tick: Tick 
                   last_only=torch.tensor([context - 1]), prefill=True)
     start = torch.tensor([context])
     toks = {n: torch.randint(0, vocab, (1, n), generator=g) for n in rows}  # [1, n] each
+    run = {n: (lambda t=toks[n]: model.forward(t, start, cache)) for n in rows}
     for n in (rows[0], rows[-1]):  # warm-up
-        model.forward(toks[n], start, cache)
+        run[n]()
+    return run
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def time_passes(model, context: int, rows: Sequence[int], reps: int, tick: Tick = lambda: None) -> dict[int, list]:
+    """Seconds of target passes over n rows after `context` cached tokens, reps times per n (rep-major,
+    alternating direction, so that drift spreads over every n)."""
+    run = primed(model, context, rows)
     times: dict[int, list] = {n: [] for n in rows}
     for rep in range(reps):
         for n in (rows if rep % 2 == 0 else list(reversed(rows))):
-            t0 = time.perf_counter()
-            model.forward(toks[n], start, cache)
-            times[n].append(time.perf_counter() - t0)
+            times[n].append(timed(run[n]))
             tick()
     return times
+
+
+def time_pairs(a, b, context: int, reps: int, tick: Tick = lambda: None) -> tuple[list, list]:
+    """Seconds of one-row passes of models a and b after `context` cached tokens, alternated pass by pass (the
+    order flipped every rep), so that a burst of other load meets both: what a ratio of their costs needs."""
+    run_a, run_b = primed(a, context, [1])[1], primed(b, context, [1])[1]
+    ta, tb = [], []
+    for rep in range(reps):
+        for run, out in ((run_a, ta), (run_b, tb)) if rep % 2 == 0 else ((run_b, tb), (run_a, ta)):
+            out.append(timed(run))
+        tick()
+    return ta, tb
 
 
 def context_entry(context: int, times: dict[int, list]) -> dict:
@@ -149,9 +173,13 @@ def measure_draft(loaded, drafter, context: int, target_step_s: float, reps: int
     from specdec.drafters.ngram import NgramDrafter
 
     if isinstance(drafter, DraftModelDrafter):
-        t = statistics.median(time_passes(drafter.model, context, [1], reps, tick)[1])
+        # the two models' passes alternated: a ratio of medians taken minutes apart swung with the machine's load
+        # (a tiny model as its own draft once gave c = 0.09 on a busy machine)
+        target, draft = time_pairs(loaded.model, drafter.model, context, reps, tick)
+        t = statistics.median(draft)
         return {"kind": "draft-model", "step_s": t, "context": context,
-                "rule": "c = the draft model's 1-token pass / the target's, at the typical context"}, t / target_step_s
+                "rule": "c = the draft model's 1-token pass / the target's, alternated pass by pass, at the "
+                        "typical context"}, t / statistics.median(target)
     from specdec.drafters.eagle import EagleDrafter
     from specdec.drafters.suffix import SuffixDrafter
 

@@ -52,7 +52,7 @@ class KVCache:
     prompts). A server's pool holds --context positions a slot and its sequences mostly use a fraction: on 2 MB
     pages a slot's first sequence maps a huge page in each (layer, key or value, head) region it writes, so on the
     bundled model a fresh slot took 180 MB and its first prefill chunk 56-466 ms, where 4 KB pages took 1 MB and
-    34 ms; once mapped, 4 KB pages made passes 1-10% slower, most at long contexts (scripts/kv_pages_bench.py,
+    34-39 ms; once mapped, 4 KB pages made passes 1-10% slower, most at long contexts (scripts/kv_pages_bench.py,
     docs/results/kv-pages.md). A pool takes 4 KB pages (huge_pages False): memory as sequences fill it, and no
     stall on a slot's first request."""
 
