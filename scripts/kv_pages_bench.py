@@ -12,6 +12,7 @@ and 6-row passes at several contexts, the two caches alternated pass by pass.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -22,26 +23,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdec.bench.profile import measure_bandwidth  # noqa: E402
-from specdec.models.hugepages import lazy_zeros  # noqa: E402
+from specdec.bench.real_models import proc_rss  # noqa: E402
 from specdec.models.transformer import KVCache  # noqa: E402
 from specdec.provenance import cpu_name, git_revision  # noqa: E402
 from specdec.runtime import ModelSpec, build  # noqa: E402
 
 
 def cache(model, capacity: int, huge: bool) -> KVCache:
-    """One slot's blocked fp16 cache: the server's layout, on 2 MB pages (an Arena) or 4 KB pages."""
-    c = model.new_cache(1, capacity)  # blocked fp16, on an Arena where THP is granted; covers RoPE to capacity
-    if not huge:
-        c.k = [lazy_zeros(tuple(t.shape), t.dtype) for t in c.k]
-        c.v = [lazy_zeros(tuple(t.shape), t.dtype) for t in c.v]
-    return c
+    """One slot's blocked fp16 cache: the server's layout, on 2 MB pages (where THP is granted) or 4 KB pages."""
+    return model.new_cache(1, capacity, huge_pages=huge)
 
 
 def rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    return proc_rss(os.getpid())["RssAnon"] / 2**20
 
 
 def fill(model, c: KVCache, n: int, chunk: int = 256) -> float:
