@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
 
 import pytest
 
@@ -138,7 +140,18 @@ def test_prometheus_text_is_summed_over_label_sets():
                          'timed{le="+Inf",q="a b"}': 2.0}  # a label value with a space; a timestamp after the value
 
 
-def test_endpoint_against_a_baseline_per_category_and_level(prompts, tmp_path, stubs):
+@pytest.fixture
+def chunk_clock(monkeypatch):
+    """The client's clock as a count of its readings: one a request sent, one a text chunk received, one a
+    request ended. At concurrency 1 each chunk gap is then one step, and the round cost the report derives from
+    the gaps is exact; timed, one stall among the baseline's 4 ms gaps could drive it below 0 (no curve)."""
+    from specdec import client
+
+    ticks = itertools.count()
+    monkeypatch.setattr(client, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+
+
+def test_endpoint_against_a_baseline_per_category_and_level(prompts, tmp_path, stubs, chunk_clock):
     spec, base = stubs(per_chunk=2, drafted=6, accepted=4), stubs(per_chunk=1)
     r = bench(prompts, tmp_path, spec, base, "--concurrency", "1,2", "--markdown", str(tmp_path / "r.md"),
               "--plot", str(tmp_path / "r.png"))
@@ -160,8 +173,10 @@ def test_endpoint_against_a_baseline_per_category_and_level(prompts, tmp_path, s
     turn2 = [b["messages"] for b in spec.bodies if len(b["messages"]) == 3]
     assert turn2 and turn2[0][1] == {"role": "assistant", "content": "fix a b fix a b "}
     assert all(b["stream"] and b["temperature"] == 0 and b["max_tokens"] == 6 for b in spec.bodies + base.bodies)
-    # the round cost at concurrency 1 is a cost curve `specdec plan` reads
-    assert set(r["verify_cost"]) == {"1", "7"} and r["endpoint"]["round_cost"]["rows"] == 7
+    # the round cost at concurrency 1 is a cost curve `specdec plan` reads. Counted in chunk gaps: 4 turns of 2
+    # gaps (S = 8, P = 8), 4 drafting rounds (D), the baseline's gaps one step each (T1 = 1): a drafting round
+    # costs (S - (P - D) T1) / D = 1 plain step
+    assert r["verify_cost"] == {"1": 1.0, "7": 1.0} and r["endpoint"]["round_cost"]["rows"] == 7
     assert main(["plan", "--alpha", "0.6", "--profile", str(tmp_path / "r.json")]) == 0
     md = (tmp_path / "r.md").read_text()
     assert "| endpoint c=2 |" in md and "c=2: throughput" in md and "counters: 24 drafted, 16 accepted" in md

@@ -75,7 +75,7 @@ def fake(tmp_path):
     script.write_text(FAKE)
     started = []
 
-    def start(mode="ok", timeout_s=30.0, **env):
+    def start(mode="ok", timeout_s=60.0, **env):  # 60 s: only a bound on a hang
         env = {"FAKE_MODE": mode, **{f"FAKE_{k.upper()}": str(v) for k, v in env.items()}}
         w = LlamaCppWorker([sys.executable, str(script), "--threads", "2"], env=env, timeout_s=timeout_s)
         started.append(w)

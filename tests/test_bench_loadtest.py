@@ -42,16 +42,24 @@ class Stub:
         self.lock = threading.Lock()
         self.reset()
 
-    def reset(self) -> None:
+    def reset(self, gather: int = 0) -> None:
+        """gather: hold the first requests until this many are in flight at once (60 s at most), so that a test of
+        the client's concurrency does not depend on requests of ~35 ms overlapping on a busy machine."""
         self.seen: list[tuple[str, dict, str | None]] = []  # (path, body, Authorization header)
         self.in_flight = self.max_in_flight = 0
+        self.gather, self.gathered = gather, threading.Event()
 
     def enter(self, path: str, body: dict, auth: str | None) -> int:
         with self.lock:
             self.seen.append((path, body, auth))
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
-            return len(self.seen)
+            if self.in_flight >= self.gather:
+                self.gathered.set()
+            n = len(self.seen)
+        if not self.gathered.wait(60):  # only a bound on a hang: a client short of its concurrency
+            self.gathered.set()  # ... lets the rest through at once, and fails on max_in_flight
+        return n
 
     def leave(self) -> None:
         with self.lock:
@@ -218,7 +226,7 @@ def test_streamed_levels_with_usage(stub):
     state, url = stub
     cfg = LoadConfig(url=url, concurrency=(1, 2, 4), requests_per_client=2, max_tokens=16, seed=7)
     for c in cfg.concurrency:
-        state.reset()
+        state.reset(gather=c)
         r = level(cfg, c)
         assert len(state.seen) == r.requests == c * 2
         assert state.max_in_flight == c
@@ -254,6 +262,7 @@ def test_streamed_completions_without_usage_count_chunks(stub):
 def test_not_streamed(stub):
     state, url = stub
     cfg = LoadConfig(url=url, concurrency=(2,), requests_per_client=2, stream=False)
+    state.reset(gather=2)
     r = level(cfg, 2)
     assert r.requests == len(state.seen) == 4 and state.max_in_flight == 2
     assert r.output_tokens == 4 * 2 * state.tokens

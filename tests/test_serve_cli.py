@@ -28,7 +28,7 @@ class _FakeWorker:
 
     def run_here(self):
         self.ran_on = threading.current_thread()
-        assert self._stop.wait(10), "the step loop was never told to stop"
+        assert self._stop.wait(60), "the step loop was never told to stop"  # 60 s: only a bound on a hang
 
     def request_stop(self):
         self.stopped = True
@@ -80,7 +80,7 @@ def test_a_step_loop_that_fails_stops_http_too():
         should_exit, told = False, False
 
         def run(self):
-            for _ in range(500):  # uvicorn's main loop checks should_exit every 0.1 s
+            for _ in range(6000):  # uvicorn's main loop checks should_exit every 0.1 s; 60 s: a hang
                 if self.should_exit:
                     self.told = True
                     return

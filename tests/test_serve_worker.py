@@ -85,12 +85,12 @@ def _run(steps, n=3):
     tickets = [worker.submit(s, loop) for s in seqs]
     runner = threading.Thread(target=worker.run_here)
     runner.start()
-    for _ in range(200):  # the worker sleeps once the steps are done: stop it then
+    for _ in range(6000):  # the worker sleeps once the steps are done: stop it then (60 s: a hang)
         if sched.idle:
             break
         threading.Event().wait(0.01)
     worker.request_stop()
-    runner.join(10)
+    runner.join(60)
     assert not runner.is_alive()
     return loop, tickets, sched
 
