@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from specdec.errors import SpecdecError
@@ -23,6 +24,9 @@ COMMAND_MODULES = (
     "specdec.kernels.cli",
     "specdec.models.cli",
 )
+# The commands that run a model's passes in this process: they size their thread team at start and print it.
+# Every command takes --threads; the others pass it on to the servers and children they start (SPECDEC_THREADS).
+RUNS_PASSES = ("generate", "demo", "serve", "bench", "profile", "train-draft", "export-draft", "kernels")
 
 
 class UsageError(SpecdecError):
@@ -46,7 +50,22 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    for p in sub.choices.values():
+        p.add_argument("--threads", default=None, metavar="N",
+                       help="threads a pass runs on: a number, or auto (the default, or SPECDEC_THREADS): one per "
+                            "CPU the affinity mask and cgroup quota allow, fewer while other processes use them")
     return parser
+
+
+def size_team(args) -> None:
+    """--threads: checked, handed on to child processes, and the team sized (and shown) where passes run here."""
+    from specdec.kernels.cores import ENV, Budget, configure
+
+    if args.threads is not None:
+        Budget.read(args.threads)  # a bad value is one line, whatever the command
+        os.environ[ENV] = str(args.threads)  # servers and benchmark children started from here follow it
+    if args.command in RUNS_PASSES:
+        configure(args.threads, announce=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             print(parser.format_help(), file=sys.stderr, end="")
             return 2
         args = parser.parse_args(argv)
+        size_team(args)
         return int(args.func(args) or 0)
     except UsageError as e:  # "specdec: error: generate: argument --k: ...", the program named once
         sub = e.prog.removeprefix("specdec").strip()

@@ -26,6 +26,8 @@ EXPECTED = {
     "specdec:spec_decode_acceptance_drift": "gauge",
     "specdec:num_requests_running": "gauge",
     "specdec:num_requests_waiting": "gauge",
+    "specdec:threads": "gauge",
+    "specdec:cpu_used_by_others": "gauge",
     "specdec:time_to_first_token_seconds": "histogram",
     "specdec:inter_token_latency_seconds": "histogram",
     "specdec:tokens_per_round": "histogram",
@@ -195,6 +197,9 @@ def test_requests_latencies_and_queue():
     assert s[("specdec:prompt_tokens_total", ())] == 18
     assert s[("specdec:generation_tokens_total", ())] == 21
     assert (s[("specdec:num_requests_running", ())], s[("specdec:num_requests_waiting", ())]) == (3, 7)
+    m.set_threads(1, 0.9)
+    s = samples(m)
+    assert (s[("specdec:threads", ())], s[("specdec:cpu_used_by_others", ())]) == (1, 0.9)
     m.set_queue(0, 0)
     assert value(m, "specdec:num_requests_running") == 0
 

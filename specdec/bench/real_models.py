@@ -40,7 +40,6 @@ def register(sub) -> None:
     p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per decoding run")
     p.add_argument("--ttft-tokens", type=int, default=512, help="prompt length for time to first token")
     p.add_argument("--reps", type=int, default=3, help="timed passes per row count of the verify curve")
-    p.add_argument("--threads", type=int, default=2)
     p.add_argument("--gemma", action=argparse.BooleanOptionalAction, default=True,
                    help="also Gemma 3 270M (--no-gemma skips it)")
     p.add_argument("--gemma-new-tokens", type=int, default=128)
@@ -52,10 +51,18 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def team_size(args) -> int:
+    """The fixed team every side runs on (specdec's children and llama.cpp alike): --threads, else the whole CPUs
+    this process may use (kernels/cores.py)."""
+    from specdec.kernels.cores import Budget
+
+    return Budget.read(args.threads).threads
+
+
 def child(model: str, out: Path, args, *extra: str) -> dict:
     """specdec's measurements of one model, in a process of its own."""
     cmd = [sys.executable, "-m", "specdec.bench.real_models_child", "--model", model, "--json", str(out),
-           "--threads", str(args.threads), "--reps", str(args.reps), *extra]
+           "--threads", str(team_size(args)), "--reps", str(args.reps), *extra]
     if subprocess.run(cmd).returncode != 0:
         raise SpecdecError(f"measuring {model} failed (see above); command: {' '.join(cmd)}")
     return json.loads(out.read_text())
@@ -164,7 +171,7 @@ def run(args) -> int:
                    spec_bench_prompt("summarization"))
         ids = sd["prompt_ids"]
         ttft_ids = long_prompt(ids, args.ttft_tokens)
-        lc = llamacpp(path, ids, args.gemma_new_tokens, ttft_ids, args.threads)
+        lc = llamacpp(path, ids, args.gemma_new_tokens, ttft_ids, team_size(args))
         report["gemma"] = {"file": str(path), "file_bytes": path.stat().st_size, "specdec": sd, "llamacpp": lc,
                            "floor_tokens_per_s": bw / path.stat().st_size, "load_before": load,
                            "load_after": os.getloadavg()}
@@ -176,7 +183,7 @@ def run(args) -> int:
                    "--ttft-tokens", str(args.ttft_tokens), "--prompt", prompt)
         ids = sd["prompt_ids"]
         ttft_ids = long_prompt(ids, args.ttft_tokens)
-        lc = llamacpp(path, ids, args.new_tokens, ttft_ids, args.threads)
+        lc = llamacpp(path, ids, args.new_tokens, ttft_ids, team_size(args))
         entry = {"file": str(path), "file_bytes": path.stat().st_size, "specdec": sd, "llamacpp": lc,
                  "floor_tokens_per_s": bw / path.stat().st_size, "load_before": load, "load_after": os.getloadavg()}
         entry["projections"] = projections(sd, bundled, args.acceptance, ACCEPTANCE_METHOD, DRAFT_ALPHAS,

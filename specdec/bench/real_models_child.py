@@ -80,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    torch.set_num_threads(args.threads)
+    from specdec.kernels.cores import configure
+
+    configure(args.threads)  # a fixed team: the one llama.cpp is given
     from specdec.bench.profile import time_passes
     from specdec.drafters.ngram import NgramDrafter
     from specdec.engine.generate import Engine

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.kernels.cores import before_pass
 
 
 @dataclass
@@ -47,6 +48,7 @@ class HFAdapter:
 
     @torch.inference_mode()
     def forward(self, tokens, start, cache: HFCache, last_only=None, prefill: bool = False):
+        before_pass()  # the thread team, resized when other processes take these cores (kernels/cores.py)
         s = int(start[0])
         if s < cache.length:
             cache.cache.crop(s - cache.length)  # rollback: forget the rejected tail (transformers 5: a negative count)

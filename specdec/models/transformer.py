@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from specdec.errors import SpecdecError
 from specdec.kernels import pairs_layout
+from specdec.kernels.cores import before_pass
 from specdec.models.config import ACT_BITS, GGUF_PRECISIONS, ModelConfig
 from specdec.models.gguf_llama import read_matrices
 from specdec.models.gguf_weights import QTensor, RowLookup, qmatrix, release_pages
@@ -321,6 +322,7 @@ class Transformer:
         (layer indices; see forward_ragged) it returns (logits, features [B, n, len(taps) * hidden]), every
         position's features whatever last_only selects."""
         dev = self.device
+        before_pass()  # the thread team, resized when other processes take these cores (kernels/cores.py)
         tokens, start = tokens.to(dev), start.to(dev)
         b, n = tokens.shape
         if prefill and b > 1 and last_only is not None:
@@ -362,6 +364,7 @@ class Transformer:
         output, before the final norm) is returned too, as (logits, features [R, len(taps) * hidden]) over all
         rows: what a draft head reads (EAGLE-3 fuses a low, a middle and a high layer)."""
         cfg, dev = self.cfg, self.device
+        before_pass()
         tokens, slots, pos = tokens.to(dev), slots.to(dev), pos.to(dev)
         check_taps(taps, cfg.num_layers)
         x = self.embed[tokens]  # [R, hidden]

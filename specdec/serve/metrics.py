@@ -90,6 +90,10 @@ class ServerMetrics:
             registry=r)
         self.num_requests_running = Gauge("specdec:num_requests_running", "Requests being decoded.", registry=r)
         self.num_requests_waiting = Gauge("specdec:num_requests_waiting", "Requests queued.", registry=r)
+        self.threads = Gauge("specdec:threads", "Threads a pass runs on now: fewer while other processes use this "
+                                                "server's CPUs.", registry=r)
+        self.cpu_others = Gauge("specdec:cpu_used_by_others", "CPUs' worth of this server's CPUs that other "
+                                                              "processes used over the last look.", registry=r)
 
         self.time_to_first_token = Histogram("specdec:time_to_first_token_seconds",
                                              "Time from arrival to the first generated token.",
@@ -177,6 +181,10 @@ class ServerMetrics:
     def set_queue(self, running: int, waiting: int) -> None:
         self.num_requests_running.set(running)
         self.num_requests_waiting.set(waiting)
+
+    def set_threads(self, threads: int, others: float) -> None:
+        self.threads.set(threads)
+        self.cpu_others.set(others)
 
     def on_abort(self) -> None:
         """A request whose client left before it finished (counted as vLLM does, finish reason "abort")."""

@@ -23,6 +23,7 @@ from typing import Protocol
 from specdec.engine.scheduler import Event, QueueFull, RoundCallback, RoundReport
 from specdec.engine.sequence import GenerationConfig, Sequence
 from specdec.errors import SpecdecError
+from specdec.kernels.cores import sharing
 from specdec.serve.live import LiveStats
 from specdec.serve.metrics import ServerMetrics
 
@@ -219,7 +220,10 @@ class EngineWorker:
         stray = sum(key not in live for key in self._tickets)
         if stray:
             problems.append(f"{stray} open request(s) with no sequence in a slot or the queue")
-        state.update(requests_open=len(self._tickets), requests_cancelled=self._cancelled, problems=problems)
+        share = sharing()
+        self.metrics.set_threads(share.threads, share.others)
+        state.update(requests_open=len(self._tickets), requests_cancelled=self._cancelled, problems=problems,
+                     threads=share.threads, cpu_used_by_others=round(share.others, 2))
         self._state = state
 
     def _on_round(self, r: RoundReport) -> None:
