@@ -2,9 +2,9 @@
 
 Pure functions: two samples of one distribution pass at about the nominal rate, and a difference of exactly the
 TV distance the audit says it would detect, in the direction hardest for its test, is caught in >= 90% of
-repetitions (the power statement is 95%). End to end (slow: the bundled model, ~1 minute): `specdec serve`'s
-exact speculative mode passes against a server without speculation, and `--lossy-typical-acceptance` is
-flagged, both with wide margins and fixed seeds."""
+repetitions (the power statement is 95%). End to end (slow: the bundled model, ~1 minute): with three servers up
+on this machine, `specdec serve`'s exact speculative mode passes against a server without speculation, and
+`--lossy-typical-acceptance` is flagged, both with wide margins and fixed seeds."""
 
 from __future__ import annotations
 
@@ -182,26 +182,32 @@ E2E = ("--samples", "50", "--max-tokens", "6", "--seed", "0", "--json")  # 4 bui
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    s = Server(tmp_path_factory.mktemp("audit") / "model", *SERVE, "--drafter", "none")
-    yield s
-    assert s.stop() == 0, s.output()
-
-
-def audit_server(reference, *flags: str) -> tuple[dict, str]:
-    s = Server(Path(reference.log.name).parent / "model", *SERVE, "--policy", "always", "--drafter", "ngram", *flags)
+def servers(tmp_path_factory):
+    """The README's audit on one host: the reference, an exact and a lossy speculative server, all three up at once
+    on this machine, as a user runs them (each sizes its thread team to what the others leave it)."""
+    model = tmp_path_factory.mktemp("audit") / "model"
+    flags = {"reference": ("--drafter", "none"), "exact": ("--policy", "always", "--drafter", "ngram"),
+             "lossy": ("--policy", "always", "--drafter", "ngram", "--lossy-typical-acceptance")}
+    up: dict[str, Server] = {}
     try:
-        rc, out = run_audit("--endpoint", s.url, "--reference", reference.url, *E2E)
+        for name, f in flags.items():
+            up[name] = Server(model, *SERVE, *f)
+        yield up
     finally:
-        assert s.stop() == 0, s.output()
+        for s in up.values():
+            assert s.stop() == 0, s.output()
+
+
+def audit_server(servers, name: str) -> tuple[dict, str]:
+    rc, out = run_audit("--endpoint", servers[name].url, "--reference", servers["reference"].url, *E2E)
     result = json.loads(out)
     assert rc == (0 if result["verdict"] == "lossless" else 1)
-    return result, s.output()
+    return result, servers[name].output()
 
 
 @pytest.mark.slow
-def test_exact_speculation_passes(reference):
-    r, log = audit_server(reference)
+def test_exact_speculation_passes(servers):
+    r, log = audit_server(servers, "exact")
     assert r["verdict"] == "lossless", r["message"]
     assert r["p"] > 0.5, r["message"]  # a wide margin: the alarm is at 0.05
     assert r["endpoint_acceptance"] == "exact" and "LOSSY" not in log
@@ -211,8 +217,8 @@ def test_exact_speculation_passes(reference):
 
 
 @pytest.mark.slow
-def test_lossy_typical_acceptance_is_flagged(reference):
-    r, log = audit_server(reference, "--lossy-typical-acceptance")
+def test_lossy_typical_acceptance_is_flagged(servers):
+    r, log = audit_server(servers, "lossy")
     assert r["verdict"] == "lossy" and r["p"] < 1e-6, r["message"]  # a wide margin
     assert r["first_position_p"] > 0.5  # the prompt pass is untouched by the acceptance rule
     assert r["endpoint_acceptance"] == "lossy-typical"
