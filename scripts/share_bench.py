@@ -13,6 +13,10 @@ the same audit of each of its two servers against itself, with the other idle: o
 of the work, so its time is twice what that server's half takes alone; "within 2x of each server alone" is the
 pair's time at most the larger of the two self-audits.
 
+alone: one process on an idle machine: decode tok/s of `specdec generate --drafter none` and the verify curve (the
+median pass of 1-9 rows after 256 cached tokens, 20 reps, as `specdec profile` times them), each tree's run
+alternated with the other's: sharing must cost a process alone nothing (goal: within 3%).
+
 quota: `specdec generate --drafter none` (256 tokens) pinned to one CPU with taskset, against the same command in
 a cgroup whose CPU quota is one CPU (written here: cgroup v2's cpu.max or v1's cpu.cfs_quota_us; needs root).
 
@@ -65,6 +69,14 @@ def with_tree(tree: Path | None):
     return env
 
 
+def team_of(server: LocalServer) -> str | None:
+    """The server's thread team and others' CPU use when the load ended (GET /health; None on older servers)."""
+    import httpx
+
+    h = httpx.get(server.url + "/health", timeout=10, trust_env=False).json()
+    return f"{h['threads']} ({h['cpu_used_by_others']} CPUs others)" if "threads" in h else None
+
+
 def start_all(servers: list[LocalServer], tree: Path | None) -> None:
     """Start `servers` on `tree`'s code (their subprocesses inherit this process's environment)."""
     old = os.environ.get("PYTHONPATH")
@@ -87,7 +99,10 @@ def servers_arm(tree: Path | None, label: str, texts, args, log_dir: Path) -> di
         for n in sorted(args.counts):
             tps = asyncio.run(load(servers[:n], texts, args.clients, args.per_client, args.max_tokens))
             out[str(n)] = tps
-            say(f"{label}: {n} server(s) at once: " + ", ".join(f"{t:.1f}" for t in tps) + " tok/s", "share")
+            teams = [team_of(s) for s in servers[:n]]
+            out[f"{n} teams"] = teams
+            say(f"{label}: {n} server(s) at once: " + ", ".join(f"{t:.1f}" for t in tps) + f" tok/s; teams at the "
+                f"end {teams}", "share")
         return out
     finally:
         for s in servers:
@@ -126,6 +141,25 @@ def audit_arm(tree: Path | None, label: str, args, log_dir: Path) -> dict[str, d
     finally:
         for s in servers.values():
             s.stop()
+
+
+CURVE = """
+import json, statistics, sys
+from specdec.bench.profile import time_passes
+from specdec.runtime import ModelSpec, build
+target, _ = build(ModelSpec("default", "none"))
+t = time_passes(target.model, 256, list(range(1, 10)), 20)
+print(json.dumps({n: statistics.median(v) for n, v in t.items()}))
+"""
+
+
+def alone_arm(tree: Path | None, text: str, args) -> dict:
+    r = subprocess.run([sys.executable, "-c", CURVE], env=with_tree(tree), capture_output=True, text=True,
+                       timeout=600, cwd=tree or ROOT)
+    if r.returncode != 0:
+        raise SystemExit(f"the verify curve failed: {r.stderr[-2000:]}")
+    return {"decode": generate([], tree, text, None, args.new_tokens)["tok_s"],
+            "pass_s": {int(n): v for n, v in json.loads(r.stdout).items()}}
 
 
 def make_cgroup(cpus: float) -> Path:
@@ -177,7 +211,7 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=400, help="audit: completions per prompt per server")
     ap.add_argument("--new-tokens", type=int, default=256, help="quota: tokens generated")
     ap.add_argument("--serve-args", default="", help="more arguments for every server")
-    ap.add_argument("--skip", default="", help="servers,audit,quota: parts not to run")
+    ap.add_argument("--skip", default="", help="alone,servers,audit,quota: parts not to run")
     ap.add_argument("--prompts", type=Path, default=SPEC_BENCH)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -187,13 +221,18 @@ def main() -> int:
     prov = provenance(bandwidth=True)
     say(f"{prov['cpu']}, bandwidth {prov['bandwidth_gbs']} GB/s, git {prov['git']}", "share")
     result: dict = {"provenance": prov, "servers": {t: [] for t, _ in trees}, "quota": {t: [] for t, _ in trees},
-                    "audit": {t: [] for t, _ in trees}}
+                    "audit": {t: [] for t, _ in trees}, "alone": {t: [] for t, _ in trees}}
     with tempfile.TemporaryDirectory() as logs:
         for rep in range(args.reps):
             order = trees if rep % 2 == 0 else trees[::-1]
             for label, tree in order:
                 if "servers" not in args.skip:
                     result["servers"][label].append(servers_arm(tree, f"{label}-r{rep}", texts, args, Path(logs)))
+                if "alone" not in args.skip:
+                    a = alone_arm(tree, texts[0], args)
+                    result["alone"][label].append(a)
+                    say(f"{label}: decode {a['decode']:.1f} tok/s; passes of 1-9 rows (ms) "
+                        + " ".join(f"{1e3 * v:.2f}" for v in a["pass_s"].values()), "share")
                 if "audit" not in args.skip:
                     result["audit"][label].append(audit_arm(tree, f"{label}-r{rep}", args, Path(logs)))
                 if "quota" not in args.skip:
@@ -231,6 +270,13 @@ def report(result: dict, counts: list[int]) -> str:
                 lines.append(f"audit {label} rep {i}: {kind} vs reference {pair['seconds']:.0f} s "
                              f"({pair['verdict']}); the larger self-audit {alone:.0f} s (2x one server alone): "
                              f"{pair['seconds'] / alone:.2f} of the bound")
+    alone = result["alone"]
+    if all(alone.get(k) for k in ("after", "before")):
+        dec = {k: statistics.median(a["decode"] for a in alone[k]) for k in ("after", "before")}
+        curve = {k: {n: statistics.median(a["pass_s"][n] for a in alone[k]) for n in alone[k][0]["pass_s"]}
+                 for k in ("after", "before")}
+        lines.append(f"alone, after/before: decode {dec['after'] / dec['before']:.3f}; pass of n rows "
+                     + " ".join(f"{n}: {curve['after'][n] / curve['before'][n]:.3f}" for n in curve["after"]))
     medians = {label: statistics.median(r["1"][0] for r in reps) for label, reps in result["servers"].items() if reps}
     if len(medians) == 2:
         lines.append(f"one server alone, after/before: {medians['after'] / medians['before']:.3f}")

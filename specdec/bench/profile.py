@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specdec.errors import SpecdecError
+from specdec.kernels.cores import sharing
 from specdec.provenance import provenance
 from specdec.sampling.verify import PAD
 from specdec.theory.economics import CostCurve, batch_capacity, first_exceeding, fit_knee
@@ -241,6 +242,7 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
     rows = list(range(1, max_rows + 1))
     draft_model = drafter.model if isinstance(drafter, DraftModelDrafter) else None
     total = len(contexts) * len(rows) * reps + (reps if draft_model else 1) + (reps if bandwidth_bytes else 0)
+    team, changes = sharing(), sharing().changes
     with tqdm(total=total, desc="profile", unit="pass", file=sys.stderr, disable=not progress,
               dynamic_ncols=True) as bar:
         entries = []
@@ -272,6 +274,11 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
             out["memory"] = memory_entry(target_mem, model_memory(draft_model) if draft_model else None,
                                          draft.get("index_bytes_per_token", 0.0), budget_bytes or physical_memory(),
                                          batch_context or typical)
+    out["team_changes"] = team.changes - changes
+    if out["team_changes"]:
+        print(f"specdec: the thread team changed size {out['team_changes']} time(s) while profiling (other processes "
+              "used these CPUs), so the figures mix team sizes: rerun on a quiet machine, or with --threads N",
+              file=sys.stderr)
     return out
 
 
