@@ -7,7 +7,8 @@ ran at 4-5% of one alone (issue 48). So the team is sized twice:
 
 - at start (`Budget`), from what the process may use: its affinity mask (taskset, a cpuset) and its cgroup CPU
   quota (a container's `--cpus`, systemd's CPUQuota), or `--threads N` / SPECDEC_THREADS;
-- while it runs (`Sharing.before_pass`, at most every `interval_s`), from how much of those CPUs other processes
+- while it runs (`Sharing.before_pass`, at most every `interval_s`: /proc/stat counts in 10 ms ticks, so a window
+  of 0.25 s on 2 CPUs reads others' use to about 0.1 CPU), from how much of those CPUs other processes
   used since the last look: /proc/stat's busy time on the allowed CPUs less this process's own CPU time. The team
   loses a thread when others took more than half a CPU of what it needs, and takes it back once they leave the
   larger team all but a quarter of a CPU. With a team of one a pass has no barrier to wait at,
@@ -179,7 +180,7 @@ class Sharing:
     `before_pass()` is called by every forward pass, on the thread that runs it (OpenMP's team size is that
     thread's setting); between checks it costs one clock read."""
 
-    def __init__(self, budget: Budget, interval_s: float = 0.1, set_threads: Callable[[int], None] | None = None,
+    def __init__(self, budget: Budget, interval_s: float = 0.25, set_threads: Callable[[int], None] | None = None,
                  busy: Callable[[], float | None] | None = None, own: Callable[[], float] = time.process_time,
                  clock: Callable[[], float] = time.monotonic):
         self.budget, self.interval_s = budget, interval_s
