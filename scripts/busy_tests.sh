@@ -27,7 +27,9 @@ ps = [m.Process(target=spin) for _ in range(m.cpu_count())]
   HOG="a Python busy loop per core"
 fi
 hog=$!
-trap 'pkill -P $hog 2>/dev/null; kill $hog 2>/dev/null || true' EXIT
+cleanup() { pkill -P "$hog" 2>/dev/null; kill "$hog" 2>/dev/null || true; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
 echo "busy-tests: $(git -C "$WORK/clone" rev-parse --short HEAD), $RUNS runs of make test beside $HOG (pid $hog); log $LOG"
 cd "$WORK/clone"
 make setup > "$WORK/setup.log" 2>&1 || { echo "busy-tests: make setup failed: $WORK/setup.log"; exit 1; }

@@ -24,9 +24,10 @@ COMMAND_MODULES = (
     "specdec.kernels.cli",
     "specdec.models.cli",
 )
-# The commands that run a model's passes in this process: they size their thread team at start and print it.
+# The commands that run a model's passes in this process: they size their thread team at start and print it when
+# their first pass starts.
 # Every command takes --threads; the others pass it on to the servers and children they start (SPECDEC_THREADS).
-RUNS_PASSES = ("generate", "demo", "serve", "bench", "profile", "train-draft", "export-draft", "kernels")
+RUNS_PASSES = ("generate", "demo", "serve", "bench", "profile", "train-draft", "export-draft")
 
 
 class UsageError(SpecdecError):

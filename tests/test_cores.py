@@ -169,10 +169,13 @@ def test_the_team_is_torchs_thread_count_on_the_passing_thread():
         torch.set_num_threads(before)
 
 
-def test_every_command_takes_threads_and_model_commands_show_the_team(tmp_path):
+def test_every_command_takes_threads_and_a_run_shows_its_team_once_it_starts(tmp_path):
     env = {**os.environ, "SPECDEC_THREADS": "1"}
-    r = subprocess.run([sys.executable, "-m", "specdec.cli", "kernels"], capture_output=True, text=True, env=env)
+    gen = [sys.executable, "-m", "specdec.cli", "generate", "--drafter", "none", "--max-new-tokens", "2"]
+    r = subprocess.run([*gen, "--prompt", "Hi"], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and "specdec: threads: 1 (set by --threads/SPECDEC_THREADS; affinity" in r.stderr
+    r = subprocess.run([*gen, "--prompt", ""], capture_output=True, text=True, env=env)  # bad input: one line
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "threads:" not in r.stderr
     r = subprocess.run([sys.executable, "-m", "specdec.cli", "plan", "--threads", "nope", "--alpha", "0.7"],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [

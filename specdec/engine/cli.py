@@ -107,6 +107,7 @@ def run_generate(args) -> int:
     target, drafter = build(ModelSpec.from_args(args))
     ids = encode_prompt(target.tokenizer, text, args.chat)
     engine = Engine(target.model, target.tokenizer, args.device)
+    engine.check_prompts([ids])  # before --k auto measures pass costs
     stream = None
     if not args.json:
         dec = IncrementalDecoder(target.tokenizer, skip_special_tokens=True)

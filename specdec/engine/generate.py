@@ -43,6 +43,15 @@ class Engine:
         self.meter = AcceptanceMeter()  # running acceptance rate across requests (benchmarks report it)
         self.prefix = PrefixCache(model, prefix_cache, model.cfg.max_position_embeddings) if prefix_cache else None
 
+    def check_prompts(self, prompts: Seq[Seq[int]]) -> None:
+        """SpecdecError unless every prompt has a token and leaves room for one more in the model's context: what
+        `generate` checks, for a caller to check before it spends time (a policy's calibration) on doomed input."""
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise SpecdecError("every prompt needs at least one token")
+        limit, longest = self.model.cfg.max_position_embeddings, max(len(p) for p in prompts)
+        if longest + 1 > limit:
+            raise SpecdecError(f"prompt of {longest} tokens does not fit the model's context of {limit}")
+
     def generate(
         self,
         prompts: Seq[Seq[int]],
@@ -56,12 +65,8 @@ class Engine:
         sampling settings carry a seed."""
         drafter = drafter or NoDrafter()
         policy = FixedK(k) if isinstance(k, int) else k
-        if not prompts or any(len(p) == 0 for p in prompts):
-            raise SpecdecError("every prompt needs at least one token")
-        limit = self.model.cfg.max_position_embeddings
-        longest = max(len(p) for p in prompts)
-        if longest + 1 > limit:
-            raise SpecdecError(f"prompt of {longest} tokens does not fit the model's context of {limit}")
+        self.check_prompts(prompts)
+        limit, longest = self.model.cfg.max_position_embeddings, max(len(p) for p in prompts)
         context = min(limit, longest + cfg.max_new_tokens + policy.max_k + 2)
         sched = Scheduler(self.model, self.tokenizer, drafter, policy,
                           SchedulerConfig(max_batch=len(prompts), max_queue=None, context=context,

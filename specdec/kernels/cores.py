@@ -190,6 +190,7 @@ class Sharing:
         self.threads = budget.threads
         self.others = 0.0  # CPUs' worth other processes used of ours over the last window
         self.changes = 0  # how often the team changed size
+        self.announce = False  # print the `threads:` line at the first pass (configure's announce)
         self._set(self.threads)
         self._mark = self._sample()
 
@@ -198,6 +199,9 @@ class Sharing:
 
     def before_pass(self) -> int:
         """The team for the next pass (set for this thread)."""
+        if self.announce:
+            self.announce = False
+            print(f"specdec: {self.budget.describe()}", file=sys.stderr, flush=True)
         if not self.budget.adaptive:
             return self.threads
         now = self._clock()
@@ -233,11 +237,11 @@ _sharing: Sharing | None = None
 
 def configure(threads: int | str | None = None, announce: bool = False) -> Sharing:
     """Size this process's team (`threads`: --threads, a number or 'auto'; None: SPECDEC_THREADS, else auto) and
-    start sharing. `announce`: print the `threads:` line on stderr. Bad input raises SpecdecError."""
+    start sharing. `announce`: print the `threads:` line on stderr when the first pass starts (a command that stops
+    at bad input first still says only its one error line). Bad input raises SpecdecError."""
     global _sharing
     _sharing = Sharing(Budget.read(threads))
-    if announce:
-        print(f"specdec: {_sharing.budget.describe()}", file=sys.stderr, flush=True)
+    _sharing.announce = announce
     return _sharing
 
 
