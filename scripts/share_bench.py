@@ -74,7 +74,12 @@ def team_of(server: LocalServer) -> str | None:
     import httpx
 
     h = httpx.get(server.url + "/health", timeout=10, trust_env=False).json()
-    return f"{h['threads']} ({h['cpu_used_by_others']} CPUs others)" if "threads" in h else None
+    if "threads" not in h:
+        return None
+    metrics = httpx.get(server.url + "/metrics", timeout=10, trust_env=False).text
+    others = next((line.split()[-1] for line in metrics.splitlines()
+                   if line.startswith("specdec:cpu_used_by_others ")), "?")
+    return f"{h['threads']} ({float(others):.2f} CPUs others)" if others != "?" else str(h["threads"])
 
 
 def start_all(servers: list[LocalServer], tree: Path | None) -> None:

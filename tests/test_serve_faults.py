@@ -207,6 +207,7 @@ def test_health_shows_the_engine_without_the_prompts(server):
     assert {k: h[k] for k in ("status", "running", "waiting")} == {"status": "ok", "running": 0, "waiting": 0}
     assert all(isinstance(v, int) for k, v in h.items() if k not in ("status", "problems")), h
     assert "w1" not in json.dumps(h)
+    assert h["threads"] >= 1  # the thread team its passes run on (specdec/kernels/cores.py)
 
 
 def test_a_storm_of_drops_and_a_full_queue_leaves_the_engine_at_baseline(server, alone):

@@ -223,7 +223,7 @@ class EngineWorker:
         share = sharing()
         self.metrics.set_threads(share.threads, share.others)
         state.update(requests_open=len(self._tickets), requests_cancelled=self._cancelled, problems=problems,
-                     threads=share.threads, cpu_used_by_others=round(share.others, 2))
+                     threads=share.threads)
         self._state = state
 
     def _on_round(self, r: RoundReport) -> None:
