@@ -242,7 +242,8 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
     rows = list(range(1, max_rows + 1))
     draft_model = drafter.model if isinstance(drafter, DraftModelDrafter) else None
     total = len(contexts) * len(rows) * reps + (reps if draft_model else 1) + (reps if bandwidth_bytes else 0)
-    team, changes = sharing(), sharing().changes
+    team = sharing()
+    changes = team.changes
     with tqdm(total=total, desc="profile", unit="pass", file=sys.stderr, disable=not progress,
               dynamic_ncols=True) as bar:
         entries = []

@@ -11,8 +11,8 @@ ran at 4-5% of one alone (issue 48). So the team is sized twice:
   of 0.25 s on 2 CPUs reads others' use to about 0.1 CPU), from how much of those CPUs other processes
   used since the last look: /proc/stat's busy time on the allowed CPUs less this process's own CPU time. The team
   loses a thread when others took more than half a CPU of what it needs, and takes it back once they leave the
-  larger team all but a quarter of a CPU. With a team of one a pass has no barrier to wait at,
-  so two processes on two cores each keep one core's speed, and a third shares them by the OS's time slices.
+  larger team all but a quarter of a CPU. With a team of one a pass has no barrier to wait at: two servers
+  loaded at once on 2 cores each kept 60-76% of one alone's speed, three 42-55% (docs/results/sharing.md).
 
 A fixed `--threads N` is taken as asked and never changes. The team size changes no result: every kernel computes
 each row in the same order whatever the number of threads (kernels/common.h).
@@ -37,17 +37,13 @@ GROW_MARGIN = 0.25  # the most of a CPU others may use of the larger team's CPUs
 
 def cpu_list(cpus) -> str:
     """0-3,6,8-9: a set of CPU numbers as taskset and /proc write them."""
-    out, run = [], []
+    runs: list[list[int]] = []
     for c in sorted(cpus):
-        if run and c == run[-1] + 1:
-            run.append(c)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [c]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def _read(path: Path) -> str | None:
@@ -252,4 +248,4 @@ def sharing() -> Sharing:
 
 def before_pass() -> int:
     """Called by every forward pass: the team it runs on (see Sharing.before_pass)."""
-    return (_sharing if _sharing is not None else configure()).before_pass()
+    return sharing().before_pass()

@@ -322,7 +322,6 @@ class Transformer:
         (layer indices; see forward_ragged) it returns (logits, features [B, n, len(taps) * hidden]), every
         position's features whatever last_only selects."""
         dev = self.device
-        before_pass()  # the thread team, resized when other processes take these cores (kernels/cores.py)
         tokens, start = tokens.to(dev), start.to(dev)
         b, n = tokens.shape
         if prefill and b > 1 and last_only is not None:
@@ -341,6 +340,7 @@ class Transformer:
             logits, feats = out if taps else (out, None)
             logits = logits if last_only is not None else logits.view(b, n, -1)
             return (logits, feats.view(b, n, -1)) if taps else logits
+        before_pass()  # the torch path's prefill (every other pass goes through forward_ragged)
         x = self._layers(self.embed[tokens], pos, cache, None, prefill=True, taps=taps)
         x, feats = x if taps else (x, None)  # [B, n, hidden], [B, n, taps * hidden]
         if last_only is not None:
@@ -364,7 +364,7 @@ class Transformer:
         output, before the final norm) is returned too, as (logits, features [R, len(taps) * hidden]) over all
         rows: what a draft head reads (EAGLE-3 fuses a low, a middle and a high layer)."""
         cfg, dev = self.cfg, self.device
-        before_pass()
+        before_pass()  # the thread team, resized when other processes take these cores (kernels/cores.py)
         tokens, slots, pos = tokens.to(dev), slots.to(dev), pos.to(dev)
         check_taps(taps, cfg.num_layers)
         x = self.embed[tokens]  # [R, hidden]
