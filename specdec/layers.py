@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("drafters", ("drafters",)),
     ("runtime", ("runtime",)),
     ("engine", ("engine",)),
-    ("applications", ("train", "bench", "audit", "serve", "explain")),
+    ("applications", ("train", "bench", "audit", "serve", "explain", "integrations")),
     ("entry points", (ROOT, "cli")),
 )
 LEVEL = {unit: i for i, (_, units) in enumerate(LAYERS) for unit in units}

@@ -66,11 +66,26 @@ def build(spec: ModelSpec):
     return target, members[0] if len(members) == 1 else CascadeDrafter(members)
 
 
+MODEL_FREE = ("ngram", "suffix", "none")  # drafters that need no model: they copy text
+
+
+def model_free_drafter(names: str, ngram_max: int = 4, ngram_min: int = 1):
+    """A drafter that needs no model (MODEL_FREE, or a cascade of them: "ngram,suffix"), for engines that run the
+    target themselves (integrations/vllm.py)."""
+    from specdec.drafters.cascade import CascadeDrafter
+
+    spec = ModelSpec(drafter=names, ngram_max=ngram_max, ngram_min=ngram_min)  # checks the names and sizes
+    members = names.split(",")
+    if not set(members) <= set(MODEL_FREE):
+        raise SpecdecError(f"drafter {names!r}: only {', '.join(MODEL_FREE)} (or a cascade of them) run without a "
+                           "model of specdec's own")
+    built = [_drafter(name, spec, None) for name in members]
+    return built[0] if len(built) == 1 else CascadeDrafter(built)
+
+
 def _drafter(name: str, spec: ModelSpec, target):
     from specdec.drafters.base import NoDrafter
-    from specdec.drafters.draft_model import DraftModelDrafter
     from specdec.drafters.ngram import NgramDrafter
-    from specdec.models.loader import load_model
 
     if name == "ngram":
         return NgramDrafter(spec.ngram_max, spec.ngram_min)
@@ -80,6 +95,9 @@ def _drafter(name: str, spec: ModelSpec, target):
         from specdec.drafters.suffix import SuffixDrafter
 
         return SuffixDrafter()
+    from specdec.drafters.draft_model import DraftModelDrafter
+    from specdec.models.loader import load_model
+
     if name == "eagle":
         return load_head(spec.draft_head, spec.model, target)
     # as the target's when that was chosen (a GGUF path only fits a GGUF draft: then the draft's own default)

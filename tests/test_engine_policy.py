@@ -143,7 +143,7 @@ def test_the_drafting_cost_decays_while_nothing_is_drafted():
 
 
 def test_the_calibrated_curve_smooths_upward_noise():
-    from specdec.engine.calibrate import smooth
+    from specdec.engine.policy import smooth
 
     noisy = [(1, 1.0), (2, 1.11), (3, 1.32), (4, 1.35), (6, 1.59), (9, 2.51), (13, 2.4)]
     expect = [(1, 1.0), (2, 1.11), (3, 1.23), (4, 1.35), (6, 1.59), (9, 1.59 + 0.81 * 3 / 7), (13, 2.4)]

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from specdec.engine.policy import Auto, FixedK, Never, PassCost
+from specdec.engine.policy import Auto, FixedK, LearnedPassCost, Never, PassCost, smooth
 
 AUTO_MAX_K = 8  # the deepest draft `--k auto` considers
 
@@ -46,19 +46,6 @@ def calibrate(model, max_rows: int, slots: int, context: int = 256, reps: int = 
     return PassCost(smooth(points))
 
 
-def smooth(points: list[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
-    """Each inner point no higher than the line through its neighbours, then non-decreasing. Timing noise is
-    mostly upward (a pass interrupted), and one high point must not make a deeper draft look dearer than it is."""
-    pts = sorted(points)
-    low = [pts[0]] + [(n, min(t, a[1] + (b[1] - a[1]) * (n - a[0]) / (b[0] - a[0])))
-                      for a, (n, t), b in zip(pts, pts[1:], pts[2:])] + pts[-1:] if len(pts) > 2 else pts
-    out, top = [], 0.0
-    for n, t in low:
-        top = max(top, t)
-        out.append((n, top))
-    return tuple(out)
-
-
 def parse_k(text: str) -> int | str:
     """`--k`: an integer in 1..MAX_DEPTH, or 'auto' (k per row and round from measured pass costs and live
     acceptance)."""
@@ -79,9 +66,10 @@ def parse_k(text: str) -> int | str:
 
 
 def make_policy(name: str, k: int, model, max_batch: int, profile: str | None, free_drafts: bool,
-                quiet: bool = False):
+                quiet: bool = False, learned: bool = False):
     """`never`, `always` (k for every row), or `auto` with at most k drafts a row, its pass costs read from a
-    `specdec profile` file or measured now for up to max_batch sequences of k + 1 rows."""
+    `specdec profile` file, or learned from the passes as they run (`learned`: another engine's, whose kernels we
+    cannot time beforehand), or else measured now for up to max_batch sequences of k + 1 rows of `model`."""
     if name == "never":
         return Never()
     if name == "always":
@@ -90,6 +78,8 @@ def make_policy(name: str, k: int, model, max_batch: int, profile: str | None, f
         from specdec.theory.cli import load_profile
 
         cost = PassCost.from_profile(load_profile(profile))
+    elif learned:
+        cost = LearnedPassCost()
     else:
         if not quiet:
             print("specdec: measuring pass costs for the auto policy (--profile FILE skips this)", file=sys.stderr)

@@ -28,6 +28,7 @@ from typing import Protocol
 import torch
 
 from specdec.drafters.base import Drafter
+from specdec.engine.sequence import Evidence
 from specdec.errors import SpecdecError
 from specdec.sampling.verify import PAD
 from specdec.theory.economics import check_k
@@ -165,12 +166,68 @@ class PassCost:
             self.scale = (1 - weight) * self.scale + weight * seconds / predicted
 
 
+def smooth(points: list[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """Each inner point no higher than the line through its neighbours, then non-decreasing. Timing noise is
+    mostly upward (a pass interrupted), and one high point must not make a deeper draft look dearer than it is."""
+    pts = sorted(points)
+    low = [pts[0]] + [(n, min(t, a[1] + (b[1] - a[1]) * (n - a[0]) / (b[0] - a[0])))
+                      for a, (n, t), b in zip(pts, pts[1:], pts[2:])] + pts[-1:] if len(pts) > 2 else pts
+    out, top = [], 0.0
+    for n, t in low:
+        top = max(top, t)
+        out.append((n, top))
+    return tuple(out)
+
+
+class LearnedPassCost:
+    """Seconds of a step over n token-rows, learned from the steps an engine runs, with no curve measured
+    beforehand (vLLM's steps, integrations/vllm.py: it is vLLM's kernels that run them, not ours).
+
+    Each width keeps a running average of its own steps. The curve goes through the widths seen `min_seen` times
+    or more (made non-decreasing: `smooth`), linear between them. Outside them it is optimistic on both sides,
+    so that the policy tries what it does not know and its steps then price it: beyond the widest, flat (an
+    untried wider pass costs what the widest tried one does); below the narrowest, in proportion to the width.
+    Widths are priced as they were when last tried: a cost that moved (a busier machine, longer contexts) moves
+    the curve only where the policy goes."""
+
+    def __init__(self, min_seen: int = 3, weight: float = 0.2):
+        self.min_seen, self.weight = min_seen, weight
+        self.seen: dict[int, tuple[float, int]] = {}  # width -> (running seconds, steps)
+        self._curve: tuple[tuple[int, float], ...] | None = None
+
+    def observe(self, n: int, seconds: float) -> None:
+        if n < 1 or not seconds > 0:
+            return
+        avg, count = self.seen.get(n, (seconds, 0))
+        self.seen[n] = (avg + self.weight * (seconds - avg) if count else seconds, count + 1)
+        self._curve = None
+
+    def curve(self) -> tuple[tuple[int, float], ...]:
+        """The measured points the cost goes through (none before any width was seen min_seen times)."""
+        if self._curve is None:
+            pts = [(n, avg) for n, (avg, count) in self.seen.items() if count >= self.min_seen]
+            self._curve = smooth(pts) if pts else ()
+        return self._curve
+
+    def __call__(self, n: int) -> float:
+        pts = self.curve()
+        if not pts:
+            return 1.0  # nothing known: every width alike, so the first steps try drafting
+        if n <= pts[0][0]:
+            return pts[0][1] * n / pts[0][0]
+        if n >= pts[-1][0]:
+            return pts[-1][1]
+        i = bisect.bisect_left([p[0] for p in pts], n)
+        (n0, t0), (n1, t1) = pts[i - 1], pts[i]
+        return t0 + (t1 - t0) * (n - n0) / (n1 - n0)
+
+
 @dataclass
 class Auto:
     """`auto`: per-row k by expected tokens per second. `prior` is the running per-position acceptance
     (updated by `learn`); `strength` how many drafts the prior is worth against a row's own evidence."""
 
-    cost: PassCost
+    cost: PassCost | LearnedPassCost
     max_k: int = 8
     strength: float = 4.0
     draft_step_s: float = 0.0  # seconds per drafting step (a draft model's; ~0 for prompt lookup)
@@ -316,3 +373,27 @@ def choose_drafts(policy: Policy, drafter: Drafter, slots: Sequence[int], contex
     conf = d.confidence.tolist() if d.confidence is not None else [[math.nan] * steps for _ in rows]
     ks = policy.trim(views, conf)
     return Choice([o[:k] for o, k in zip(offered, ks)], d.probs, steps, confidence=[c[:k] for c, k in zip(conf, ks)])
+
+
+def evidence_totals(rows: Sequence[Evidence]) -> tuple[list[int], list[int]]:
+    """Per draft position, the drafts the rows had judged and accepted so far: `learn_round` takes a round's share."""
+    depth = len(rows[0].judged) if rows else 0
+    return ([sum(r.judged[j] for r in rows) for j in range(depth)],
+            [sum(r.hits[j] for r in rows) for j in range(depth)])
+
+
+def learn_round(policy: Policy, drafter: Drafter, slots: Sequence[int], rows: Sequence[Evidence], choice: Choice,
+                accepted: Sequence[int], before: tuple[list[int], list[int]], width: int, draft_s: float,
+                verify_s: float) -> None:
+    """What the drafter and the policy learn from a round that verified choice.drafts[i] for rows[i] (in slots[i]),
+    of which the target accepted the first accepted[i]: acceptance, confidence, the round's costs (its target pass
+    over `width` token-rows took verify_s), and the evidence the rows gained since `before` (evidence_totals)."""
+    spec = [i for i, d in enumerate(choice.drafts) if d]
+    if spec:
+        drafter.accepted([slots[i] for i in spec], [accepted[i] for i in spec])
+    if choice.confidence is not None:  # the positions the target judged: a accepted, then one rejected
+        for c, a in zip(choice.confidence, accepted):
+            policy.learn_confidence(c[: a + 1], a)
+    policy.observe(width, verify_s, draft_s - drafter.catch_up_s, choice.steps)
+    judged, hits = evidence_totals(rows)  # the round's evidence, verified and shadow-scored, into the running prior
+    policy.learn([j - b for j, b in zip(judged, before[0])], [h - b for h, b in zip(hits, before[1])])

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.drafters.base import Drafter, NoDrafter, pad_rows
-from specdec.engine.policy import Choice, Never, Policy, RowView, choose_drafts
+from specdec.engine.policy import Choice, Never, Policy, RowView, choose_drafts, evidence_totals, learn_round
 from specdec.engine.prefix import PrefixCache
 from specdec.engine.sequence import GenerationConfig, Sequence
 from specdec.engine.stats import RoundRecord
@@ -276,9 +276,7 @@ class Scheduler:
         rows = [s for s in rows if s.finish is None]
         if not rows:
             return done
-        depth = len(rows[0].judged)
-        before = ([sum(s.judged[j] for s in rows) for j in range(depth)],  # evidence before this round
-                  [sum(s.hits[j] for s in rows) for j in range(depth)])
+        before = evidence_totals(rows)
         td = time.perf_counter()
         choice = self._choose(rows)
         tv = time.perf_counter()
@@ -287,7 +285,8 @@ class Scheduler:
         accepted = out.num_accepted.tolist()  # per row
         events = self._commit(rows, choice, out, feats, tv - td, tv)
         verify_s = time.perf_counter() - tv
-        self._observe(rows, choice, accepted, before, len(logits), tv - td, verify_s)
+        learn_round(self.policy, self.drafter, [s.slot for s in rows], rows, choice, accepted, before, len(logits),
+                    tv - td, verify_s)
         if self.on_round is not None:
             self.on_round(RoundReport(rows, [len(d) for d in choice.drafts], accepted, [len(e.tokens) for e in events],
                                       len(logits), tv - td, verify_s))
@@ -350,16 +349,3 @@ class Scheduler:
             events.append(Event(s, kept, (["accepted"] * a + [kind])[: len(kept)], s.finish is not None))
         return events
 
-    def _observe(self, rows: list[Sequence], choice: Choice, accepted: list[int], before: tuple[list, list],
-                 width: int, draft_s: float, verify_s: float) -> None:
-        """What the drafter and the policy learn from the round: acceptance, confidence, costs, evidence."""
-        spec = [i for i, d in enumerate(choice.drafts) if d]
-        if spec:
-            self.drafter.accepted([rows[i].slot for i in spec], [accepted[i] for i in spec])
-        if choice.confidence is not None:  # the positions the target judged: a accepted, then one rejected
-            for c, a in zip(choice.confidence, accepted):
-                self.policy.learn_confidence(c[: a + 1], a)
-        self.policy.observe(width, verify_s, draft_s - self.drafter.catch_up_s, choice.steps)
-        judged0, hits0 = before  # the round's evidence, verified and shadow-scored, into the running prior
-        self.policy.learn([sum(s.judged[j] for s in rows) - b for j, b in enumerate(judged0)],
-                          [sum(s.hits[j] for s in rows) - b for j, b in enumerate(hits0)])

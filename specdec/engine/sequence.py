@@ -59,7 +59,54 @@ def new_generator(seed: int | None, device="cpu") -> torch.Generator:
     return g
 
 
-class Sequence:
+class Evidence:
+    """What the automatic policy knows about one sequence's drafts: per draft position, drafts judged there
+    (verified, or shadow-scored) and how many were accepted. `tokens` is the sequence (prompt, then output) and
+    `prompt_len` where its output starts; a subclass keeps both (the step loop's `Sequence`, a row of vLLM's batch in
+    integrations/vllm.py)."""
+
+    tokens: list[int]
+    prompt_len: int
+
+    def __init__(self, max_k: int):
+        self.judged = [0] * max_k
+        self.hits = [0] * max_k
+        self.shadow: tuple[int, list[int], int] | None = None  # (output index it continues, drafts, verified)
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    def record(self, drafted: int, accepted: int, first: int = 0) -> None:
+        """Positions first..accepted were judged (up to the drafted ones), first..accepted-1 accepted."""
+        for i in range(first, min(drafted, accepted + 1, len(self.judged))):
+            self.judged[i] += 1
+            self.hits[i] += i < accepted
+
+    def set_shadow(self, drafted: list[int], verified: int = 0) -> None:
+        """Drafts the policy chose not to verify (a free, deterministic drafter's; the first `verified` of them
+        are verified this round and recorded as such). Scored against the tokens the target emits next: for a
+        one-hot q, a draft token equals the target's next token with probability p(x), its acceptance
+        probability, so shadow scores estimate acceptance without a verify pass."""
+        if self.shadow is None and len(drafted) > verified:
+            self.shadow = (self.num_generated, list(drafted), verified)
+
+    def score_shadow(self) -> None:
+        if self.shadow is None:
+            return
+        at, drafted, verified = self.shadow
+        toks, at = self.tokens, self.prompt_len + at  # the output, without copying it out every round
+        n = 0  # leading draft tokens that match the output
+        while n < len(drafted) and at + n < len(toks) and toks[at + n] == drafted[n]:
+            n += 1
+        if n < len(drafted) and at + n >= len(toks):
+            return  # every emitted token matched so far: wait for the next one
+        if n >= verified:  # the shadowed positions continue a context the target did produce
+            self.record(len(drafted), n, first=verified)
+        self.shadow = None
+
+
+class Sequence(Evidence):
     """A request in the step loop. `slot` is its row of the KV pool while it holds one; `length` counts the
     positions of that row holding valid keys and values; `prefilled` the prompt tokens already prefilled."""
 
@@ -78,11 +125,7 @@ class Sequence:
         self.length = 0
         self.prefilled = 0
         self.t0 = time.perf_counter()  # when the request arrived
-        # per draft position: drafts judged there (verified, or shadow-scored) and how many were accepted;
-        # the automatic policy's evidence about this request
-        self.judged = [0] * max_k
-        self.hits = [0] * max_k
-        self.shadow: tuple[int, list[int], int] | None = None  # (output index it continues, drafts, verified)
+        super().__init__(max_k)  # the automatic policy's evidence about this request
 
     @property
     def output(self) -> list[int]:
@@ -91,10 +134,6 @@ class Sequence:
     @property
     def prompt(self) -> list[int]:
         return self.tokens[:self.prompt_len]
-
-    @property
-    def num_generated(self) -> int:
-        return len(self.tokens) - self.prompt_len
 
     @property
     def running(self) -> bool:
@@ -120,7 +159,7 @@ class Sequence:
         self.tokens.extend(kept)
         self.origins.extend(origins[: len(kept)])
         self.stats.token_times.extend([now] * len(kept))
-        self._score_shadow()
+        self.score_shadow()
         return kept
 
     def _cut_at_stop(self, kept: list[int], tokenizer) -> list[int]:
@@ -149,33 +188,3 @@ class Sequence:
             return ""
         return cut_at_stop(tokenizer.decode(self.output), self.cfg.stop) if self.finish == "stop" else \
             tokenizer.decode(self.output)
-
-    # --- acceptance evidence -----------------------------------------------------------------------------
-
-    def record(self, drafted: int, accepted: int, first: int = 0) -> None:
-        """Positions first..accepted were judged (up to the drafted ones), first..accepted-1 accepted."""
-        for i in range(first, min(drafted, accepted + 1, len(self.judged))):
-            self.judged[i] += 1
-            self.hits[i] += i < accepted
-
-    def set_shadow(self, drafted: list[int], verified: int = 0) -> None:
-        """Drafts the policy chose not to verify (a free, deterministic drafter's; the first `verified` of them
-        are verified this round and recorded as such). Scored against the tokens the target emits next: for a
-        one-hot q, a draft token equals the target's next token with probability p(x), its acceptance
-        probability, so shadow scores estimate acceptance without a verify pass."""
-        if self.shadow is None and len(drafted) > verified:
-            self.shadow = (self.num_generated, list(drafted), verified)
-
-    def _score_shadow(self) -> None:
-        if self.shadow is None:
-            return
-        at, drafted, verified = self.shadow
-        toks, at = self.tokens, self.prompt_len + at  # the output, without copying it out every round
-        n = 0  # leading draft tokens that match the output
-        while n < len(drafted) and at + n < len(toks) and toks[at + n] == drafted[n]:
-            n += 1
-        if n < len(drafted) and at + n >= len(toks):
-            return  # every emitted token matched so far: wait for the next one
-        if n >= verified:  # the shadowed positions continue a context the target did produce
-            self.record(len(drafted), n, first=verified)
-        self.shadow = None

@@ -1,0 +1,293 @@
+"""specdec's drafters and per-row policy as a vLLM proposer, through vLLM's `custom_class` method (vLLM 0.32;
+marked experimental there):
+
+    python -m vllm.entrypoints.openai.api_server --model MODEL ... --speculative-config \\
+        '{"method": "custom_class", "model": "specdec.integrations.vllm.Proposer", "num_speculative_tokens": 8}'
+
+vLLM builds `Proposer(vllm_config)` in its worker process and calls `propose` once a step, after the step's tokens
+are in, for a draft per row of its batch; an empty draft means the row decodes plainly next step. vLLM verifies the
+drafts itself, as deterministic proposals (q one-hot: exact at any temperature), so whatever is proposed, the
+output is the target's: a draft decides only the speed.
+
+Configuration: $SPECDEC_VLLM, a JSON object or the path of a JSON file holding one, with the fields of
+`ProposerConfig` (all optional): {"drafter": "ngram", "policy": "auto", "k": 8, "profile": null}.
+
+Rows, not requests. vLLM passes its batch's rows (token_ids[i, :num_tokens[i]] is row i's whole sequence,
+sampled[i] the tokens it gained in the step just run, empty for a row still prefilling) and no request ids; its
+rows move when a request finishes (the last rows fill the hole) and new ones take free rows. So each step, every
+decoding row is matched to the sequence it continues: first the sequence this row held last step, then any
+other, by content (a sequence continues a row when its tokens are a prefix of the row's; numpy compares them);
+a row that continues none is a new request, and a sequence that no row continues is closed (finished, aborted or
+preempted; a preempted one comes back as new). Two requests with identical tokens so far are interchangeable:
+their drafts are the same. A wrong match could only cost speed, never change the output.
+
+Pass costs. The `auto` policy weighs each row's expected accepted tokens against what a wider step costs. Without
+a `profile` it learns that cost from vLLM's own steps (engine/policy.py `LearnedPassCost`): the time from the end
+of one `propose` to the start of the next is vLLM's step over the rows and drafts we proposed (steps that prefilled
+a prompt are left out). That is the measure to trust: it is vLLM's kernels, batch and hardware that run the step,
+and a `specdec profile` times specdec's own. A profile's verify curve is still accepted as the cost curve's shape,
+scaled to vLLM's steps as they run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from specdec.engine.calibrate import make_policy
+from specdec.engine.policy import POLICIES, Choice, RowView, choose_drafts, evidence_totals, learn_round
+from specdec.engine.sequence import Evidence
+from specdec.errors import SpecdecError
+from specdec.runtime import MODEL_FREE, model_free_drafter
+from specdec.theory.economics import check_k
+
+ENV = "SPECDEC_VLLM"
+
+
+@dataclass(frozen=True)
+class ProposerConfig:
+    drafter: str = "ngram"  # ngram | suffix, or a cascade of them: "ngram,suffix"
+    policy: str = "auto"  # auto (each row's k, each step, where it pays) | always (k for every row) | never
+    k: int | None = None  # the most drafts a row verifies; default and ceiling: vLLM's num_speculative_tokens
+    profile: str | None = None  # a `specdec profile` file: its verify curve's shape (default: learned from steps)
+    ngram_max: int = 4
+    ngram_min: int = 1
+    report_s: float = 60.0  # seconds between summary lines on stderr (0: none)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise SpecdecError(f"{ENV}: policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.k is not None:
+            check_k(self.k, f"{ENV}: k")
+        if not isinstance(self.report_s, (int, float)) or self.report_s < 0:
+            raise SpecdecError(f"{ENV}: report_s must be a number >= 0, got {self.report_s!r}")
+
+    @classmethod
+    def from_env(cls, environ=os.environ) -> ProposerConfig:
+        """From $SPECDEC_VLLM (a JSON object, or the path of a file holding one); the defaults without it."""
+        text = environ.get(ENV, "").strip()
+        if not text:
+            return cls()
+        where = f"${ENV}"
+        if not text.startswith("{"):
+            where = text
+            try:
+                text = Path(text).read_text()
+            except OSError as e:
+                raise SpecdecError(f"{ENV}={where}: not a JSON object, and no file can be read there "
+                                   f"({e.strerror})") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise SpecdecError(f"{where}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        if not isinstance(data, dict):
+            raise SpecdecError(f"{where}: must hold a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise SpecdecError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        return cls(**data)
+
+
+class _Row(Evidence):
+    """One request's sequence as vLLM's rows show it, with what the policy knows about its drafts."""
+
+    def __init__(self, slot: int, seq: np.ndarray, prompt_len: int, max_k: int):
+        super().__init__(max_k)
+        self.slot = slot
+        self.tokens = seq.tolist()  # the drafter's context: grows in place
+        self.prompt_len = prompt_len
+        self.seen = np.array(seq)  # the same tokens, for the prefix check at C speed (capacity doubles)
+        self.n = len(seq)
+        self.draft: list[int] = []  # proposed last step: what the step just run verified
+        self.confidence: list[float] | None = None
+
+    def continues_in(self, seq: np.ndarray) -> bool:
+        """Whether `seq` (a row's whole sequence now) continues this one."""
+        n = self.n
+        return n <= len(seq) and seq[n - 1] == self.seen[n - 1] and np.array_equal(seq[:n], self.seen[:n])
+
+    def extend(self, new: np.ndarray) -> None:
+        if self.n + len(new) > len(self.seen):
+            self.seen = np.concatenate([self.seen, np.empty(max(len(self.seen), len(new)), self.seen.dtype)])
+        self.seen[self.n:self.n + len(new)] = new
+        self.n += len(new)
+        self.tokens.extend(new.tolist())
+        self.score_shadow()
+
+    def accepted(self, new: Sequence[int]) -> int:
+        """How many of last step's drafts the step kept, from the tokens it gained (kept drafts, then the target's
+        own token). A rejected draft is never the token that replaces it (that token is drawn from p - q with q
+        one-hot on the draft), so the count is exact at any temperature."""
+        a = 0
+        while a < len(self.draft) and a < len(new) - 1 and new[a] == self.draft[a]:
+            a += 1
+        return a
+
+
+class Rows:
+    """vLLM's batch rows matched, step by step, to the sequences they continue (the module's docstring says how)."""
+
+    def __init__(self, drafter, max_k: int):
+        self.drafter, self.max_k = drafter, max_k
+        self.live: dict[int, _Row] = {}  # slot -> sequence
+        self.at: dict[int, _Row] = {}  # row index -> the sequence it held last step
+        self.free_slots: list[int] = []
+        self.next_slot = 0
+        self.opened = self.closed = 0
+
+    def match(self, sampled: Sequence[Sequence[int]], num_tokens: Sequence[int], token_ids: np.ndarray
+              ) -> list[tuple[_Row, np.ndarray | None] | None]:
+        """Per row: (its sequence, the tokens it gained since last step; None for a sequence that starts here), or
+        None for a row not decoding. Closes the sequences no row continues."""
+        out: list[tuple[_Row, np.ndarray | None] | None] = [None] * len(sampled)
+        unmatched = dict(self.live)
+        seqs = {i: token_ids[i, : int(num_tokens[i])] for i, got in enumerate(sampled) if len(got) > 0}
+        moved = []
+        for i, seq in seqs.items():  # first the rows that stayed where they were: nearly all of them
+            r = self.at.get(i)
+            if r is not None and r.continues_in(seq):
+                out[i] = (r, seq[r.n:])
+                del unmatched[r.slot]
+            else:
+                moved.append(i)
+        for i in moved:  # then moved rows, each to the longest sequence it continues; else a new request
+            seq = seqs[i]
+            r = max((c for c in unmatched.values() if c.continues_in(seq)), key=lambda c: c.n, default=None)
+            if r is None:
+                out[i] = (self._open(seq, len(seq) - len(sampled[i])), None)
+            else:
+                out[i] = (r, seq[r.n:])
+                del unmatched[r.slot]
+        for r in unmatched.values():
+            self._close(r)
+        self.at = {i: m[0] for i, m in enumerate(out) if m is not None}
+        return out
+
+    def _open(self, seq: np.ndarray, prompt_len: int) -> _Row:
+        slot = self.free_slots.pop() if self.free_slots else self.next_slot
+        self.next_slot = max(self.next_slot, slot + 1)
+        r = _Row(slot, seq, max(1, prompt_len), self.max_k)
+        self.drafter.open(slot, r.tokens, None)
+        self.live[slot] = r
+        self.opened += 1
+        return r
+
+    def _close(self, r: _Row) -> None:
+        self.drafter.close(r.slot)
+        del self.live[r.slot]
+        self.free_slots.append(r.slot)
+        self.closed += 1
+
+
+class Proposer:
+    """vLLM's `custom_class` proposer: specdec's drafter and policy choose each row's draft every step."""
+
+    def __init__(self, vllm_config, config: ProposerConfig | None = None, clock=time.perf_counter):
+        cfg = config or ProposerConfig.from_env()
+        spec = vllm_config.speculative_config
+        most = int(spec.num_speculative_tokens)
+        if cfg.k is not None and cfg.k > most:
+            raise SpecdecError(f"{ENV}: k = {cfg.k} exceeds vLLM's num_speculative_tokens = {most}: raise that")
+        self.cfg, self.clock = cfg, clock
+        self.k = cfg.k or most
+        self.max_len = int(vllm_config.model_config.max_model_len)
+        names = cfg.drafter.split(",")
+        if "none" in names:
+            raise SpecdecError(f"{ENV}: drafter must be {' or '.join(n for n in MODEL_FREE if n != 'none')}, or a "
+                               "cascade of them (for no speculation, start vLLM without --speculative-config, or "
+                               "set policy to never)")
+        self.drafter = model_free_drafter(cfg.drafter, cfg.ngram_max, cfg.ngram_min)
+        self.drafter.reserve(int(vllm_config.scheduler_config.max_num_seqs), self.max_len)
+        self.policy = make_policy(cfg.policy, self.k, None, 0, cfg.profile, self.drafter.free, learned=True)
+        self.rows = Rows(self.drafter, max(self.policy.max_k, 1))
+        self.steps = 0  # drafting steps of the last proposal
+        self.draft_s = 0.0  # seconds it took to choose
+        self.t_out: float | None = None  # when the last proposal went back to vLLM
+        self.counts = {"steps": 0, "rows": 0, "drafted_rows": 0, "drafted": 0, "accepted": 0}
+        self.t_report = clock()
+        cost = f"the profile {cfg.profile}'s curve, scaled to vLLM's steps" if cfg.profile else \
+            "learned from vLLM's step times"
+        print(f"specdec: vLLM proposer: drafter {cfg.drafter}, policy {cfg.policy} (k <= {self.k}); pass costs "
+              f"{cost}" if cfg.policy == "auto" else
+              f"specdec: vLLM proposer: drafter {cfg.drafter}, policy {cfg.policy} (k = {self.k})",
+              file=sys.stderr, flush=True)
+
+    def load_model(self, *args, **kwargs) -> None:
+        """vLLM's CPU runner hands its proposer the target model; proposing text needs none."""
+
+    def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: Sequence[int],
+                token_ids_cpu: np.ndarray, slot_mappings=None) -> list[list[int]]:
+        """Each row's draft for vLLM's next step (an empty list: none). token_ids_cpu [rows, max_model_len]."""
+        t_in = self.clock()
+        matched = self.rows.match(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+        rows = [m[0] for m in matched if m is not None]
+        self._learn([m for m in matched if m is not None and m[1] is not None],
+                    pure=all(m is not None and m[1] is not None for m in matched), t_in=t_in)
+        out: list[list[int]] = [[] for _ in matched]
+        if rows:
+            caps = [max(0, min(self.policy.max_k, self.max_len - 1 - r.n)) for r in rows]
+            choice = choose_drafts(self.policy, self.drafter, [r.slot for r in rows], [r.tokens for r in rows],
+                                   [RowView(r.judged, r.hits, c) for r, c in zip(rows, caps)], greedy=False)
+            if choice.offered is not None:  # a free drafter's drafts beyond what is verified are shadow-scored
+                for r, o, d in zip(rows, choice.offered, choice.drafts):
+                    if len(d) < len(o):
+                        r.set_shadow(o, verified=len(d))
+            for j, r in enumerate(rows):
+                r.draft = choice.drafts[j]
+                r.confidence = choice.confidence[j] if choice.confidence is not None else None
+            drafts = iter(choice.drafts)
+            out = [next(drafts) if m is not None else [] for m in matched]
+            self.steps = choice.steps
+            self.counts["rows"] += len(rows)
+            self.counts["drafted_rows"] += sum(1 for d in choice.drafts if d)
+            self.counts["drafted"] += sum(len(d) for d in choice.drafts)
+        self.counts["steps"] += 1
+        self.t_out = self.clock()
+        self.draft_s = self.t_out - t_in
+        self._report()
+        return out
+
+    def _learn(self, cont: list[tuple[_Row, np.ndarray]], pure: bool, t_in: float) -> None:
+        """What the step vLLM just ran says: how many of each continuing row's drafts it kept, and (when it was a
+        pure decode step: every row decoding, none new) what a step over that many token-rows costs."""
+        if not cont:
+            return
+        rows = [r for r, _ in cont]
+        before = evidence_totals(rows)
+        accepted = []
+        for r, new in cont:
+            a = r.accepted(new)
+            accepted.append(a)
+            r.extend(new)
+            r.record(len(r.draft), a)
+        self.counts["accepted"] += sum(accepted)
+        choice = Choice([r.draft for r in rows], None, self.steps,
+                        confidence=[r.confidence or [] for r in rows]
+                        if any(r.confidence is not None for r in rows) else None)
+        width = sum(len(r.draft) + 1 for r in rows)
+        step_s = t_in - self.t_out if pure and self.t_out is not None else 0.0  # 0: not a measure of the cost
+        learn_round(self.policy, self.drafter, [r.slot for r in rows], rows, choice, accepted, before, width,
+                    self.draft_s, step_s)
+
+    def summary(self) -> dict:
+        c = self.counts
+        return {**c, "draft_rate": c["drafted_rows"] / max(c["rows"], 1),
+                "acceptance": c["accepted"] / max(c["drafted"], 1), "open": len(self.rows.live),
+                "opened": self.rows.opened, "config": asdict(self.cfg)}
+
+    def _report(self) -> None:
+        if not self.cfg.report_s or self.clock() - self.t_report < self.cfg.report_s:
+            return
+        self.t_report = self.clock()
+        s = self.summary()
+        print(f"specdec: vLLM proposer: {s['steps']} steps, drafts on {s['draft_rate']:.0%} of rows, "
+              f"{s['acceptance']:.0%} of drafted tokens accepted, {s['open']} requests open", file=sys.stderr,
+              flush=True)

@@ -1,0 +1,264 @@
+"""specdec's vLLM proposer (specdec/integrations/vllm.py) against a simulated vLLM batch, without vLLM: rows join
+(after a prefill step), finish, and move as vLLM's persistent batch condenses; greedy verification; a fed clock
+that prices each step by its token-rows. The real vLLM runs it in tests/test_vllm.py (slow).
+
+What must hold: every request's context as the drafter sees it is the request's true sequence, however rows move;
+acceptance is counted from the tokens a row gained; the auto policy drafts where a wider step is nearly free and
+stops where it costs in proportion to its rows; configuration errors are one clear line."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from specdec.engine.policy import LearnedPassCost
+from specdec.errors import SpecdecError
+from specdec.integrations.vllm import ENV, Proposer, ProposerConfig
+
+MAX_LEN = 2048
+
+
+def vllm_config(k: int = 6, max_seqs: int = 16) -> SimpleNamespace:
+    return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k),
+                           model_config=SimpleNamespace(max_model_len=MAX_LEN),
+                           scheduler_config=SimpleNamespace(max_num_seqs=max_seqs))
+
+
+def target(seq: list[int]) -> int:
+    """A deterministic 'model': mostly repeats the token 7 back (prompt lookup finds it), now and then not."""
+    n = len(seq)
+    return (seq[-7] + (1 if n % 11 == 0 else 0)) % 50 if n >= 7 else (3 * n + 1) % 50
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Batch:
+    """vLLM's persistent batch, as far as a proposer sees it: a new request takes the lowest free row, spends one
+    step prefilling (no sampled tokens), and a finished request leaves a hole that the last row moves into."""
+
+    def __init__(self, proposer: Proposer, clock: Clock, cost, seed: int = 0):
+        self.p, self.clock, self.cost = proposer, clock, cost
+        self.rng = np.random.default_rng(seed)
+        self.rows: list[dict | None] = []
+        self.drafts: list[list[int]] = []
+        self.finished: list[dict] = []
+
+    def add(self, prompt: list[int], budget: int, rid: int) -> None:
+        req = {"rid": rid, "seq": list(prompt), "budget": budget, "gained": [], "prefilling": True, "draft": []}
+        if None in self.rows:
+            self.rows[self.rows.index(None)] = req
+        else:
+            self.rows.append(req)
+
+    def condense(self) -> None:
+        while None in self.rows:
+            hole = self.rows.index(None)
+            last = self.rows.pop()
+            if hole < len(self.rows):
+                self.rows[hole] = last
+
+    def step(self) -> None:
+        """Run the step (verify each row's draft greedily), then ask the proposer for the next drafts."""
+        width = 0
+        for req in self.rows:
+            if req["prefilling"]:
+                req["prefilling"] = False
+                req["seq"].append(target(req["seq"]))
+                req["gained"] = req["seq"][-1:]
+                width += len(req["seq"])
+                continue
+            gained = []
+            for d in req["draft"]:
+                if d != target(req["seq"]):
+                    break
+                req["seq"].append(d)
+                gained.append(d)
+            req["seq"].append(target(req["seq"]))
+            req["gained"] = gained + req["seq"][-1:]
+            width += len(req["draft"]) + 1
+        self.clock.t += self.cost(width)
+        n = len(self.rows)
+        ids = np.zeros((n, MAX_LEN), dtype=np.int32)
+        for i, req in enumerate(self.rows):
+            ids[i, :len(req["seq"])] = req["seq"]
+        drafts = self.p.propose([r["gained"] for r in self.rows], np.array([len(r["seq"]) for r in self.rows]), ids)
+        assert len(drafts) == n
+        for req, d in zip(self.rows, drafts):
+            assert len(d) <= self.p.k
+            req["draft"] = d
+        self.clock.t += 0.0001  # what proposing took
+        # rid -> (the context the proposer holds for the request in row i, the request's true sequence)
+        self.seen = {req["rid"]: (list(self.p.rows.at[i].tokens), list(req["seq"]))
+                     for i, req in enumerate(self.rows) if i in self.p.rows.at}
+        for i, req in enumerate(self.rows):  # vLLM drops finished requests before the next step
+            if len(req["seq"]) >= req["budget"]:
+                self.finished.append(req)
+                self.rows[i] = None
+        self.condense()
+
+def make(policy="auto", k=6, cost=lambda w: 0.01, drafter="ngram"):
+    clock = Clock()
+    p = Proposer(vllm_config(k), ProposerConfig(drafter=drafter, policy=policy, report_s=0), clock=clock)
+    return p, Batch(p, clock, cost)
+
+
+def prompt(i: int, n: int) -> list[int]:
+    return [(i * 13 + j * 7) % 50 for j in range(n)]
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "ngram,suffix"])
+def test_requests_joining_and_leaving_keep_their_own_context(drafter):
+    p, b = make(drafter=drafter)
+    rid = done = 0
+    for step in range(120):
+        if step % 5 == 0 and rid < 14:  # requests of different lengths join mid-stream
+            b.add(prompt(rid, 5 + 9 * (rid % 4)), budget=40 + 13 * (rid % 5) + len(prompt(rid, 5 + 9 * (rid % 4))),
+                  rid=rid)
+            rid += 1
+        b.step()
+        assert len(b.seen) == len(b.rows) + len(b.finished) - done  # every decoding row is matched
+        done = len(b.finished)
+        for r, (held, true) in b.seen.items():
+            assert held == true, f"request {r} at step {step}"
+    assert len(b.finished) >= 10
+    assert p.rows.opened == rid and len(p.rows.live) == len(b.rows)  # every request opened once, finished closed
+    s = p.summary()
+    assert s["drafted"] > 0 and 0.3 < s["acceptance"] <= 1.0
+
+
+def test_rows_that_swap_places_keep_their_state():
+    p, b = make()
+    for i in range(3):
+        b.add(prompt(i, 20), budget=400, rid=i)
+    for _ in range(10):
+        b.step()
+    judged = {req["rid"]: list(p.rows.at[i].judged) for i, req in enumerate(b.rows)}
+    b.rows.reverse()  # a batch reordered between steps (vLLM swaps rows to sort them)
+    b.step()
+    for i, req in enumerate(b.rows):
+        r = p.rows.at[i]
+        assert b.seen[req["rid"]][0] == req["seq"] and sum(r.judged) >= sum(judged[req["rid"]])
+    assert p.rows.opened == 3  # nobody was taken for a new request
+
+
+def test_identical_requests_are_told_apart_once_they_differ():
+    p, b = make()
+    b.add(prompt(1, 30), budget=200, rid=0)
+    b.add(prompt(1, 30), budget=200, rid=1)
+    for _ in range(3):
+        b.step()
+    b.rows[1]["seq"][-1] = (b.rows[1]["seq"][-1] + 1) % 50  # sampling made them part
+    b.rows.reverse()
+    b.step()
+    assert len(b.seen) == 2 and all(held == true for held, true in b.seen.values())
+
+
+def test_acceptance_counts_the_kept_drafts():
+    p, _ = make()
+    r = p.rows._open(np.array([1, 2, 3]), 2)
+    r.draft = [4, 5, 6]
+    assert r.accepted([4, 5, 9]) == 2  # two kept, then the target's own token
+    assert r.accepted([4, 5, 6, 7]) == 3  # all kept, and a bonus
+    assert r.accepted([9]) == 0
+    assert r.accepted([4]) == 0  # one token only: the target's own (the step scheduled no draft)
+
+
+def drafted_share(p, b, steps: int) -> float:
+    before = dict(p.counts)
+    for _ in range(steps):
+        b.step()
+    rows = p.counts["rows"] - before["rows"]
+    return (p.counts["drafted_rows"] - before["drafted_rows"]) / rows
+
+
+def test_auto_drafts_where_a_wider_step_is_nearly_free_and_stops_where_it_is_not():
+    flat, steep = (lambda w: 0.02 + 0.0005 * w), (lambda w: 0.01 * w)
+    share = {}
+    for policy, cost in (("always", flat), ("auto", flat), ("auto", steep)):
+        p, b = make(policy=policy, cost=cost)
+        for i in range(4):
+            b.add(prompt(i, 30), budget=MAX_LEN - 8, rid=i)
+        drafted_share(p, b, 60)  # learn the curve
+        share[policy, cost] = drafted_share(p, b, 100)
+        if policy == "auto":
+            curve = p.policy.cost.curve()
+            assert curve and all(t == pytest.approx(cost(n), rel=0.05) for n, t in curve), curve
+    # rows without a draft under `always` are rows the lookup found nothing for
+    assert share["auto", flat] >= 0.95 * share["always", flat] > 0.5, share
+    assert share["auto", steep] < 0.15, share
+
+
+def test_never_proposes_nothing_and_always_proposes_k():
+    p, b = make(policy="never")
+    b.add(prompt(0, 30), budget=300, rid=0)
+    for _ in range(10):
+        b.step()
+    assert p.counts["drafted"] == 0
+    p, b = make(policy="always", k=3)
+    b.add(prompt(0, 30), budget=300, rid=0)
+    for _ in range(10):
+        b.step()
+    assert all(len(req["draft"]) <= 3 for req in b.rows) and p.counts["drafted"] > 10
+
+
+def test_the_learned_cost_is_optimistic_where_it_has_not_looked():
+    c = LearnedPassCost(min_seen=2)
+    assert c(1) == c(50) == 1.0
+    for _ in range(2):
+        c.observe(4, 0.04)
+        c.observe(8, 0.05)
+    assert c(4) == pytest.approx(0.04) and c(6) == pytest.approx(0.045)
+    assert c(2) == pytest.approx(0.02)  # narrower: in proportion
+    assert c(40) == pytest.approx(0.05)  # wider: flat at the widest measured
+    c.observe(0, 1.0)
+    c.observe(3, 0.0)  # neither is a measure
+    assert 0 not in c.seen and 3 not in c.seen
+
+
+def test_drafts_keep_within_the_model_length():
+    p, _ = make(policy="always", k=6)
+    seq = np.array(prompt(0, MAX_LEN - 3), dtype=np.int32)
+    ids = np.zeros((1, MAX_LEN), dtype=np.int32)
+    ids[0, :len(seq)] = seq
+    (d,) = p.propose([[int(seq[-1])]], np.array([len(seq)]), ids)
+    assert len(d) <= 2
+
+
+def test_configuration_from_the_environment(tmp_path):
+    assert ProposerConfig.from_env({}) == ProposerConfig()
+    cfg = ProposerConfig.from_env({ENV: '{"drafter": "suffix", "policy": "always", "k": 4}'})
+    assert (cfg.drafter, cfg.policy, cfg.k) == ("suffix", "always", 4)
+    f = tmp_path / "cfg.json"
+    f.write_text(json.dumps({"drafter": "ngram,suffix"}))
+    assert ProposerConfig.from_env({ENV: str(f)}).drafter == "ngram,suffix"
+    bad = {
+        '{"drafter": "ngram", "kk": 3}': "unknown field(s) kk",
+        '{"policy": "sometimes"}': "policy must be one of auto, always, never",
+        '{"k": 0}': "k must be an integer >= 1",
+        '{"drafter": ': "not valid JSON",
+        "[1]": "not a JSON object",
+        str(tmp_path / "missing.json"): "no file can be read there",
+    }
+    for text, msg in bad.items():
+        with pytest.raises(SpecdecError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+            ProposerConfig.from_env({ENV: text})
+
+
+def test_drafters_that_need_a_model_and_a_k_beyond_vllms_are_refused():
+    with pytest.raises(SpecdecError, match="run without a model"):
+        Proposer(vllm_config(), ProposerConfig(drafter="eagle"))
+    with pytest.raises(SpecdecError, match="unknown drafter"):
+        Proposer(vllm_config(), ProposerConfig(drafter="bogus"))
+    with pytest.raises(SpecdecError, match="exceeds vLLM's num_speculative_tokens = 4"):
+        Proposer(vllm_config(k=4), ProposerConfig(k=8))
+    with pytest.raises(SpecdecError, match="policy to never"):
+        Proposer(vllm_config(), ProposerConfig(drafter="none"))
