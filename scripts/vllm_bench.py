@@ -165,8 +165,8 @@ def part_plan(args, logs: Path, work: Path) -> dict:
         for s in servers.values():
             s.stop()
     measured = json.loads(second.read_text())
-    return {"plan": plan, "first_bench": json.loads(first.read_text())["levels"],
-            "emitted_bench": measured["levels"]}
+    return {"plan": plan, "first_bench": json.loads(first.read_text())["endpoint"]["levels"],
+            "emitted_bench": measured["endpoint"]["levels"]}
 
 
 def part_bf16(args, logs: Path, prompts) -> dict:
@@ -197,16 +197,22 @@ def main() -> None:
     out = {"provenance": provenance(bandwidth=True), "args": {k: v for k, v in vars(args).items() if k != "json"}}
     parts = args.parts.split(",")
     t0 = time.time()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every part: a later part that fails loses nothing measured before it
+        out["seconds"] = time.time() - t0
+        args.json.write_text(json.dumps(out, indent=1, default=str))
+
     if "main" in parts:
         out["levels"] = part_main(args, work, prompts)
+        save()
     if "plan" in parts:
         out["plan"] = part_plan(args, work, work)
+        save()
     if "bf16" in parts:
         out["bf16"] = part_bf16(args, work, select(load_prompts(args.prompts), None, 1))
     out["bandwidth_after_gbs"] = provenance(bandwidth=True)["bandwidth_gbs"]
-    out["seconds"] = time.time() - t0
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(out, indent=1, default=str))
+    save()
     say(f"wrote {args.json} ({out['seconds']:.0f} s; logs in {work})", "vllm-bench")
 
 
