@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: vllm setup kernels demo test test-slow test-all lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench llamacpp llamacpp-matrix real-models
+.PHONY: vllm vllm-bench setup kernels demo test test-slow test-all lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench llamacpp llamacpp-matrix real-models
 
 # setup also builds this CPU's native kernels into the cache (once per version: a no-op later), so that no server
 # start, test fixture or first request compiles anything.
@@ -131,6 +131,10 @@ $(VLLM_VENV)/.installed: pyproject.toml
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/pip install -q --no-deps -e .
 	touch $@
+
+# vLLM beside specdec on Spec-Bench (docs/results/vllm.md): about 40 minutes.
+vllm-bench: setup vllm
+	$(BIN)/python scripts/vllm_bench.py --json artifacts/vllm-bench.json
 
 # Every architecture x block type against llama.cpp (make test runs 17 of the 60 cells; docs/results/llamacpp-matrix.md).
 llamacpp-matrix: setup llamacpp

