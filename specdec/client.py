@@ -255,3 +255,21 @@ async def scrape(client: httpx.AsyncClient, root: str) -> str | None:
     except httpx.HTTPError:
         return None
     return resp.text if resp.status_code == 200 else None
+
+
+# (drafted, accepted, drafts) counters, by server family; labelled series are summed
+COUNTERS = {
+    "specdec": ("specdec:spec_decode_num_draft_tokens_total", "specdec:spec_decode_num_accepted_tokens_total",
+                "specdec:spec_decode_num_drafts_total"),
+    "vllm": ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+             "vllm:spec_decode_num_drafts_total"),
+}
+
+
+def counted(before: dict, after: dict) -> tuple[int, int, int] | None:
+    """(drafted, accepted, drafts) between two scrapes, from the first server family whose counters exist."""
+    for names in COUNTERS.values():
+        if names[0] in after:
+            d, a, n = (int(round(after.get(k, 0.0) - before.get(k, 0.0))) for k in names)
+            return d, a, n
+    return None

@@ -13,9 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec.bench.endpoint import counted
 from specdec.cli import main
-from specdec.client import parse_prometheus, prometheus_series
+from specdec.client import counted, parse_prometheus, prometheus_series
 
 PROMPTS = [{"question_id": 1, "category": "coding", "turns": ["fix a b", "and c"]},
            {"question_id": 2, "category": "writing", "turns": ["write d e"]},

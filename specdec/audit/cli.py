@@ -31,7 +31,18 @@ from pathlib import Path
 
 import httpx
 
-from specdec.client import RequestFailed, TimedOut, Unreachable, async_client, first_model, request, run_async
+from specdec.client import (
+    RequestFailed,
+    TimedOut,
+    Unreachable,
+    async_client,
+    counted,
+    first_model,
+    parse_prometheus,
+    request,
+    run_async,
+    scrape,
+)
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1, POSITIVE, TOP_P, ranged, read_text
 
@@ -127,6 +138,7 @@ async def collect(servers: tuple[Server, Server], prompts: tuple[str, ...], samp
     jobs = [(s, i, p) for i in range(samples) for p in range(len(prompts)) for s in range(2)]
     async with async_client(api_key, timeout_s, 2 * concurrency) as client:
         models = [await model_id(client, s) for s in servers]
+        before = await scrape(client, servers[0].url)  # a server that reports drafts in /metrics only (vLLM)
 
         async def one(s: int, i: int, p: int) -> None:
             server = servers[s]
@@ -164,6 +176,10 @@ async def collect(servers: tuple[Server, Server], prompts: tuple[str, ...], samp
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        after = await scrape(client, servers[0].url)
+    counts = counted(parse_prometheus(before), parse_prometheus(after)) if before and after else None
+    if counts and not out[0].drafted:  # the endpoint's counters over the audit (the reference's requests went
+        out[0].drafted, out[0].accepted = counts[0], counts[1]  # elsewhere; anything else it served counts too)
     return out
 
 

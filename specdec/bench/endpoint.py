@@ -27,17 +27,10 @@ from specdec.bench import loadtest
 from specdec.bench.load_types import ENDPOINTS, LoadConfig, RequestResult
 from specdec.bench.prompts import Prompt
 from specdec.bench.runner import Method, Sample, Turn
-from specdec.client import parse_prometheus, run_async
+from specdec.client import counted, parse_prometheus, run_async
 from specdec.client import scrape as scrape_text
 from specdec.errors import SpecdecError
 
-# (drafted, accepted, drafts) counters, by server family; labelled series are summed
-COUNTERS = {
-    "specdec": ("specdec:spec_decode_num_draft_tokens_total", "specdec:spec_decode_num_accepted_tokens_total",
-                "specdec:spec_decode_num_drafts_total"),
-    "vllm": ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
-             "vllm:spec_decode_num_drafts_total"),
-}
 GAUGES = ("sglang:spec_accept_rate", "sglang:spec_accept_length")
 
 
@@ -45,15 +38,6 @@ async def scrape(client: httpx.AsyncClient, cfg: LoadConfig) -> dict[str, float]
     """The server's /metrics (at the root, beside /v1); {} where it has none."""
     text = await scrape_text(client, cfg.api_base.removesuffix("/v1"))
     return parse_prometheus(text) if text is not None else {}
-
-
-def counted(before: dict, after: dict) -> tuple[int, int, int] | None:
-    """(drafted, accepted, drafts) between two scrapes, from the first server family whose counters exist."""
-    for names in COUNTERS.values():
-        if names[0] in after:
-            d, a, n = (int(round(after.get(k, 0.0) - before.get(k, 0.0))) for k in names)
-            return d, a, n
-    return None
 
 
 def _turn(rec: RequestResult, acceptance: tuple[int, int, int] | None) -> Turn:
