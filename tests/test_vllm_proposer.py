@@ -53,8 +53,10 @@ class Batch:
         self.drafts: list[list[int]] = []
         self.finished: list[dict] = []
 
-    def add(self, prompt: list[int], budget: int, rid: int) -> None:
-        req = {"rid": rid, "seq": list(prompt), "budget": budget, "gained": [], "prefilling": True, "draft": []}
+    def add(self, prompt: list[int], budget: int, rid: int, twist: int | None = None) -> None:
+        """twist: the position where this request's target token differs from the shared target's (sampling)."""
+        req = {"rid": rid, "seq": list(prompt), "budget": budget, "gained": [], "draft": [], "twist": twist,
+               "prefilling": 1 + len(prompt) // 20}  # steps of chunked prefill: no sampled tokens until the last
         if None in self.rows:
             self.rows[self.rows.index(None)] = req
         else:
@@ -71,19 +73,23 @@ class Batch:
         """Run the step (verify each row's draft greedily), then ask the proposer for the next drafts."""
         width = 0
         for req in self.rows:
+            next_token = lambda req=req: (target(req["seq"]) + (len(req["seq"]) == req["twist"])) % 50
+
             if req["prefilling"]:
-                req["prefilling"] = False
-                req["seq"].append(target(req["seq"]))
-                req["gained"] = req["seq"][-1:]
-                width += len(req["seq"])
+                req["prefilling"] -= 1
+                req["gained"] = []
+                if not req["prefilling"]:
+                    req["seq"].append(next_token())
+                    req["gained"] = req["seq"][-1:]
+                width += 20
                 continue
             gained = []
             for d in req["draft"]:
-                if d != target(req["seq"]):
+                if d != next_token():
                     break
                 req["seq"].append(d)
                 gained.append(d)
-            req["seq"].append(target(req["seq"]))
+            req["seq"].append(next_token())
             req["gained"] = gained + req["seq"][-1:]
             width += len(req["draft"]) + 1
         self.clock.t += self.cost(width)
@@ -126,7 +132,8 @@ def test_requests_joining_and_leaving_keep_their_own_context(drafter):
                   rid=rid)
             rid += 1
         b.step()
-        assert len(b.seen) == len(b.rows) + len(b.finished) - done  # every decoding row is matched
+        assert set(b.seen) == {req["rid"] for req in b.rows if req["gained"]} | \
+            {req["rid"] for req in b.finished[done:]}  # every decoding row is matched, and only those
         done = len(b.finished)
         for r, (held, true) in b.seen.items():
             assert held == true, f"request {r} at step {step}"
@@ -154,23 +161,48 @@ def test_rows_that_swap_places_keep_their_state():
 def test_identical_requests_are_told_apart_once_they_differ():
     p, b = make()
     b.add(prompt(1, 30), budget=200, rid=0)
-    b.add(prompt(1, 30), budget=200, rid=1)
-    for _ in range(3):
+    b.add(prompt(1, 30), budget=200, rid=1, twist=36)  # sampling makes the twins part at position 36
+    b.step()  # their prompts' first prefill chunk: no row decodes yet
+    assert b.seen == {}
+    for step in range(12):
+        if step % 3 == 2:
+            b.rows.reverse()  # and their rows swap now and then
         b.step()
-    b.rows[1]["seq"][-1] = (b.rows[1]["seq"][-1] + 1) % 50  # sampling made them part
-    b.rows.reverse()
-    b.step()
-    assert len(b.seen) == 2 and all(held == true for held, true in b.seen.values())
+        assert len(b.seen) == 2 and all(held == true for held, true in b.seen.values())
+    assert b.seen[0][1][36] != b.seen[1][1][36] and p.rows.opened == 2
 
 
 def test_acceptance_counts_the_kept_drafts():
     p, _ = make()
     r = p.rows._open(np.array([1, 2, 3]), 2)
     r.draft = [4, 5, 6]
-    assert r.accepted([4, 5, 9]) == 2  # two kept, then the target's own token
-    assert r.accepted([4, 5, 6, 7]) == 3  # all kept, and a bonus
-    assert r.accepted([9]) == 0
-    assert r.accepted([4]) == 0  # one token only: the target's own (the step scheduled no draft)
+    assert r.verified([4, 5, 9]) == (3, 2)  # two kept, then the target's own token
+    assert r.verified([4, 5, 6, 7]) == (3, 3)  # all kept, and a bonus
+    assert r.verified([9]) == (3, 0)
+    # the target's own token is the next draft token: vLLM's scheduler cut the draft there, the rest went unverified
+    assert r.verified([4]) == (0, 0) and r.verified([4, 5]) == (1, 1)
+    assert r.verified([]) == (0, 0)
+
+
+def test_a_step_vllm_did_not_ask_for_drafts_is_not_taken_as_a_pass_cost():
+    p, _ = make()
+
+    def call(tokens: list[int], sampled: list[int]) -> None:
+        ids = np.zeros((1, MAX_LEN), dtype=np.int32)
+        ids[0, :len(tokens)] = tokens
+        p.propose([sampled], np.array([len(tokens)]), ids)
+
+    toks = prompt(0, 21)
+    call(toks, toks[-1:])  # a new request: its prefill step is no pass cost
+    for i in range(3):
+        p.clock.t += 0.01
+        toks = toks + [100 + i]  # tokens never seen before: nothing to look up, so one-row steps
+        call(toks, toks[-1:])
+    assert p.policy.cost.seen[1][1] == 3
+    p.clock.t += 0.02
+    toks = toks + [200, 201]  # vLLM skipped the proposer for a step (a row near the model length): two steps' tokens
+    call(toks, toks[-1:])
+    assert p.policy.cost.seen[1][1] == 3 and p.policy.cost.seen[1][0] == pytest.approx(0.01)
 
 
 def drafted_share(p, b, steps: int) -> float:

@@ -126,7 +126,7 @@ async def model_id(client: httpx.AsyncClient, server: Server) -> str:
 @dataclass
 class Collected:
     texts: list[list[str]]  # [prompt][sample]
-    drafted: int = 0  # from specdec's usage.speculative, where the server reports it
+    drafted: int = 0  # from specdec's usage.speculative, or else the endpoint's /metrics counters
     accepted: int = 0
     acceptance: str | None = None  # the x-specdec-acceptance header, where the server sends one
 
@@ -265,7 +265,7 @@ def run_audit(args) -> int:
             print(f"  prompt {t.prompt + 1} position {t.position}: {t.bins} bins, chi2 {t.chi2:.1f} (df {t.df}), "
                   f"p {t.p:.2g}, TV {t.tv:.3f}, detectable {t.detectable_tv:.3f}; top {top}")
         if speculation:
-            print(f"  endpoint: {ep.accepted} of {ep.drafted} drafted tokens accepted (its usage.speculative)")
+            print(f"  endpoint: {ep.accepted} of {ep.drafted} drafted tokens accepted")
         if ep.acceptance:
             print(f"  endpoint says: {ACCEPTANCE_HEADER}: {ep.acceptance}")
         print(f"  {result.tests} tests at level {args.alpha:g}/{result.tests} each (Bonferroni); position 1 "

@@ -71,6 +71,7 @@ class LocalServer:
             code = self.proc.poll()
             if code is not None and "address already in use" in self.log_tail().lower() and attempt < 2:
                 say(f"{self.label}: port {self.port} was taken; trying another")
+                self.stop()  # what it started before it failed
                 continue
             self.stop()
             why = (f"exited with status {code}" if code is not None

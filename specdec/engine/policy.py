@@ -183,29 +183,35 @@ class LearnedPassCost:
     """Seconds of a step over n token-rows, learned from the steps an engine runs, with no curve measured
     beforehand (vLLM's steps, integrations/vllm.py: it is vLLM's kernels that run them, not ours).
 
-    Each width keeps a running average of its own steps. The curve goes through the widths seen `min_seen` times
-    or more (made non-decreasing: `smooth`), linear between them. Outside them it is optimistic on both sides,
-    so that the policy tries what it does not know and its steps then price it: beyond the widest, flat (an
-    untried wider pass costs what the widest tried one does); below the narrowest, in proportion to the width.
-    Widths are priced as they were when last tried: a cost that moved (a busier machine, longer contexts) moves
-    the curve only where the policy goes."""
+    Each width keeps its own average: the mean of its first `min_seen` steps, then a running average (`weight`). The
+    curve goes through the widths seen `min_seen` times or more (made non-decreasing: `smooth`), linear between
+    them. Outside them it is optimistic on both sides, so that the policy tries what it does not know and its steps
+    then price it: beyond the widest, flat (an untried wider pass costs what the widest tried one does); below the
+    narrowest, in proportion to the width. A width not stepped through in the last `forget` steps drops out and is
+    learned afresh when the policy goes there again: a price measured once, in a busy moment, does not keep the
+    policy away for good."""
 
-    def __init__(self, min_seen: int = 3, weight: float = 0.2):
-        self.min_seen, self.weight = min_seen, weight
-        self.seen: dict[int, tuple[float, int]] = {}  # width -> (running seconds, steps)
+    def __init__(self, min_seen: int = 3, weight: float = 0.2, forget: int = 2000):
+        self.min_seen, self.weight, self.forget = min_seen, weight, forget
+        self.seen: dict[int, tuple[float, int, int]] = {}  # width -> (average seconds, steps, the last step's number)
+        self.steps = 0
         self._curve: tuple[tuple[int, float], ...] | None = None
 
     def observe(self, n: int, seconds: float) -> None:
         if n < 1 or not seconds > 0:
             return
-        avg, count = self.seen.get(n, (seconds, 0))
-        self.seen[n] = (avg + self.weight * (seconds - avg) if count else seconds, count + 1)
+        self.steps += 1
+        avg, count, _ = self.seen.get(n, (0.0, 0, 0))
+        step = 1 / (count + 1) if count < self.min_seen else self.weight
+        self.seen[n] = (avg + step * (seconds - avg), count + 1, self.steps)
+        if self.steps % 100 == 0:  # forget widths not measured lately
+            self.seen = {w: v for w, v in self.seen.items() if self.steps - v[2] <= self.forget}
         self._curve = None
 
     def curve(self) -> tuple[tuple[int, float], ...]:
         """The measured points the cost goes through (none before any width was seen min_seen times)."""
         if self._curve is None:
-            pts = [(n, avg) for n, (avg, count) in self.seen.items() if count >= self.min_seen]
+            pts = [(n, avg) for n, (avg, count, _) in self.seen.items() if count >= self.min_seen]
             self._curve = smooth(pts) if pts else ()
         return self._curve
 

@@ -65,7 +65,9 @@ class ProposerConfig:
         if self.policy not in POLICIES:
             raise SpecdecError(f"{ENV}: policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.k is not None:
-            check_k(self.k, f"{ENV}: k")
+            if isinstance(self.k, bool) or not isinstance(self.k, (int, float)):
+                raise SpecdecError(f"{ENV}: k must be an integer >= 1, got {self.k!r}")
+            object.__setattr__(self, "k", check_k(self.k, f"{ENV}: k"))  # 8.0 -> 8
         if not isinstance(self.report_s, (int, float)) or self.report_s < 0:
             raise SpecdecError(f"{ENV}: report_s must be a number >= 0, got {self.report_s!r}")
 
@@ -122,14 +124,20 @@ class _Row(Evidence):
         self.tokens.extend(new.tolist())
         self.score_shadow()
 
-    def accepted(self, new: Sequence[int]) -> int:
-        """How many of last step's drafts the step kept, from the tokens it gained (kept drafts, then the target's
-        own token). A rejected draft is never the token that replaces it (that token is drawn from p - q with q
-        one-hot on the draft), so the count is exact at any temperature."""
+    def verified(self, new: Sequence[int]) -> tuple[int, int]:
+        """(drafts the step verified, drafts it kept), from the tokens the row gained: the kept drafts, then the
+        target's own token. A rejected draft is never the token that replaces it (that token is drawn from p - q,
+        q one-hot on the draft), so the count is exact at any temperature; and when the target's own token equals
+        the next draft token, vLLM's scheduler had cut the draft there (its token budget, the model length), and
+        the rest was never verified."""
+        if len(new) == 0:  # nothing gained (a row matched to a twin's state): nothing was judged
+            return 0, 0
         a = 0
         while a < len(self.draft) and a < len(new) - 1 and new[a] == self.draft[a]:
             a += 1
-        return a
+        if a < len(self.draft) and a == len(new) - 1 and new[a] == self.draft[a]:
+            return a, a
+        return len(self.draft), a
 
 
 class Rows:
@@ -229,8 +237,11 @@ class Proposer:
         t_in = self.clock()
         matched = self.rows.match(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         rows = [m[0] for m in matched if m is not None]
-        self._learn([m for m in matched if m is not None and m[1] is not None],
-                    pure=all(m is not None and m[1] is not None for m in matched), t_in=t_in)
+        # a pure decode step: every row decoded, none is new, and each gained what the step sampled (vLLM skips
+        # the proposer for a step when a row nears the model length: then a row gained two steps' tokens)
+        pure = all(m is not None and m[1] is not None and len(m[1]) == len(got)
+                   for m, got in zip(matched, sampled_token_ids))
+        self._learn([m for m in matched if m is not None and m[1] is not None], pure, t_in)
         out: list[list[int]] = [[] for _ in matched]
         if rows:
             caps = [max(0, min(self.policy.max_k, self.max_len - 1 - r.n)) for r in rows]
@@ -264,15 +275,17 @@ class Proposer:
         before = evidence_totals(rows)
         accepted = []
         for r, new in cont:
-            a = r.accepted(new)
+            n, a = r.verified(new)
+            r.draft = r.draft[:n]
+            r.confidence = r.confidence[:n] if r.confidence is not None else None
             accepted.append(a)
             r.extend(new)
-            r.record(len(r.draft), a)
+            r.record(n, a)
         self.counts["accepted"] += sum(accepted)
         choice = Choice([r.draft for r in rows], None, self.steps,
                         confidence=[r.confidence or [] for r in rows]
                         if any(r.confidence is not None for r in rows) else None)
-        width = sum(len(r.draft) + 1 for r in rows)
+        width = sum(len(r.draft) + 1 for r in rows)  # the token-rows the step ran
         step_s = t_in - self.t_out if pure and self.t_out is not None else 0.0  # 0: not a measure of the cost
         learn_round(self.policy, self.drafter, [r.slot for r in rows], rows, choice, accepted, before, width,
                     self.draft_s, step_s)
