@@ -127,12 +127,21 @@ def part_main(args, logs: Path, prompts) -> dict:
             levels[c] = summarize(run_level(servers, prompts, c, i, args.max_new_tokens), c)
             say(f"level c={c} took {time.time() - t0:.0f} s: " + ", ".join(
                 f"{n} {v['tok_s']:.1f}" for n, v in levels[c].items()), "vllm-bench")
-        sampling = {n: position_counts(servers[n]) for n in ("vllm", "vllm-ngram", "vllm+specdec-ngram")
-                    if n in servers}
     finally:
         for s in servers.values():
             s.stop()
-    return levels, sampling
+    return levels
+
+
+def part_sampling(logs: Path) -> dict:
+    servers = make_servers(["vllm", "vllm-ngram", "vllm+specdec-ngram"], logs)
+    try:
+        for s in servers.values():
+            s.start(timeout_s=600)
+        return {n: position_counts(s) for n, s in servers.items()}
+    finally:
+        for s in servers.values():
+            s.stop()
 
 
 def position_counts(server: LocalServer, samples: int = 200, position: int = 2) -> dict:
@@ -221,9 +230,13 @@ def ratio(a: float | None, b: float | None) -> str:
 
 def render(out: dict) -> str:
     """The results page from the JSON this script wrote."""
+    return "\n".join(["# vLLM beside specdec on this machine (issue 49)", "", *header(out), *body(out)])
+
+
+def header(out: dict) -> list[str]:
+    """The run's machine, date, revision, command and settings."""
     pv, args = out["provenance"], out["args"]
-    lines = ["# vLLM beside specdec on this machine (issue 49)", "",
-             f"- CPU: {pv['cpu']}, {pv['cores']} cores ({', '.join(pv['isa'])})",
+    return [f"- CPU: {pv['cpu']}, {pv['cores']} cores ({', '.join(pv['isa'])})",
              f"- read bandwidth: {pv['bandwidth_gbs']:.1f} GB/s at the start, "
              f"{out.get('bandwidth_after_gbs') or float('nan'):.1f} GB/s at the end",
              f"- date: {pv['date_utc']}; revision {pv['git']}; {out['seconds'] / 60:.0f} minutes in all",
@@ -237,6 +250,11 @@ def render(out: dict) -> str:
              "vllm+specdec-* is `custom_class` with `num_speculative_tokens` 8 and `$SPECDEC_VLLM` "
              '`{"drafter": ...}` (policy auto); specdec-* is `specdec serve --model default --max-batch 8` '
              "(the GGUF on specdec's kernels, `--policy never`, or `--policy auto --drafter ngram --k 8`)", ""]
+
+
+def body(out: dict) -> list[str]:
+    """Every part the run measured, as tables."""
+    lines: list[str] = []
     levels = out.get("levels", {})
     if levels:
         names = list(next(iter(levels.values())))
@@ -326,7 +344,7 @@ def render(out: dict) -> str:
                 i = v["identity"]
                 lines.append(f"- {n}: {len(i['differ'])} of {i['prompts']} prompts differ")
         lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def main() -> None:
@@ -337,13 +355,18 @@ def main() -> None:
     ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8])
     ap.add_argument("--servers", default="vllm,vllm-ngram,vllm+specdec-ngram,vllm+specdec-suffix,specdec-never,"
                                          "specdec-auto")
-    ap.add_argument("--parts", default="main,plan,bf16")
+    ap.add_argument("--parts", default="main,sampling,plan,bf16")
     ap.add_argument("--json", type=Path, default=ROOT / "artifacts/vllm-bench.json")
     ap.add_argument("--markdown", type=Path, help="also write the results page")
-    ap.add_argument("--render", type=Path, help="only write --markdown from this JSON, measuring nothing")
+    ap.add_argument("--render", type=Path, nargs="+", help="only write --markdown from these JSON files, measuring "
+                                                          "nothing (a later file's parts follow, with its own header)")
     args = ap.parse_args()
     if args.render:
-        args.markdown.write_text(render(json.loads(args.render.read_text())))
+        runs = [json.loads(f.read_text()) for f in args.render]
+        lines = [render(runs[0])]
+        for extra in runs[1:]:  # parts measured in another run, each under that run's machine and revision
+            lines += ["", "# A later run", "", *header(extra), *body(extra)]
+        args.markdown.write_text("\n".join(lines))
         return
     prompts = select(load_prompts(args.prompts), None, args.per_category)
     work = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
@@ -358,7 +381,10 @@ def main() -> None:
         args.json.write_text(json.dumps(out, indent=1, default=str))
 
     if "main" in parts:
-        out["levels"], out["sampling"] = part_main(args, work, prompts)
+        out["levels"] = part_main(args, work, prompts)
+        save()
+    if "sampling" in parts:
+        out["sampling"] = part_sampling(work)
         save()
     if "plan" in parts:
         out["plan"] = part_plan(args, work, work)

