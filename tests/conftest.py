@@ -218,10 +218,10 @@ def divergence_message(model, prompt, expected, got) -> str:
 # order with --no-loadscope-reorder) finish together instead of one running a long file alone at the end. The
 # other files follow in pytest's order. A run in one process keeps pytest's order (scripts/mutate.py's -x runs
 # name their quickest catching file first).
-LONGEST_FIRST = ("test_llamacpp_matrix.py", "test_llamacpp_oracle.py", "test_gemma3.py", "test_audit.py",
-                 "test_drafter_contract.py", "test_heads_eagle.py", "test_serve_hostile.py", "test_gemma3_gguf.py",
-                 "test_gguf_convert.py", "test_engine_sampling.py", "test_engine_greedy.py", "test_gguf_kquants.py",
-                 "test_kernel_build.py")
+LONGEST_FIRST = ("test_vllm.py", "test_llamacpp_matrix.py", "test_llamacpp_oracle.py", "test_gemma3.py",
+                 "test_audit.py", "test_drafter_contract.py", "test_heads_eagle.py", "test_serve_hostile.py",
+                 "test_gemma3_gguf.py", "test_gguf_convert.py", "test_engine_sampling.py", "test_engine_greedy.py",
+                 "test_gguf_kquants.py", "test_kernel_build.py")
 
 
 def pytest_collection_modifyitems(config, items):
