@@ -43,7 +43,16 @@ from pathlib import Path
 import numpy as np
 
 from specdec.engine.calibrate import make_policy
-from specdec.engine.policy import POLICIES, Choice, RowView, choose_drafts, evidence_totals, learn_round
+from specdec.engine.policy import (
+    POLICIES,
+    Auto,
+    Choice,
+    LearnedPassCost,
+    RowView,
+    choose_drafts,
+    evidence_totals,
+    learn_round,
+)
 from specdec.engine.sequence import Evidence
 from specdec.errors import SpecdecError
 from specdec.integrations.vllm_repair import repair_cpu_expand
@@ -226,6 +235,9 @@ class Proposer:
         self.drafter.reserve(int(vllm_config.scheduler_config.max_num_seqs), self.max_len)
         self.policy = make_policy(cfg.policy, self.k, None, 0, cfg.profile, self.drafter.free, learned=True)
         self.rows = Rows(self.drafter, max(self.policy.max_k, 1))
+        # the step costs it learns, for the summary line (None for a fixed policy or a profile's curve)
+        self.learned = self.policy.cost if isinstance(self.policy, Auto) and \
+            isinstance(self.policy.cost, LearnedPassCost) else None
         self.steps = 0  # drafting steps of the last proposal
         self.draft_s = 0.0  # seconds it took to choose
         self.t_out: float | None = None  # when the last proposal went back to vLLM
@@ -317,6 +329,8 @@ class Proposer:
             return
         self.t_report = self.clock()
         s = self.summary()
+        costs = self.learned.curve() if self.learned is not None else ()
+        priced = ", ".join(f"{n} rows {t * 1e3:.1f} ms" for n, t in costs[:: max(1, len(costs) // 6)])
         print(f"specdec: vLLM proposer: {s['steps']} steps, drafts on {s['draft_rate']:.0%} of rows, "
-              f"{s['acceptance']:.0%} of drafted tokens accepted, {s['open']} requests open", file=sys.stderr,
-              flush=True)
+              f"{s['acceptance']:.0%} of drafted tokens accepted, {s['open']} requests open"
+              + (f"; a step costs {priced}" if priced else ""), file=sys.stderr, flush=True)
