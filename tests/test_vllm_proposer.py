@@ -226,7 +226,7 @@ def test_auto_drafts_where_a_wider_step_is_nearly_free_and_stops_where_it_is_not
             curve = p.policy.cost.curve()
             assert curve and all(t == pytest.approx(cost(n), rel=0.05) for n, t in curve), curve
     # rows without a draft under `always` are rows the lookup found nothing for
-    assert share["auto", flat] >= 0.95 * share["always", flat] > 0.5, share
+    assert share["auto", flat] >= 0.9 * share["always", flat] > 0.5, share
     assert share["auto", steep] < 0.15, share
 
 
@@ -249,9 +249,13 @@ def test_the_learned_cost_is_optimistic_where_it_has_not_looked():
     for _ in range(2):
         c.observe(4, 0.04)
         c.observe(8, 0.05)
-    assert c(4) == pytest.approx(0.04) and c(6) == pytest.approx(0.045)
+    assert c(4) == pytest.approx(0.04) and c(8) == pytest.approx(0.05)
+    assert c(6) == pytest.approx(0.04)  # between: what the narrower measured width costs, until 6 is tried
     assert c(2) == pytest.approx(0.02)  # narrower: in proportion
     assert c(40) == pytest.approx(0.05)  # wider: flat at the widest measured
+    for _ in range(3):
+        c.observe(6, 0.044)
+    assert c(6) == pytest.approx(0.044) and c(7) == pytest.approx(0.044)  # tried, it is priced as it ran
     c.observe(0, 1.0)
     c.observe(3, 0.0)  # neither is a measure
     assert 0 not in c.seen and 3 not in c.seen
