@@ -263,9 +263,61 @@ def header(out: dict) -> list[str]:
              "(the GGUF on specdec's kernels, `--policy never`, or `--policy auto --drafter ngram --k 8`)", ""]
 
 
+def goals(out: dict) -> list[str]:
+    """Issue 49's goals, each beside what this run measured."""
+    levels, rows = out.get("levels", {}), []
+    ours, theirs, plain = "vllm+specdec-ngram", "vllm-ngram", "vllm"
+
+    def per_cat(lv: dict, a: str, b: str) -> dict:
+        return {k: lv[a]["per_category"][k] / lv[b]["per_category"][k] for k in lv[b]["per_category"]}
+
+    one = levels.get("1") or levels.get(1)
+    if one and ours in one and theirs in one:
+        overall = one[ours]["tok_s"] / one[theirs]["tok_s"]
+        cats = per_cat(one, ours, theirs)
+        low = min(cats, key=cats.get)
+        rows += [("vLLM + specdec proposer vs vLLM's n-gram, Spec-Bench overall, 1 client", ">= 1.15x",
+                  f"{overall:.2f}x", overall >= 1.15),
+                 ("... in every category, 1 client", ">= 1.0x", f"lowest {cats[low]:.2f}x ({low})", cats[low] >= 1.0)]
+    for c, lv in levels.items():
+        for name in (ours, "vllm+specdec-suffix", theirs):
+            if name in lv:
+                cats = per_cat(lv, name, plain)
+                low = min(cats, key=cats.get)
+                want = ">= 0.97x" if name != theirs else "(below 1.0x somewhere)"
+                met = cats[low] >= 0.97 if name != theirs else cats[low] < 1.0
+                rows.append((f"{name} vs vLLM without speculation, every category, c={c}", want,
+                             f"lowest {cats[low]:.2f}x ({low}); overall {lv[name]['tok_s'] / lv[plain]['tok_s']:.2f}x",
+                             met))
+    differ = [(c, n, len(v["identity"]["differ"])) for c, lv in levels.items() for n, v in lv.items()
+              if "identity" in v]
+    if differ:
+        bad = sum(d for _, _, d in differ)
+        rows.append(("greedy output identical to the same engine without speculation", "100% of prompts",
+                     f"{bad} answers differ over {len(differ)} server-levels", bad == 0))
+    for c in ("1", "8"):
+        lv = levels.get(c)
+        if lv and "specdec-auto" in lv:
+            x = lv["specdec-auto"]["tok_s"] / lv[plain]["tok_s"]
+            want = 3.0 if c == "1" else 2.0
+            rows.append((f"specdec serve (auto) vs vLLM-CPU without speculation, c={c}", f">= {want:g}x",
+                         f"{x:.2f}x", x >= want))
+    plan = out.get("plan")
+    if plan:
+        lv = plan["emitted_bench"][0]
+        measured = lv["endpoint"]["load"]["throughput_tok_s"] / lv["baseline"]["load"]["throughput_tok_s"]
+        off = measured / plan["plan"]["choice"]["speedup"] - 1
+        rows.append(("plan --emit vllm: predicted vs measured speedup", "within 20%",
+                     f"{plan['plan']['choice']['speedup']:.2f}x vs {measured:.2f}x ({off:+.0%})", abs(off) <= 0.2))
+    if not rows:
+        return []
+    return ["## Goals", "", "| goal | target | measured | met |", "|---|---|---|---|",
+            *(f"| {g} | {w} | {m} | {'yes' if ok else 'no'} |" for g, w, m, ok in rows), ""]
+
+
 def body(out: dict) -> list[str]:
     """Every part the run measured, as tables."""
-    lines: list[str] = []
+    lines: list[str] = goals(out)
     levels = out.get("levels", {})
     if levels:
         names = list(next(iter(levels.values())))
@@ -376,7 +428,7 @@ def main() -> None:
         runs = [json.loads(f.read_text()) for f in args.render]
         lines = [render(runs[0])]
         for extra in runs[1:]:  # parts measured in another run, each under that run's machine and revision
-            lines += ["", "# A later run", "", *header(extra), *body(extra)]
+            lines += ["", "# Measured in another run", "", *header(extra), *body(extra)]
         args.markdown.write_text("\n".join(lines))
         return
     prompts = select(load_prompts(args.prompts), None, args.per_category)
