@@ -41,7 +41,7 @@ from tests.test_grafana_dashboard import VLLM_EXPORTED, exported_names, load, vl
 
 pytestmark = pytest.mark.slow
 
-SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+SPEC_BENCH = Path(__file__).resolve().parent / "data" / "spec_bench_slice.jsonl"  # one per category
 PROPOSER = {"method": "custom_class", "model": "specdec.integrations.vllm.Proposer", "num_speculative_tokens": 8}
 VLLM_NGRAM = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 TOKENS = 32
