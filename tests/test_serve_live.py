@@ -87,6 +87,19 @@ def test_a_batch_width_never_run_plain_is_read_off_the_measured_passes():
     assert r["plain_tok_s"] is not None and r["paying"] is not None
 
 
+def test_the_theory_needs_no_lone_plain_row():
+    """A server whose every round drafted (policy always) never runs a one-row plain pass; the prediction then
+    takes the narrowest measured pass as one row's cost instead of going blank (a CI run on a busy machine hit
+    this: its rounds happened never to leave one row undrafted)."""
+    m, live, _ = make()
+    feed(live, m, [3], [2], [3], draft_s=0.001, verify_s=0.012)  # width 4
+    feed(live, m, [3, 3], [3, 1], [4, 2], draft_s=0.001, verify_s=0.016)  # width 8
+    s = live.snapshot(0, 0)
+    r = s["recent"]
+    assert s["cost"]["one_row_s"] == 0.012 and r["c"] == pytest.approx(0.002 / 6 / 0.012)
+    assert r["predicted"] == pytest.approx(batch_ratio(r["a"], 3, r["c"], 2, r["knee_rows"]))
+
+
 def test_before_any_traffic_every_measure_is_null_not_an_error():
     m, live, _ = make(cost=lambda n: 0.01 * max(1, n / 4))
     s = live.snapshot(0, 0)

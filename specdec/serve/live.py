@@ -145,7 +145,7 @@ class LiveStats:
         drafted, accepted = m.value("specdec:spec_decode_num_draft_tokens_total"), \
             m.value("specdec:spec_decode_num_accepted_tokens_total")
         tpr_n = m.value("specdec:tokens_per_round_count")
-        one_row = cost.get(1) or (self.policy_cost(1) if self.policy_cost else None)
+        one_row = self._plain_cost(1, cost)
         return {
             "time": time.time(),
             "uptime_s": uptime,
@@ -178,7 +178,7 @@ class LiveStats:
                      "measured": [{"rows": n, "seconds": s, "samples": samples[n]} for n, s in cost.items()],
                      "policy": self._policy_curve(max(cost, default=1)),
                      "knee_rows": fit_knee([(n, s / one_row) for n, s in cost.items()]) if one_row else None},
-            "recent": self._recent(rounds, cost, min(WINDOW_S, uptime), sum(recent_j), sum(recent_h)),
+            "recent": self._recent(rounds, cost, one_row, min(WINDOW_S, uptime), sum(recent_j), sum(recent_h)),
             "latency": {"ttft_s": percentiles(ttft), "itl_s": percentiles(itl)},
         }
 
@@ -199,10 +199,12 @@ class LiveStats:
                 "measured_tok_s": r.emitted / seconds if seconds > 0 else None,
                 "expected_tok_s": expected / seconds if seconds > 0 else None}
 
-    def _recent(self, rounds: list[_Round], cost: dict[int, float], span: float, judged: int, hits: int) -> dict:
+    def _recent(self, rounds: list[_Round], cost: dict[int, float], one: float | None, span: float, judged: int,
+                hits: int) -> dict:
         """The last minute's decode rounds: tokens per second with speculation, against plain decoding of the same
         batches at the measured cost of a plain pass over as many rows (speculation paying x); and what the
-        theory predicts from the measured a, k, c and cost curve (y). judged, hits: the window's drafts judged and
+        theory predicts from the measured a, k, c and cost curve (y). one: a one-row pass's seconds (`_plain_cost`,
+        so a server that never ran a lone plain row still has it); judged, hits: the window's drafts judged and
         accepted, over every position."""
         out = {"rounds": len(rounds), "throughput_tok_s": None, "measured_tok_s": None, "plain_tok_s": None,
                "paying": None, "a": None, "k_mean": None, "batch_mean": None, "c": None, "knee_rows": None,
@@ -220,7 +222,6 @@ class LiveStats:
             out["plain_tok_s"] = rows / sum(plain)
             out["paying"] = out["measured_tok_s"] / out["plain_tok_s"]
         spec_rounds = [r for r in rounds if any(r.ks)]
-        one = cost.get(1)
         if judged and one:
             a = hits / judged  # the theory's a: a draft survives given every earlier one did
             steps = sum(max(r.ks) for r in spec_rounds)
