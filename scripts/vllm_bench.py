@@ -4,6 +4,7 @@
     vllm-ngram            vLLM's own n-gram: k = 5, n = 2..4
     vllm+specdec-ngram    vLLM with specdec's proposer (specdec/integrations/vllm.py): n-gram, policy auto, k <= 8
     vllm+specdec-suffix   the same with the suffix drafter
+    vllm+specdec-ngram:row_floor=0.97   (when --servers names it) the same, with more $SPECDEC_VLLM fields
     vllm+specdec-never    (only when --servers names it) the proposer with policy never: vLLM's speculative path
                           with no drafts, the floor any policy starts from
     vllm-ngram+repair     (part sampling) vLLM's n-gram with $SPECDEC_VLLM_REPAIR=1
@@ -70,9 +71,13 @@ def make_servers(names: list[str], logs: Path, dtype: str = "float32") -> dict[s
     out = {}
     for n in names:
         repair = n.endswith("+repair")  # $SPECDEC_VLLM_REPAIR=1: vLLM-CPU's sampler repaired for any method
-        if n.removesuffix("+repair") in spec:
-            out[n] = VllmServer(f"{n}-{dtype}" if dtype != "float32" else n, model, logs,
-                                *spec[n.removesuffix("+repair")], dtype=dtype, repair=repair)
+        base, _, extra = n.removesuffix("+repair").partition(":")  # NAME:field=value,...: more $SPECDEC_VLLM
+        if base in spec:
+            speculative, config = spec[base]
+            if extra:
+                config = {**config, **{k: json.loads(v) for k, v in (kv.split("=", 1) for kv in extra.split(","))}}
+            out[n] = VllmServer(f"{n}-{dtype}" if dtype != "float32" else n, model, logs, speculative, config,
+                                dtype=dtype, repair=repair)
         else:
             out[n] = LocalServer(n, local[n], logs)
     return out
@@ -285,7 +290,8 @@ def goals(out: dict) -> list[str]:
                   f"{overall:.2f}x", overall >= 1.15),
                  ("... in every category, 1 client", ">= 1.0x", f"lowest {cats[low]:.2f}x ({low})", cats[low] >= 1.0)]
     for c, lv in levels.items():
-        for name in (ours, "vllm+specdec-suffix", theirs, "vllm+specdec-never"):
+        named = (ours, "vllm+specdec-suffix", theirs, "vllm+specdec-never")
+        for name in [*named, *(n for n in lv if n.startswith("vllm+specdec-") and n not in named)]:
             if name in lv:
                 cats = per_cat(lv, name, plain)
                 low = min(cats, key=cats.get)

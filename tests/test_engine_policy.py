@@ -69,6 +69,36 @@ def test_a_row_that_keeps_being_accepted_keeps_drafting_when_others_stop():
     assert plan[:3] == [0] * 3 and plan[3] >= 3, plan
 
 
+def expected_tokens(est: list[float], k: int) -> float:
+    out, p = 1.0, 1.0
+    for a in est[:k]:
+        p *= a
+        out += p
+    return out
+
+
+def test_a_row_floor_keeps_every_row_near_its_plain_speed():
+    """With row_floor f, no row's expected speed in the step (its expected tokens over the step's cost) falls below
+    f times its speed in a plain step of the same batch; with 0, the batch's throughput alone decides."""
+    assert Auto(CPU, max_k=8).plan(rows(3, 0.3) + rows(1, 0.97))[3] >= 3  # the neighbours wait for its 4+ drafts
+    # one more row costs 1.118 times a 4-row pass, two more 1.237: within 1 / 0.85 = 1.176 only the first
+    assert Auto(CPU, max_k=8, row_floor=0.85).plan(rows(3, 0.3) + rows(1, 0.97)) == [0, 0, 0, 1]
+    assert Auto(CPU, max_k=8, row_floor=0.97).plan(rows(3, 0.3) + rows(1, 0.97)) == [0, 0, 0, 0]
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        batch = int(torch.randint(1, 9, (1,), generator=g))
+        accept = torch.rand(batch, generator=g).tolist()
+        view = [r for a in accept for r in rows(1, a)]
+        floor = [0.0, 0.5, 0.9, 0.97, 1.0][trial % 5]
+        auto = Auto(CPU, max_k=8, row_floor=floor)
+        plan = auto.plan(view)
+        step, plain = CPU(batch + sum(plan)), CPU(batch)
+        for k, r in zip(plan, view):
+            assert expected_tokens(auto.estimates(r), k) / step >= floor / plain - 1e-12, (floor, accept, plan)
+        if batch == 1:  # alone, a row's floor is its own speed, which every draft it is given already beats
+            assert plan == Auto(CPU, max_k=8).plan(view)
+
+
 def test_the_prior_is_optimistic_until_evidence_comes():
     """A new row is tried; evidence of rejections then switches it off."""
     auto = Auto(CPU, max_k=4)

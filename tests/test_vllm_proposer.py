@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -274,6 +275,7 @@ def test_configuration_from_the_environment(tmp_path):
     assert ProposerConfig.from_env({}) == ProposerConfig()
     cfg = ProposerConfig.from_env({ENV: '{"drafter": "suffix", "policy": "always", "k": 4}'})
     assert (cfg.drafter, cfg.policy, cfg.k) == ("suffix", "always", 4)
+    assert ProposerConfig.from_env({ENV: '{"row_floor": 1}'}).row_floor == 1.0
     f = tmp_path / "cfg.json"
     f.write_text(json.dumps({"drafter": "ngram,suffix"}))
     assert ProposerConfig.from_env({ENV: str(f)}).drafter == "ngram,suffix"
@@ -284,11 +286,13 @@ def test_configuration_from_the_environment(tmp_path):
         '{"drafter": ': "not valid JSON",
         '{"drafter": 5}': "drafter has the wrong type: 5",
         '{"ngram_max": "4"}': "ngram_max has the wrong type",
+        '{"row_floor": 1.5}': "row_floor must be a number in [0, 1], got 1.5",
+        '{"row_floor": true}': "row_floor must be a number in [0, 1]",
         "[1]": "not a JSON object",
         str(tmp_path / "missing.json"): "no file can be read there",
     }
     for text, msg in bad.items():
-        with pytest.raises(SpecdecError, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        with pytest.raises(SpecdecError, match=re.escape(msg)):
             ProposerConfig.from_env({ENV: text})
 
 

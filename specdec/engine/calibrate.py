@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from specdec.engine.policy import Auto, FixedK, LearnedPassCost, Never, PassCost, smooth
+from specdec.engine.policy import Auto, FixedK, LearnedPassCost, Never, PassCost, check_row_floor, smooth
 
 AUTO_MAX_K = 8  # the deepest draft `--k auto` considers
 
@@ -66,14 +66,16 @@ def parse_k(text: str) -> int | str:
 
 
 def make_policy(name: str, k: int, model, max_batch: int, profile: str | None, free_drafts: bool,
-                quiet: bool = False, learned: bool = False):
+                quiet: bool = False, learned: bool = False, row_floor: float = 0.0):
     """`never`, `always` (k for every row), or `auto` with at most k drafts a row, its pass costs read from a
     `specdec profile` file, or learned from the passes as they run (`learned`: another engine's, whose kernels we
-    cannot time beforehand), or else measured now for up to max_batch sequences of k + 1 rows of `model`."""
+    cannot time beforehand), or else measured now for up to max_batch sequences of k + 1 rows of `model`;
+    `row_floor`: `Auto.row_floor`."""
     if name == "never":
         return Never()
     if name == "always":
         return FixedK(k)
+    check_row_floor(row_floor)  # before a calibration that takes seconds
     if profile:
         from specdec.theory.cli import load_profile
 
@@ -84,7 +86,7 @@ def make_policy(name: str, k: int, model, max_batch: int, profile: str | None, f
         if not quiet:
             print("specdec: measuring pass costs for the auto policy (--profile FILE skips this)", file=sys.stderr)
         cost = calibrate(model, max_batch * (k + 1), max_batch)
-    return Auto(cost, max_k=k, explore=not free_drafts)
+    return Auto(cost, max_k=k, explore=not free_drafts, row_floor=row_floor)
 
 
 def policy_for(k: int | str, model, drafter):

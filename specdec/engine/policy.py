@@ -225,6 +225,12 @@ class LearnedPassCost:
         return pts[bisect.bisect_right([p[0] for p in pts], n) - 1][1]  # the nearest measured width at or below n
 
 
+def check_row_floor(x: float, name: str = "row floor") -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.0 <= x <= 1.0:
+        raise SpecdecError(f"{name} must be a number in [0, 1], got {x!r}")
+    return float(x)
+
+
 @dataclass
 class Auto:
     """`auto`: per-row k by expected tokens per second. `prior` is the running per-position acceptance
@@ -237,6 +243,10 @@ class Auto:
     # optimism while a row's evidence is thin, so that its drafts get tried; not needed for a free drafter,
     # whose unverified drafts are shadow-scored at no cost
     explore: bool = True
+    # each row's expected speed in a step at least this fraction of its speed in the same step without drafts:
+    # 0 lets the batch's throughput alone decide (a row that does not draft then waits for its neighbours' wider
+    # step); 0.97 keeps every request within 3% of its speed without speculation, at the cost of drafting less
+    row_floor: float = 0.0
     prior_judged: list[float] = field(default_factory=list)
     prior_hits: list[float] = field(default_factory=list)
     conf_sum: float = 0.0  # decayed sums over verified drafts that came with a confidence: the confidences,
@@ -245,6 +255,7 @@ class Auto:
 
     def __post_init__(self) -> None:
         check_k(self.max_k, "max k")
+        check_row_floor(self.row_floor)
         self.prior_judged = [0.0] * self.max_k
         self.prior_hits = [0.0] * self.max_k
 
@@ -295,22 +306,27 @@ class Auto:
 
     def _best(self, gains: list[list[float]], draft_step_s: float) -> list[int]:
         """Greedy by marginal expected tokens; keeps the best prefix of the additions (the cost curve has
-        steps, so the first addition that loses does not end the search)."""
+        steps, so the first addition that loses does not end the search) among those that keep every row above
+        `row_floor` times its speed without drafts: its expected tokens over the step's seconds, against one token
+        over a plain step's."""
         ks = [0] * len(gains)
         nxt = [g[0] if g else 0.0 for g in gains]  # the expected tokens the next draft of each row adds
+        rows = [1.0] * len(gains)  # each row's expected tokens
         tokens, width = float(len(gains)), len(gains)
-        best, best_ks = tokens / self.cost(width), list(ks)
+        plain = self.cost(width)
+        best, best_ks = tokens / plain, list(ks)
         while True:
             r = max(range(len(gains)), key=lambda i: nxt[i], default=None)
             if r is None or nxt[r] <= 0.0:
                 break
             tokens += nxt[r]
+            rows[r] += nxt[r]
             ks[r] += 1
             width += 1
             nxt[r] = nxt[r] * gains[r][ks[r]] if ks[r] < len(gains[r]) else 0.0
-            rate = tokens / (self.cost(width) + draft_step_s * max(ks))
-            if rate > best:
-                best, best_ks = rate, list(ks)
+            step = self.cost(width) + draft_step_s * max(ks)
+            if tokens / step > best and self.row_floor * step <= plain * min(rows):
+                best, best_ks = tokens / step, list(ks)
         return best_ks
 
     def learn(self, judged: Sequence[int], hits: Sequence[int]) -> None:

@@ -49,6 +49,7 @@ from specdec.engine.policy import (
     Choice,
     LearnedPassCost,
     RowView,
+    check_row_floor,
     choose_drafts,
     evidence_totals,
     learn_round,
@@ -68,6 +69,7 @@ class ProposerConfig:
     policy: str = "auto"  # auto (each row's k, each step, where it pays) | always (k for every row) | never
     k: int | None = None  # the most drafts a row verifies; default and ceiling: vLLM's num_speculative_tokens
     profile: str | None = None  # a `specdec profile` file: its verify curve's shape (default: learned from steps)
+    row_floor: float = 0.0  # auto: every row's expected speed at least this fraction of it without drafts
     ngram_max: int = 4
     ngram_min: int = 1
     report_s: float = 60.0  # seconds between summary lines on stderr (0: none)
@@ -85,6 +87,7 @@ class ProposerConfig:
             if isinstance(self.k, bool) or not isinstance(self.k, (int, float)):
                 raise SpecdecError(f"{ENV}: k must be an integer >= 1, got {self.k!r}")
             object.__setattr__(self, "k", check_k(self.k, f"{ENV}: k"))  # 8.0 -> 8
+        object.__setattr__(self, "row_floor", check_row_floor(self.row_floor, f"{ENV}: row_floor"))
         if not isinstance(self.repair, bool):
             raise SpecdecError(f"{ENV}: repair must be true or false, got {self.repair!r}")
         if not isinstance(self.report_s, (int, float)) or self.report_s < 0:
@@ -233,7 +236,8 @@ class Proposer:
                                "set policy to never)")
         self.drafter = model_free_drafter(cfg.drafter, cfg.ngram_max, cfg.ngram_min)
         self.drafter.reserve(int(vllm_config.scheduler_config.max_num_seqs), self.max_len)
-        self.policy = make_policy(cfg.policy, self.k, None, 0, cfg.profile, self.drafter.free, learned=True)
+        self.policy = make_policy(cfg.policy, self.k, None, 0, cfg.profile, self.drafter.free, learned=True,
+                                  row_floor=cfg.row_floor)
         self.rows = Rows(self.drafter, max(self.policy.max_k, 1))
         # the step costs it learns, for the summary line (None for a fixed policy or a profile's curve)
         self.learned = self.policy.cost if isinstance(self.policy, Auto) and \
