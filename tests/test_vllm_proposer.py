@@ -113,9 +113,10 @@ class Batch:
                 self.rows[i] = None
         self.condense()
 
-def make(policy="auto", k=6, cost=lambda w: 0.01, drafter="ngram"):
+def make(policy="auto", k=6, cost=lambda w: 0.01, drafter="ngram", row_floor=0.97):
     clock = Clock()
-    p = Proposer(vllm_config(k), ProposerConfig(drafter=drafter, policy=policy, report_s=0), clock=clock)
+    p = Proposer(vllm_config(k), ProposerConfig(drafter=drafter, policy=policy, report_s=0, row_floor=row_floor),
+                 clock=clock)
     return p, Batch(p, clock, cost)
 
 
@@ -215,10 +216,12 @@ def drafted_share(p, b, steps: int) -> float:
 
 
 def test_auto_drafts_where_a_wider_step_is_nearly_free_and_stops_where_it_is_not():
+    """With row_floor 0 (the batch's throughput alone decides): a row's draft costs 2% of a step on the flat curve,
+    a whole one on the steep curve."""
     flat, steep = (lambda w: 0.02 + 0.0005 * w), (lambda w: 0.01 * w)
     share = {}
     for policy, cost in (("always", flat), ("auto", flat), ("auto", steep)):
-        p, b = make(policy=policy, cost=cost)
+        p, b = make(policy=policy, cost=cost, row_floor=0.0)
         for i in range(4):
             b.add(prompt(i, 30), budget=MAX_LEN - 8, rid=i)
         drafted_share(p, b, 60)  # learn the curve
@@ -229,6 +232,12 @@ def test_auto_drafts_where_a_wider_step_is_nearly_free_and_stops_where_it_is_not
     # rows without a draft under `always` are rows the lookup found nothing for
     assert share["auto", flat] >= 0.9 * share["always", flat] > 0.5, share
     assert share["auto", steep] < 0.15, share
+
+
+def test_the_policy_keeps_the_configured_row_floor():
+    """0.97 unless configured (what the floor guarantees is tested on the policy: tests/test_engine_policy.py)."""
+    assert make()[0].policy.row_floor == ProposerConfig().row_floor == 0.97
+    assert make(row_floor=0.5)[0].policy.row_floor == 0.5
 
 
 def test_never_proposes_nothing_and_always_proposes_k():
