@@ -182,7 +182,7 @@ def test_endpoint_against_a_baseline_per_category_and_level(prompts, tmp_path, s
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_llama_server_timings_and_text_that_differs(prompts, tmp_path, stubs):
+def test_llama_server_timings_and_text_that_differs(prompts, tmp_path, stubs, capsys):
     spec = stubs(per_chunk=3, drafted=5, accepted=2, timings=True, suffix="!")
     base = stubs(per_chunk=1, timings=True)
     r = bench(prompts, tmp_path, spec, base, "--categories", "writing")
@@ -191,6 +191,25 @@ def test_llama_server_timings_and_text_that_differs(prompts, tmp_path, stubs):
     assert res["identical_rate"] == 0.0
     m = res["mismatches"][0]
     assert m["turn"] == 0 and m["position"] == len("write") and (m["token"], m["baseline_token"]) == ("!", " ")
+    # no counters at /metrics: no round cost, and `plan --profile` says why instead of only that it is missing
+    assert "verify_cost" not in r and "no drafts" in r["endpoint"]["round_cost"]["why"]
+    assert main(["plan", "--alpha", "0.6", "--profile", str(tmp_path / "r.json")]) == 2
+    assert "the bench could not measure one: the endpoint's /metrics showed no drafts" in capsys.readouterr().err
+
+
+def test_a_round_cost_that_chunks_cannot_give_says_why():
+    from specdec.bench.endpoint import round_cost
+    from specdec.bench.runner import Sample
+
+    def turns(method: str, times: list[float]) -> Sample:
+        return Sample("1", "coding", method, [SimpleNamespace(token_times=times)])  # type: ignore[list-item]
+
+    level = {"concurrency": 1, "baseline": {}, "endpoint": {"counters": {"drafted": 12, "accepted": 6, "drafts": 4}}}
+    merged = [turns("endpoint c=1", [0.0, 1.0, 2.0]), turns("baseline c=1", [0.0, 1.0, 2.0])]  # 2 chunks, 4 rounds
+    assert "4 drafting rounds in 2 streamed chunks" in round_cost([level], merged)["why"]
+    noisy = [turns("endpoint c=1", [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]), turns("baseline c=1", [0.0, 1.0, 2.0])]
+    assert "too noisy" in round_cost([level], noisy)["why"]
+    assert "concurrency 1" in round_cost([{**level, "concurrency": 2}], merged)["why"]
 
 
 def test_endpoint_without_a_baseline_and_bad_input(prompts, tmp_path, stubs, capsys):

@@ -215,7 +215,7 @@ def run_endpoint_bench(args) -> int:
               "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     info = {"servers": run["servers"], "levels": run["levels"]}
     info["round_cost"] = round_cost(run["levels"], run["samples"])
-    if info["round_cost"]:
+    if "verify_cost" in info["round_cost"]:
         info["verify_cost"] = info["round_cost"]["verify_cost"]
     report = build_report(run["samples"], run["methods"], config, None, None, args.drift_margin, endpoint=info)
     write_report(report, args, f"specdec bench --endpoint {args.endpoint}: speedup per category and level")

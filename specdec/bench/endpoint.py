@@ -143,11 +143,13 @@ def round_cost(levels: list[dict], samples: list[Sample]) -> dict | None:
     the others cost a plain step T1 (the baseline's mean chunk gap). A drafting round (drafting and a verify
     pass over n = drafted/D + 1 rows) then costs T = (S - (P - D) T1) / D, that is T/T1 passes. Readable by
     `specdec plan --profile` as {"verify_cost": {1: 1, n: T/T1}}; the draft cost is inside it, so plan with
-    --draft-cost 0."""
+    --draft-cost 0. Where it cannot be measured: {"why": the reason}."""
     level = next((lv for lv in levels if lv["concurrency"] == 1 and "baseline" in lv), None)
-    counters = level and level["endpoint"]["counters"]
+    if level is None:
+        return {"why": "it is measured at concurrency 1 against a --baseline, and this run had no such level"}
+    counters = level["endpoint"]["counters"]
     if not counters or not counters["drafts"]:
-        return None
+        return {"why": "the endpoint's /metrics showed no drafts"}
 
     def gaps(name: str) -> tuple[float, int]:
         turns = [t for s in samples if s.method == name for t in s.turns if len(t.token_times) > 1]
@@ -155,12 +157,16 @@ def round_cost(levels: list[dict], samples: list[Sample]) -> dict | None:
 
     (spec_s, passes), (plain_s, plain_passes) = gaps("endpoint c=1"), gaps("baseline c=1")
     drafts = counters["drafts"]
-    if not plain_passes or not passes or drafts > passes:
-        return None
+    if not plain_passes or not passes:
+        return {"why": "no answer streamed more than one chunk"}
+    if drafts > passes:  # a busy server merges steps' tokens into one chunk
+        return {"why": f"the endpoint counted {drafts} drafting rounds in {passes} streamed chunks: chunks are not "
+                       "passes here (a busy machine?)"}
     step = plain_s / plain_passes
     round_s = (spec_s - (passes - drafts) * step) / drafts
     if round_s <= 0:
-        return None
+        return {"why": f"the plain chunks ({step * 1e3:.1f} ms each) account for all of the speculative run's time: "
+                       "timings too noisy (a busy machine?)"}
     rows = round(counters["drafted"] / drafts) + 1
     return {"rows": rows, "round_s": round_s, "plain_step_s": step, "cost": round_s / step, "passes": passes,
             "drafting_rounds": drafts, "verify_cost": {"1": 1.0, str(rows): round_s / step}}

@@ -43,7 +43,9 @@ def markdown(report) -> str:
             if not c and not g:
                 out.append(f"- {k} c={lv['concurrency']}: no acceptance counters or gauges at /metrics")
     rc = ep.get("round_cost")
-    if rc:
+    if rc and "why" in rc:
+        out += ["", f"No round cost at concurrency 1 (so no `verify_cost` for `specdec plan --profile`): {rc['why']}."]
+    elif rc:
         out += ["", f"Round cost at concurrency 1: a drafting round over {rc['rows']} rows (drafting included; "
                 f"{rc['drafting_rounds']} of {rc['passes']} passes drafted) takes {rc['round_s'] * 1e3:.1f} ms "
                 f"against {rc['plain_step_s'] * 1e3:.1f} ms per plain step: {rc['cost']:.2f} passes. The JSON holds "

@@ -78,7 +78,11 @@ def load_profile(path: str) -> dict:
     """A `specdec profile` file, its shape checked: what plan, bench and serve read from it is there and numeric."""
     data = read_json(path)
     if not isinstance(data, dict) or "verify_cost" not in data:
-        raise SpecdecError(f"{path}: not a specdec profile (no 'verify_cost' curve)")
+        ep = data.get("endpoint") if isinstance(data, dict) else None
+        rc = ep.get("round_cost") if isinstance(ep, dict) else None
+        why = rc.get("why") if isinstance(rc, dict) else None
+        raise SpecdecError(f"{path}: not a specdec profile (no 'verify_cost' curve)"
+                           + (f"; the bench could not measure one: {why}" if why else ""))
     check_curve(data["verify_cost"], f"{path}: verify_cost")
     number(data.get("draft_cost"), f"{path}: draft_cost", 0, optional=True)
     number(data.get("step_s"), f"{path}: step_s", 0, low_open=True, optional=True)
