@@ -340,10 +340,11 @@ def body(out: dict) -> list[str]:
         for n in names:
             lines.append(f"| {n} | " + " | ".join(f"{lv[n]['tok_s']:.1f}" for lv in levels.values()) + " | " +
                          " | ".join(ratio(lv[n]["tok_s"], lv["vllm"]["tok_s"]) for lv in levels.values()) + " |")
-        lines += ["", "specdec serve against vLLM without speculation: " + ", ".join(
-            f"c={c}: auto {ratio(lv['specdec-auto']['tok_s'], lv['vllm']['tok_s'])}, never "
-            f"{ratio(lv['specdec-never']['tok_s'], lv['vllm']['tok_s'])}" for c, lv in levels.items()
-            if "specdec-auto" in lv) + ".", ""]
+        serve = [f"c={c}: auto {ratio(lv['specdec-auto']['tok_s'], lv['vllm']['tok_s'])}, never "
+                 f"{ratio(lv['specdec-never']['tok_s'], lv['vllm']['tok_s'])}" for c, lv in levels.items()
+                 if "specdec-auto" in lv and "specdec-never" in lv]
+        lines += ["", *(["specdec serve against vLLM without speculation: " + ", ".join(serve) + ".", ""]
+                        if serve else [])]
         for c, lv in levels.items():
             cats = list(lv["vllm"]["per_category"])
             pair = "vllm+specdec-ngram" in lv and "vllm-ngram" in lv  # ours against vLLM's own n-gram
