@@ -143,14 +143,10 @@ def test_plan_emit_vllm_is_accepted_by_vllm_as_given(vllm, tmp_path):
     bench = ["--prompts", str(SPEC_BENCH), "--categories", "coding,extraction,summarization,rag",
              "--per-category", "1", "--max-new-tokens", str(TOKENS), "--concurrency", "1", "--quiet"]
     first, second = tmp_path / "ngram.json", tmp_path / "emitted.json"
-    for attempt in range(2):  # the round cost comes from chunk timings, which a busy machine can spoil
-        with contextlib.redirect_stdout(io.StringIO()):
-            assert main(["bench", "--endpoint", vllm["ngram"].url, "--baseline", vllm["plain"].url, *bench,
-                         "--json", str(first)]) == 0
-        why = json.loads(first.read_text())["endpoint"]["round_cost"].get("why")
-        if not why:
-            break
-        print(f"attempt {attempt + 1}: no round cost: {why}")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(["bench", "--endpoint", vllm["ngram"].url, "--baseline", vllm["plain"].url, *bench,
+                     "--json", str(first)]) == 0
+    print("round cost:", json.loads(first.read_text())["endpoint"]["round_cost"])  # a busy machine's is noisy
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         assert main(["plan", "--profile", str(first), "--from-bench", str(first), "--emit", "vllm", "--json"]) == 0

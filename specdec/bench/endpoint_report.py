@@ -49,5 +49,6 @@ def markdown(report) -> str:
         out += ["", f"Round cost at concurrency 1: a drafting round over {rc['rows']} rows (drafting included; "
                 f"{rc['drafting_rounds']} of {rc['passes']} passes drafted) takes {rc['round_s'] * 1e3:.1f} ms "
                 f"against {rc['plain_step_s'] * 1e3:.1f} ms per plain step: {rc['cost']:.2f} passes. The JSON holds "
-                "it as `verify_cost` for `specdec plan --profile`."]
+                "it as `verify_cost` for `specdec plan --profile`."
+                + (f" Note: {rc['note']}." if rc.get("note") else "")]
     return "\n".join(out + render.checks_section(report)) + "\n"
