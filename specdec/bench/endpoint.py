@@ -137,7 +137,7 @@ def run_endpoints(cfg: LoadConfig, baseline: LoadConfig | None, prompts: list[Pr
             "servers": {k: {"url": s.url, "model": s.model} for k, s in servers.items()}}
 
 
-def round_cost(levels: list[dict], samples: list[Sample]) -> dict | None:
+def round_cost(levels: list[dict], samples: list[Sample]) -> dict:
     """One point of the deployment's cost curve, measured at C = 1, where every streamed chunk is one pass:
     the speculative run's P chunk gaps, D of them rounds that drafted (the server's counters), took S seconds;
     the others cost a plain step T1 (the baseline's mean chunk gap). A drafting round (drafting and a verify

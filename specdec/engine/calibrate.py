@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from specdec.engine.policy import Auto, FixedK, LearnedPassCost, Never, PassCost, check_row_floor, smooth
+from specdec.engine.policy import Auto, FixedK, LearnedPassCost, Never, PassCost, smooth
 
 AUTO_MAX_K = 8  # the deepest draft `--k auto` considers
 
@@ -75,7 +75,6 @@ def make_policy(name: str, k: int, model, max_batch: int, profile: str | None, f
         return Never()
     if name == "always":
         return FixedK(k)
-    check_row_floor(row_floor)  # before a calibration that takes seconds
     if profile:
         from specdec.theory.cli import load_profile
 
