@@ -94,7 +94,7 @@ def test_gguf_precisions_run_the_native_blocks(tiny, kernels):  # noqa: F811
     assert model.kernels is not None and model._native_stack() is not None and model.exact_kv_reuse
     assert model.lm_head_q is model.lm_head.qm
     for blk in model.blocks:
-        cos, sin = blk.native[7][-2:]
+        cos, sin = blk.native[7][6:8]
         assert cos is model.rope[blk.sliding][0] and sin is model.rope[blk.sliding][1]
         assert blk.native[7][5] == (blk.window or 0)
     assert {blk.sliding for blk in model.blocks} == {True, False}  # both kinds of layer are covered

@@ -5,7 +5,8 @@ Architectures (SHAPES): tiny-llama (llama with tied embeddings, as SmolLM2 and L
 (a separate output.weight), tiny-llama3 (Llama 3 rope scaling: rope_freqs.weight, 24 of its 32 factors 8),
 tiny-qwen2 (q, k and v biases), tiny-mistral (arch "llama", as llama.cpp's converter writes Mistral: untied,
 4 query heads a KV head) and tiny-gemma3 (Gemma 3's norms, GELU and scale, five sliding layers with a window of 16
-positions and a global sixth; gguf-q16 only: the exact path reads no Gemma). Quants: the eight block types
+positions and a global sixth; gguf-q16 only: the exact path reads no Gemma), tiny-qwen3 (Qwen3: an RMSNorm on
+each query and key head, weights random around 1; heads wider than hidden / heads; untied). Quants: the eight block types
 uniformly (`llama-quantize --pure`), and the Q4_K_M mix.
 Tokens: 96 fixed pseudo-random ids of the bundled vocabulary, fed from position 0.
 
@@ -41,7 +42,7 @@ from specdec.models.synth_gguf import write
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(oracle.missing() is not None, reason=str(oracle.missing()))]
 
-SHAPES = ("tiny-llama", "tiny-llama-untied", "tiny-llama3", "tiny-qwen2", "tiny-mistral", "tiny-gemma3")
+SHAPES = ("tiny-llama", "tiny-llama-untied", "tiny-llama3", "tiny-qwen2", "tiny-mistral", "tiny-gemma3", "tiny-qwen3")
 QUANTS = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M")
 EXACT = ("Q4_0", "Q4_1", "Q8_0")  # the types `--precision gguf` reads; the others run on the integer paths only
 ALL = [(s, q, p) for s in SHAPES for q in QUANTS
@@ -114,6 +115,9 @@ SLIPS = {  # what a loader could get wrong in each file: the file as it would th
     "tiny-qwen2": lambda gguf: lambda name, v: np.zeros_like(v) if name.endswith(".bias") else v,
     "tiny-llama-untied": lambda gguf: (lambda embd: lambda name, v: embd if name == "output.weight" else v)(
         token_embd(gguf)),
+    # Qwen3's q/k norm weights (random around 1 in these files) read as ones: a loader that applied no weight
+    "tiny-qwen3": lambda gguf: lambda name, v: np.ones_like(v) if name.endswith(("q_norm.weight", "k_norm.weight"))
+    else v,
     # Gemma's norms are stored as 1 + w: a loader that forgot so would scale by 1 + (1 + w)
     "tiny-gemma3": lambda gguf: lambda name, v: v + 1 if name.endswith("norm.weight") else v,
 }

@@ -287,10 +287,11 @@ void store_kv(const float* k, const float* v, at::Half* kc, at::Half* vc, int64_
 // q: row r's query head h at qkv + r * qstride + h * d. slot/pos [R]: a slot's rows are contiguous. out [R, hq*d].
 // Scores are scaled by `scale`. window > 0: the query at position p sees the keys in (p - window, p] (Gemma 3's
 // sliding layers), its own position's alone deciding which: partitions and key blocks wholly left of the window are
-// skipped, and the keys left of it in the first block it reads weigh 0.
+// skipped, and the keys left of it in the first block it reads weigh 0. softcap > 0 (Gemma 2): each scaled score s
+// becomes softcap * tanh(s / softcap) before the softmax, as llama.cpp caps them.
 void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int64_t* pos, int64_t R,
                const at::Half* kc, const at::Half* vc, int64_t hq, int64_t hk, int64_t cap, int64_t d, float scale,
-               int64_t window, float* out) {
+               int64_t window, float* out, float softcap) {
   const int64_t group = hq / hk, nblk = cap / KB, stride = d + 2;
   std::vector<int64_t> low(R);  // row r's first visible key
   for (int64_t r = 0; r < R; ++r) low[r] = window > 0 ? std::max<int64_t>(0, pos[r] - window + 1) : 0;
@@ -385,7 +386,10 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
         const int64_t n = std::min(a + SPLIT, pos[r] + 1) - a, lo = std::max<int64_t>(0, low[r] - a);
         for (int64_t h = 0; h < group; ++h) {
           float* dst = partial.data() + ((r * hq + w.g * group + h) * parts + w.part) * stride;
-          softmax_part(s.data() + ((r - w.r0) * group + h) * SPLIT, lo, n, dst, dst + 1);
+          float* sr = s.data() + ((r - w.r0) * group + h) * SPLIT;
+          if (softcap > 0.f)
+            for (int64_t j = lo; j < n; ++j) sr[j] = softcap * std::tanh(sr[j] / softcap);
+          softmax_part(sr, lo, n, dst, dst + 1);
         }
       }
       for (int64_t key0 = first; key0 < hi; key0 += KB) {  // values, block by block

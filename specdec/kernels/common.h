@@ -137,7 +137,7 @@ void store_kv(const float* k, const float* v, at::Half* kc, at::Half* vc, int64_
               int64_t hk, int64_t cap, int64_t d);
 void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int64_t* pos, int64_t R,
                const at::Half* kc, const at::Half* vc, int64_t hq, int64_t hk, int64_t cap, int64_t d, float scale,
-               int64_t window, float* out);
+               int64_t window, float* out, float softcap = 0.f);
 
 #ifndef SPECDEC_LIGHT
 // decode_f16.cpp: the parts of a decoder block that do not depend on how its weights are stored.
@@ -154,6 +154,7 @@ struct BlockVariant {
   bool gelu = false;                      // GELU (tanh approximation) of the gate, not SiLU
   float scale = 0.f;                      // the attention scores' scale; 0: head_dim^-1/2
   int64_t window = 0;                     // a query sees this many keys, its own included; 0: all before it
+  float softcap = 0.f;                    // Gemma 2: scaled scores s become softcap * tanh(s / softcap); 0: none
 };
 void decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1, torch::Tensor norm2,
                    int64_t inter, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor cos, torch::Tensor sin,

@@ -293,7 +293,7 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
     }
   });
   const float scale = variant.scale > 0.f ? variant.scale : 1.0f / std::sqrt(float(d));
-  specdec::attention(qp, qkv_n, sl, pp, R, kc, vc, hq, hk, cap, d, scale, variant.window, ap);
+  specdec::attention(qp, qkv_n, sl, pp, R, kc, vc, hq, hk, cap, d, scale, variant.window, ap, variant.softcap);
   lin(O, ap, o, R);
   if (variant.post_attn_norm) rms_norm_rows(o, variant.post_attn_norm, o, R, H, float(eps));
   const float* op = o;

@@ -411,9 +411,11 @@ void decode_block_gguf(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, t
 // The decoder blocks of a model on GGUF blocks, held once so that a pass crosses from Python to C++ once: looping
 // over the blocks in Python, a pass paid 30 calls of 15 arguments each (one call instead: a one-row pass 0.98x the
 // time, alternated in one process). Each entry is a block's (norm1, qkv, o, norm2, gate_up, down), as
-// decode_block_gguf takes them, then optionally Qwen2's qkv_bias (or None) and a Gemma 3 block's additions:
-// (q_norm, k_norm, post_attention_norm, post_feedforward_norm, scale, window, cos, sin), the last two this layer's
-// RoPE tables (Gemma's sliding and global layers have different bases). The Python objects are kept alive with it.
+// decode_block_gguf takes them, then optionally Qwen2's qkv_bias (or None) and a block's variant (None: a Llama
+// block): (q_norm, k_norm, post_attention_norm, post_feedforward_norm, scale, window, cos, sin, gelu, softcap), any of
+// the tensors None where the block has none (Qwen3: the q and k norms only; Gemma 2: the post-norms and softcap;
+// Gemma 3: all but softcap), scale 0 for head_dim^-1/2, cos and sin this layer's own RoPE tables (Gemma's sliding
+// and global layers have different bases). The Python objects are kept alive with it.
 struct GgufStack {
   std::vector<torch::Tensor> norm1, norm2;
   std::vector<c10::optional<torch::Tensor>> bias;
@@ -425,7 +427,7 @@ struct GgufStack {
     for (const auto& item : blocks) {
       const auto t = item.cast<pybind11::tuple>();
       TORCH_CHECK(t.size() >= 6 && t.size() <= 8,
-                  "a block is (norm1, qkv, o, norm2, gate_up, down[, qkv_bias[, gemma]])");
+                  "a block is (norm1, qkv, o, norm2, gate_up, down[, qkv_bias[, variant]])");
       norm1.push_back(t[0].cast<torch::Tensor>());
       qkv.push_back(&t[1].cast<const QMatrix&>());
       o.push_back(&t[2].cast<const QMatrix&>());
@@ -437,32 +439,42 @@ struct GgufStack {
       variant.emplace_back();
       cos.emplace_back();
       sin.emplace_back();
-      if (t.size() == 8 && !t[7].is_none()) gemma(t[7].cast<pybind11::tuple>(), t[0].cast<torch::Tensor>().numel());
+      if (t.size() == 8 && !t[7].is_none()) read_variant(t[7].cast<pybind11::tuple>(), t[0].cast<torch::Tensor>().numel());
     }
   }
-  void gemma(const pybind11::tuple& g, int64_t H) {
-    TORCH_CHECK(g.size() == 8, "Gemma's additions are (q_norm, k_norm, post_attention_norm, post_feedforward_norm, "
-                               "scale, window, cos, sin)");
-    const auto vec = [&](int i, int64_t n) {
+  void read_variant(const pybind11::tuple& g, int64_t H) {
+    TORCH_CHECK(g.size() == 10, "a block's variant is (q_norm, k_norm, post_attention_norm, post_feedforward_norm, "
+                                "scale, window, cos, sin, gelu, softcap)");
+    // a norm's weights, or nullptr for None; n: its length (the head size when 0, taken from the tables)
+    const auto vec = [&](int i, int64_t n) -> const float* {
+      if (g[i].is_none()) return nullptr;
       const auto t = g[i].cast<torch::Tensor>();
-      TORCH_CHECK(t.is_contiguous() && t.dtype() == torch::kFloat32 && t.numel() == n, "a norm: contiguous float32 [",
-                  n, "]");
+      TORCH_CHECK(t.is_contiguous() && t.dtype() == torch::kFloat32 && (n == 0 || t.numel() == n),
+                  "a norm: contiguous float32 [", n, "]");
       return t.data_ptr<float>();
     };
-    const int64_t d = g[0].cast<torch::Tensor>().numel();
     specdec::BlockVariant& v = variant.back();
-    v.q_norm = vec(0, d);
-    v.k_norm = vec(1, d);
+    v.q_norm = vec(0, 0);
+    v.k_norm = vec(1, 0);
+    TORCH_CHECK((v.q_norm == nullptr) == (v.k_norm == nullptr) &&
+                    (v.q_norm == nullptr || g[0].cast<torch::Tensor>().numel() == g[1].cast<torch::Tensor>().numel()),
+                "q_norm and k_norm: both None, or both [head_dim]");
     v.post_attn_norm = vec(2, H);
     v.post_ff_norm = vec(3, H);
-    v.gelu = true;
     v.scale = g[4].cast<float>();
     v.window = g[5].cast<int64_t>();
-    TORCH_CHECK(v.scale > 0.f && v.window >= 0, "scale > 0 and window >= 0 (0: no window)");
-    cos.back() = g[6].cast<torch::Tensor>();
-    sin.back() = g[7].cast<torch::Tensor>();
-    TORCH_CHECK(cos.back()->is_contiguous() && sin.back()->is_contiguous() && cos.back()->size(1) == d,
-                "a layer's RoPE tables: contiguous [positions, head_dim]");
+    v.gelu = g[8].cast<bool>();
+    v.softcap = g[9].cast<float>();
+    TORCH_CHECK(v.scale >= 0.f && v.window >= 0 && v.softcap >= 0.f,
+                "scale >= 0 (0: head_dim^-1/2), window >= 0 (0: no window), softcap >= 0 (0: none)");
+    TORCH_CHECK(g[6].is_none() == g[7].is_none(), "a layer's RoPE tables: cos and sin, or neither");
+    if (!g[6].is_none()) {
+      cos.back() = g[6].cast<torch::Tensor>();
+      sin.back() = g[7].cast<torch::Tensor>();
+      TORCH_CHECK(cos.back()->is_contiguous() && sin.back()->is_contiguous() &&
+                      (v.q_norm == nullptr || cos.back()->size(1) == g[0].cast<torch::Tensor>().numel()),
+                  "a layer's RoPE tables: contiguous [positions, head_dim]");
+    }
   }
   int64_t layers() const { return int64_t(qkv.size()); }
 };

@@ -18,8 +18,9 @@ GGUF_PRECISIONS = ("gguf", "gguf-q16", "gguf-q8")
 ACT_BITS = {"gguf-q16": 16, "gguf-q8": 8}
 PRECISIONS = ("fp32", "fp16", "int8", "bf16") + GGUF_PRECISIONS
 
-# model_type values whose blocks our compact implementation covers (RMSNorm, RoPE, GQA, SwiGLU).
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2")
+# model_type values whose blocks our compact implementation covers (RMSNorm, RoPE, GQA, SwiGLU; Qwen3 adds an
+# RMSNorm on each query and key head before RoPE).
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 # config.json sizes every architecture here reads: required, and optional (null or absent: derived or defaulted)
 SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -98,6 +99,7 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2 has biases on q, k, v
+    qk_norm: bool = False  # Qwen3: an RMSNorm (weights [head_dim]) on each query and key head, before RoPE
     model_type: str = "llama"
     # Llama 3's rope scaling: each rotary frequency divided by its factor (head_dim / 2 of them), as llama.cpp's
     # rope_freqs tensor holds them; None: unscaled
@@ -125,6 +127,9 @@ class ModelConfig:
             if self.attention_bias:
                 shapes.update({pre + "self_attn.q_proj.bias": (q,), pre + "self_attn.k_proj.bias": (kv,),
                                pre + "self_attn.v_proj.bias": (kv,)})
+            if self.qk_norm:
+                shapes.update({pre + "self_attn.q_norm.weight": (self.head_dim,),
+                               pre + "self_attn.k_norm.weight": (self.head_dim,)})
         return shapes
 
     @classmethod
@@ -160,6 +165,7 @@ class ModelConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", mt == "qwen2")),
+            qk_norm=mt == "qwen3",
             model_type=mt,
             rope_freq_factors=None if factors is None else tuple(float(f) for f in factors),
         )

@@ -247,7 +247,7 @@ class Gemma3(Transformer):
             table = self.tables[blk.sliding]
             blk.native = (blk.input_norm, blk.qkv.qm, blk.o.qm, blk.pre_ff_norm, blk.gate_up.qm, blk.down.qm, None,
                           (blk.q_norm, blk.k_norm, blk.post_attention_norm, blk.post_ff_norm, scale, blk.window or 0,
-                           table.cos, table.sin))
+                           table.cos, table.sin, True, 0.0))  # GELU, no softcap
         self._stack = None
 
     @staticmethod

@@ -1,5 +1,5 @@
 """The one table of GGUF architectures specdec runs: for each `general.architecture`, the module that knows its
-names, config, tokenizer and matrices. gguf_llama (llama, qwen2) and gguf_gemma3 (gemma3) never import each other
+names, config, tokenizer and matrices. gguf_llama (llama, qwen2, qwen3) and gguf_gemma3 (gemma3) never import each other
 or the converter; the converter and the loader choose through this table.
 """
 
@@ -35,6 +35,7 @@ _LLAMA = dict(check_metadata=gguf_llama.check_metadata, hf_name=gguf_llama.hf_na
 ARCHS: dict[str, GgufArch] = {
     "llama": GgufArch("llama", **_LLAMA),
     "qwen2": GgufArch("qwen2", **_LLAMA),
+    "qwen3": GgufArch("qwen3", **_LLAMA),
     gguf_gemma3.ARCH: GgufArch(
         "gemma3_text", check_metadata=gguf_gemma3.check_metadata, hf_name=gguf_gemma3.hf_name,
         hf_tensor=lambda name, weight, src, meta: gguf_gemma3.hf_tensor(name, weight, src),

@@ -1,11 +1,12 @@
-"""The llama and qwen2 parts of GGUF -> Hugging Face conversion (gguf_convert does the rest): tensor names, the
+"""The llama, qwen2 and qwen3 parts of GGUF -> Hugging Face conversion (gguf_convert does the rest): tensor names, the
 row order of Q and K, config.json, and the file's matrices as stored, under the same names, for the gguf precisions
 (read_matrices). Their byte-level BPE tokenizer is rebuilt by gguf_tokenizer.
 
 Names: `blk.N.attn_q.weight` is `model.layers.N.self_attn.q_proj.weight` and so on (`hf_name`). Rows of Q and K:
 llama.cpp's converter reorders each head's rows of a llama file from Hugging Face's rotate-half layout (first half,
 second half) to interleaved pairs (x0, y0, x1, y1, ...); `unpermute` undoes it. Qwen2 files convert as llama does,
-with q/k/v biases and no reordering of Q and K (llama.cpp reorders only llama's). Llama 3's rope scaling, stored by
+with q/k/v biases and no reordering of Q and K (llama.cpp reorders only llama's); Qwen3 files as Qwen2's, without
+the biases and with an RMSNorm on each query and key head (`attn_q_norm`, `attn_k_norm`, stored as they are). Llama 3's rope scaling, stored by
 llama.cpp as a `rope_freqs` tensor (a divisor per rotary frequency), goes to config.json as
 `specdec_rope_freq_factors`.
 """
@@ -23,13 +24,15 @@ from specdec.models.config import FREQ_FACTORS
 from specdec.models.gguf_file import decimal, need_int, open_gguf, read_metadata
 from specdec.models.gguf_weights import KINDS, QTensor, row_bytes
 
-ARCHES = ("llama", "qwen2")  # general.architecture values read here (gguf_arch.ARCHS maps them to this module)
+ARCHES = ("llama", "qwen2", "qwen3")  # general.architecture values read here (gguf_arch.ARCHS maps them to this module)
 PERMUTED = "llama"  # the architecture whose Q and K rows llama.cpp interleaves
 _LAYER_NAMES = {  # llama.cpp per-block tensor -> Hugging Face module under model.layers.N
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",  # Qwen3's
 }
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
@@ -76,7 +79,7 @@ def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
            factors: list[float] | None) -> dict[str, Any]:
-    """LlamaConfig (Qwen2Config) fields, written with both the 4.x `rope_theta` and the 5.x `rope_parameters`
+    """LlamaConfig (Qwen2Config, Qwen3Config) fields, written with both the 4.x `rope_theta` and the 5.x `rope_parameters`
     spellings; `shapes`: every tensor's shape by Hugging Face name; `factors`: the rope_freqs tensor's values."""
     arch = meta["general.architecture"]
     hidden = need_int(meta, src, "embedding_length")
@@ -86,9 +89,8 @@ def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
         raise SpecdecError(f"{src}: partial rotary embeddings are not supported")
     rope_theta = decimal(meta.get(f"{arch}.rope.freq_base", 10000.0))
     ids = {k: meta.get(f"tokenizer.ggml.{k}") for k in ("bos_token_id", "eos_token_id", "padding_token_id")}
-    qwen = arch == "qwen2"
     config = {
-        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
+        "architectures": [_ARCHITECTURES[arch]],
         "model_type": arch,
         "hidden_size": hidden,
         "intermediate_size": need_int(meta, src, "feed_forward_length"),
@@ -103,7 +105,7 @@ def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
         "max_position_embeddings": need_int(meta, src, "context_length"),
         "vocab_size": int(shapes["model.embed_tokens.weight"][0]),
         "tie_word_embeddings": "lm_head.weight" not in shapes,
-        "attention_bias": qwen,
+        "attention_bias": arch == "qwen2",
         "mlp_bias": False,
         "bos_token_id": ids["bos_token_id"],
         "eos_token_id": ids["eos_token_id"],
@@ -126,7 +128,7 @@ def build_tokenizer(meta: dict[str, Any]):
 
 
 def read_matrices(path: Path) -> dict[str, QTensor]:
-    """Every quantized matrix of a llama or qwen2 GGUF under its Hugging Face name. A matrix in another format (F16,
+    """Every quantized matrix of a llama, qwen2 or qwen3 GGUF under its Hugging Face name. A matrix in another format (F16,
     Q2_K, ...) is refused with the formats these paths read."""
     reader = open_gguf(Path(path))
     meta = read_metadata(reader, Path(path))

@@ -53,6 +53,7 @@ from specdec.models.synth_blocks import random_matrix, row_bytes
 T = GGMLQuantizationType
 BUNDLED_VOCAB = 49152  # tokens in the bundled SmolLM2 tokenizer: the tiny shapes' vocabulary
 BIAS_STD = 0.02
+QK_NORM_SPREAD = 0.3  # Qwen3's q/k norm weights: exp of this std, so that a loader that ignored them would show
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ class Llama3Rope:
 @dataclass(frozen=True)
 class Shape:
     """A model's architecture, as its config.json gives it."""
-    arch: str  # general.architecture: "llama", "qwen2" or "gemma3"
+    arch: str  # general.architecture: "llama", "qwen2", "qwen3" or "gemma3"
     hidden: int  # hidden_size (embedding_length)
     layers: int  # num_hidden_layers (block_count)
     heads: int  # num_attention_heads
@@ -102,6 +103,11 @@ SHAPES: dict[str, Shape] = {  # the published config.json of each model
     "gemma-3-4b": Shape(arch="gemma3", hidden=2560, layers=34, heads=8, kv_heads=4, head_dim=256, ffn=10240,
                         vocab=262208, context=131072, rope_theta=1e6, rms_eps=1e-6, tied=True, sliding_window=1024,
                         rope_linear=8.0),
+    # Qwen3: no biases, an RMSNorm on each query and key head; heads of 128 whatever the hidden size
+    "qwen3-0.6b": Shape(arch="qwen3", hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=3072,
+                        vocab=151936, context=40960, rope_theta=1e6, rms_eps=1e-6, tied=True),
+    "qwen3-8b": Shape(arch="qwen3", hidden=4096, layers=36, heads=32, kv_heads=8, head_dim=128, ffn=12288,
+                      vocab=151936, context=40960, rope_theta=1e6, rms_eps=1e-6, tied=False),
     # for tests: seconds to write, and specdec's own kernels run tiny-llama in Q4_0, Q4_1 and Q8_0
     "tiny-llama": Shape(arch="llama", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512,
                         vocab=BUNDLED_VOCAB, context=8192, rope_theta=100000.0, rms_eps=1e-5, tied=True),
@@ -119,6 +125,9 @@ SHAPES: dict[str, Shape] = {  # the published config.json of each model
     # sliding window), so a Mistral GGUF is a llama file: untied, 4 query heads a KV head, rope_theta 1e6 (v0.2).
     "tiny-mistral": Shape(arch="llama", hidden=256, layers=2, heads=4, kv_heads=1, head_dim=64, ffn=768,
                           vocab=BUNDLED_VOCAB, context=8192, rope_theta=1e6, rms_eps=1e-5, tied=False),
+    # Qwen3: query heads wider than hidden / heads (as 0.6B's 16 x 128 over 1024), untied as 8B
+    "tiny-qwen3": Shape(arch="qwen3", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=128, ffn=512,
+                        vocab=BUNDLED_VOCAB, context=8192, rope_theta=1e6, rms_eps=1e-6, tied=False),
     # Gemma 3: six layers, so that the sixth is global and the others slide, over a window of 16 positions; the
     # global layer's RoPE scaled linearly as 4B's is
     "tiny-gemma3": Shape(arch="gemma3", hidden=256, layers=6, heads=4, kv_heads=2, head_dim=64, ffn=512,
@@ -157,9 +166,10 @@ def tensor_specs(s: Shape) -> list[TensorSpec]:
              "ffn_down.weight": (s.hidden, s.ffn)}
     if s.qkv_bias:
         block |= {"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)}
-    if s.arch == "gemma3":  # norms on each q and k head, and on the attention and MLP outputs
-        block |= {"attn_q_norm.weight": (s.head_dim,), "attn_k_norm.weight": (s.head_dim,),
-                  "post_attention_norm.weight": (s.hidden,), "post_ffw_norm.weight": (s.hidden,)}
+    if s.arch in ("gemma3", "qwen3"):  # norms on each q and k head
+        block |= {"attn_q_norm.weight": (s.head_dim,), "attn_k_norm.weight": (s.head_dim,)}
+    if s.arch == "gemma3":  # and on the attention and MLP outputs
+        block |= {"post_attention_norm.weight": (s.hidden,), "post_ffw_norm.weight": (s.hidden,)}
     specs = [TensorSpec(n, top[n], -1) for n in sorted(top)]
     for i in range(s.layers):
         specs += [TensorSpec(f"blk.{i}.{n}", block[n], i) for n in sorted(block)]
@@ -247,11 +257,13 @@ def llama3_rope_factors(s: Shape) -> np.ndarray:
 
 
 def _data(t: TensorSpec, qtype: GGMLQuantizationType, s: Shape, rng: np.random.Generator) -> np.ndarray:
-    """The tensor's bytes (uint8): random blocks with std 1/sqrt(row length), norms of ones, small random biases,
-    the real rope factors."""
+    """The tensor's bytes (uint8): random blocks with std 1/sqrt(row length), norms of ones (Qwen3's q/k norms
+    random around 1), small random biases, the real rope factors."""
     if len(t.shape) == 2:
         return random_matrix(qtype, *t.shape, 1 / np.sqrt(t.shape[1]), rng)
-    if t.name.endswith("_norm.weight"):
+    if t.name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) and s.arch == "qwen3":
+        v = np.exp(rng.standard_normal(t.shape, dtype=np.float32) * np.float32(QK_NORM_SPREAD))  # not all 1
+    elif t.name.endswith("_norm.weight"):
         v = np.ones(t.shape, np.float32)
     elif t.name == "rope_freqs.weight":
         v = llama3_rope_factors(s)
@@ -312,7 +324,7 @@ def _metadata(w: GGUFWriter, s: Shape, name: str, quant: str, seed: int) -> None
     w.add_head_count_kv(s.kv_heads)
     w.add_rope_freq_base(s.rope_theta)
     w.add_layer_norm_rms_eps(s.rms_eps)
-    if s.head_dim != s.hidden // s.heads or s.arch == "gemma3":
+    if s.head_dim != s.hidden // s.heads or s.arch in ("gemma3", "qwen3"):  # written whenever config has head_dim
         w.add_key_length(s.head_dim)
         w.add_value_length(s.head_dim)
     w.add_file_type(FILE_TYPES[quant])

@@ -121,6 +121,10 @@ class Block:
         arena = arena if arena is not None else Arena()
         self.norm1 = w[p + "input_layernorm.weight"].float().contiguous()
         self.norm2 = w[p + "post_attention_layernorm.weight"].float().contiguous()
+        self.q_norm = self.k_norm = None  # [head_dim] each: Qwen3's norms on each query and key head
+        if cfg.qk_norm:
+            self.q_norm = w[att + "q_norm.weight"].float().contiguous()
+            self.k_norm = w[att + "k_norm.weight"].float().contiguous()
         self.native = None
         if quantized is not None and native:  # the GGUF's own blocks, in the kernel's planes
             mats = [[att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"], [att + "o_proj.weight"],
@@ -129,9 +133,14 @@ class Block:
             paired = pairs_layout(kernels)
             qkv, o, gate_up, down = (qmatrix(kernels, [quantized[n] for n in names], integer,
                                              ACT_BITS.get(precision, 8), paired, arena.put) for names in mats)
-            self.native = (self.norm1, qkv, o, self.norm2, gate_up, down)
+            bias = None
             if cfg.attention_bias:  # Qwen2's, added to the [q; k; v] product (GgufStack's optional 7th entry)
-                self.native += (torch.cat([w[att + n + "_proj.bias"].float() for n in "qkv"]).contiguous(),)
+                bias = torch.cat([w[att + n + "_proj.bias"].float() for n in "qkv"]).contiguous()
+            self.native = (self.norm1, qkv, o, self.norm2, gate_up, down)
+            if cfg.qk_norm:  # GgufStack's 8th entry, the variant: the q and k norms, a Llama block otherwise
+                self.native += (bias, (self.q_norm, self.k_norm, None, None, 0.0, 0, None, None, False, 0.0))
+            elif bias is not None:
+                self.native += (bias,)
             self.qmatrices = [qkv, o, gate_up, down]
             return
         qkv_w = torch.cat([w[att + "q_proj.weight"], w[att + "k_proj.weight"], w[att + "v_proj.weight"]])
@@ -200,7 +209,9 @@ class Transformer:
         self.cfg, self.precision, self.device = cfg, precision, torch.device(device)
         weights = {name: t.to(self.device) for name, t in weights.items()}
         self.kernels = None
-        if (precision in ("fp16",) + GGUF_PRECISIONS and self.device.type == "cpu" and cfg.head_dim % 8 == 0
+        # the native fp16 block has no q/k norms: Qwen3 runs natively on its GGUF blocks only
+        native_fp16 = ("fp16",) if not cfg.qk_norm else ()
+        if (precision in native_fp16 + GGUF_PRECISIONS and self.device.type == "cpu" and cfg.head_dim % 8 == 0
                 and cfg.hidden_size % 8 == 0):
             from specdec.kernels import decode_kernels
 
@@ -436,8 +447,10 @@ class Transformer:
             _tap(feats, 0, x, taps, layer)
             h = rms_norm(x, blk.norm1, cfg.rms_norm_eps)
             qkv = blk.qkv(h).view(b, n, hq + 2 * hk, d)  # [B, n, heads, d]
-            q = rotate(qkv[:, :, :hq], cos, sin)  # [B, n, hq, d]
-            k = rotate(qkv[:, :, hq:hq + hk], cos, sin)  # [B, n, hk, d]
+            q, k = qkv[:, :, :hq], qkv[:, :, hq:hq + hk]  # [B, n, hq, d], [B, n, hk, d]
+            if blk.q_norm is not None:
+                q, k = rms_norm(q, blk.q_norm, cfg.rms_norm_eps), rms_norm(k, blk.k_norm, cfg.rms_norm_eps)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             v = qkv[:, :, hq + hk:]  # [B, n, hk, d]
             k_cache, v_cache = cache.k[layer], cache.v[layer]
             write_kv(k_cache, v_cache, k, v, pos, rows)

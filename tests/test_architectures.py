@@ -1,0 +1,108 @@
+"""The architectures added beside llama/qwen2/gemma3, on random-weight GGUFs of their layout (synth_gguf's tiny
+shapes, Q4_K_M mix): each loads on its GGUF's own blocks in one native call a pass; the native path agrees with the
+fp32 torch path on the same weights (and that path with transformers' own model where transformers reads the
+converted folder); a verify pass equals one-token passes bit for bit; speculative greedy output is plain greedy
+output. tests/test_llamacpp_matrix.py holds the native path to llama.cpp's logits on the same files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec.drafters.ngram import NgramDrafter
+from specdec.engine.generate import Engine, GenerationConfig
+from specdec.models.loader import load_model
+from specdec.models.synth_gguf import write
+from tests.conftest import divergence_message, greedy_reference
+from tests.test_engine_model import mismatch_report, ours_prefill_then_decode, verify_vs_one_token
+from tests.test_gguf_kernels import kernels  # noqa: F401 (fixture)
+
+SHAPES = ["tiny-qwen3"]
+VOCAB = 49152  # the tiny shapes' (the bundled tokenizer's)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """shape -> its Q4_K_M GGUF, written once; models convert into a cache of the module's own."""
+    folder = tmp_path_factory.mktemp("archs")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_CACHE", str(folder / "cache"))
+        yield {s: write(folder / f"{s}.gguf", s, "Q4_K_M").path for s in SHAPES}
+
+
+_models: dict = {}
+
+
+def model(files, shape: str, precision: str):
+    if (shape, precision) not in _models:
+        _models[shape, precision] = load_model(str(files[shape]), precision).model
+    return _models[shape, precision]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_runs_on_its_native_blocks(files, kernels, shape):  # noqa: F811
+    m = model(files, shape, "gguf-q16")
+    assert m.precision == "gguf-q16" and m.kernels is not None and m._native_stack() is not None
+    assert m.exact_kv_reuse
+    assert model(files, shape, "fp32").kernels is None
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("precision", ["gguf-q16", "gguf-q8"])
+def test_native_logits_close_to_fp32(files, kernels, shape, precision):  # noqa: F811
+    """Prefill and decode passes on the file's blocks against the torch path on the same weights dequantized:
+    gguf-q16's 15-bit activations are nearly exact; gguf-q8's 8-bit ones move the logits more (as llama.cpp's do)."""
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (20, 9)]
+    tails = [torch.randint(0, VOCAB, (7,), generator=g).tolist() for _ in prompts]
+    got = ours_prefill_then_decode(model(files, shape, precision), prompts, tails)
+    ref = ours_prefill_then_decode(model(files, shape, "fp32"), prompts, tails)
+    error = max((a - b).abs().max().item() for a, b in zip(got, ref))
+    scale = max(b.abs().max().item() for b in ref)
+    agreement = min((a.argmax(-1) == b.argmax(-1)).float().mean().item() for a, b in zip(got, ref))
+    print(f"{shape} {precision}: max |logit error| {error:.3g} (logits up to {scale:.3g}), argmax {agreement:.3f}")
+    bound = 2e-3 if precision == "gguf-q16" else 5e-2
+    assert error < bound * scale and agreement >= (0.9 if precision == "gguf-q16" else 0.7)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_torch_path_agrees_with_transformers(files, shape):
+    """The converted folder loads in transformers as the architecture it names; its logits are specdec's fp32
+    torch path's to float rounding."""
+    from transformers import AutoModelForCausalLM
+
+    ours = model(files, shape, "fp32")
+    folder = Path(load_model(str(files[shape]), "fp32").path)
+    theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    ids = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ref = theirs(ids).logits[0]  # [24, vocab]
+    got = ours_prefill_then_decode(ours, [ids[0, :17].tolist()], [ids[0, 17:].tolist()])[0]
+    assert (got - ref).abs().max() < 1e-3 * ref.abs().max(), (got - ref).abs().max()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("precision", ["gguf-q16", "gguf-q8", "fp16"])  # fp32 is exact, not batch-invariant
+def test_verify_pass_equals_one_token_passes_bit_for_bit(files, kernels, shape, precision):  # noqa: F811
+    m = model(files, shape, precision)
+    g = torch.Generator().manual_seed(2)
+    for k in (1, 4, 9):
+        prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (60, 5, 18)]
+        drafts = [torch.randint(0, VOCAB, (k,), generator=g).tolist() for _ in prompts]
+        verify, single = verify_vs_one_token(m, prompts, drafts)
+        assert torch.equal(verify, single), f"k = {k}: " + mismatch_report(verify, single)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("k", [2, 5])
+def test_speculative_greedy_equals_plain_greedy(files, kernels, shape, k):  # noqa: F811
+    m = model(files, shape, "gguf-q16")
+    drafted = accepted = 0
+    for prompt in ([1, 10, 11, 12, 13, 10, 11, 12, 13, 10], [1, 20, 21, 22, 20, 21], [1], [1] + [5, 6] * 12):
+        expected = greedy_reference(m, prompt, 40)
+        res = Engine(m, None).generate([prompt], GenerationConfig(40), NgramDrafter(4, 1), k)[0]
+        assert res.token_ids == expected, divergence_message(m, prompt, expected, res.token_ids)
+        drafted, accepted = drafted + res.stats.drafted, accepted + res.stats.accepted
+    assert 0 < accepted <= drafted, (accepted, drafted)
