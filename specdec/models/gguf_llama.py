@@ -6,8 +6,8 @@ Names: `blk.N.attn_q.weight` is `model.layers.N.self_attn.q_proj.weight` and so 
 llama.cpp's converter reorders each head's rows of a llama file from Hugging Face's rotate-half layout (first half,
 second half) to interleaved pairs (x0, y0, x1, y1, ...); `unpermute` undoes it. Qwen2 files convert as llama does,
 with q/k/v biases and no reordering of Q and K (llama.cpp reorders only llama's); Qwen3 files as Qwen2's, without
-the biases and with an RMSNorm on each query and key head (`attn_q_norm`, `attn_k_norm`, stored as they are). Llama 3's rope scaling, stored by
-llama.cpp as a `rope_freqs` tensor (a divisor per rotary frequency), goes to config.json as
+the biases and with an RMSNorm on each query and key head (`attn_q_norm`, `attn_k_norm`, stored as they are).
+Llama 3's rope scaling, stored by llama.cpp as a `rope_freqs` tensor (a divisor per rotary frequency), goes to config.json as
 `specdec_rope_freq_factors`.
 """
 
@@ -79,8 +79,8 @@ def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
            factors: list[float] | None) -> dict[str, Any]:
-    """LlamaConfig (Qwen2Config, Qwen3Config) fields, written with both the 4.x `rope_theta` and the 5.x `rope_parameters`
-    spellings; `shapes`: every tensor's shape by Hugging Face name; `factors`: the rope_freqs tensor's values."""
+    """LlamaConfig (Qwen2Config, Qwen3Config) fields, written with both the 4.x `rope_theta` and the 5.x
+    `rope_parameters` spellings; `shapes`: every tensor's shape by Hugging Face name; `factors`: the rope_freqs tensor's values."""
     arch = meta["general.architecture"]
     hidden = need_int(meta, src, "embedding_length")
     n_heads = need_int(meta, src, "attention.head_count")
@@ -128,8 +128,8 @@ def build_tokenizer(meta: dict[str, Any]):
 
 
 def read_matrices(path: Path) -> dict[str, QTensor]:
-    """Every quantized matrix of a llama, qwen2 or qwen3 GGUF under its Hugging Face name. A matrix in another format (F16,
-    Q2_K, ...) is refused with the formats these paths read."""
+    """Every quantized matrix of a llama, qwen2 or qwen3 GGUF under its Hugging Face name. A matrix in another format
+    (F16, Q2_K, ...) is refused with the formats these paths read."""
     reader = open_gguf(Path(path))
     meta = read_metadata(reader, Path(path))
     arch = meta.get("general.architecture")
