@@ -7,8 +7,8 @@ llama.cpp's converter reorders each head's rows of a llama file from Hugging Fac
 second half) to interleaved pairs (x0, y0, x1, y1, ...); `unpermute` undoes it. Qwen2 files convert as llama does,
 with q/k/v biases and no reordering of Q and K (llama.cpp reorders only llama's); Qwen3 files as Qwen2's, without
 the biases and with an RMSNorm on each query and key head (`attn_q_norm`, `attn_k_norm`, stored as they are).
-Llama 3's rope scaling, stored by llama.cpp as a `rope_freqs` tensor (a divisor per rotary frequency), goes to config.json as
-`specdec_rope_freq_factors`.
+Llama 3's rope scaling, stored by llama.cpp as a `rope_freqs` tensor (a divisor per rotary frequency), goes to
+config.json as `specdec_rope_freq_factors`.
 """
 
 from __future__ import annotations
