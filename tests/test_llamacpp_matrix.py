@@ -6,8 +6,8 @@ Architectures (SHAPES): tiny-llama (llama with tied embeddings, as SmolLM2 and L
 tiny-qwen2 (q, k and v biases), tiny-mistral (arch "llama", as llama.cpp's converter writes Mistral: untied,
 4 query heads a KV head) and tiny-gemma3 (Gemma 3's norms, GELU and scale, five sliding layers with a window of 16
 positions and a global sixth; gguf-q16 only: the exact path reads no Gemma), tiny-qwen3 (Qwen3: an RMSNorm on
-each query and key head, weights random around 1; heads wider than hidden / heads; untied). Quants: the eight block types
-uniformly (`llama-quantize --pure`), and the Q4_K_M mix.
+each query and key head, weights random around 1; heads wider than hidden / heads; untied). Quants: the eight block
+types uniformly (`llama-quantize --pure`), and the Q4_K_M mix.
 Tokens: 96 fixed pseudo-random ids of the bundled vocabulary, fed from position 0.
 
 As in test_llamacpp_oracle.py, specdec is held to llama.cpp on an F32 copy of each file (the same weights, no

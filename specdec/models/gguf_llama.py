@@ -80,7 +80,8 @@ def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
            factors: list[float] | None) -> dict[str, Any]:
     """LlamaConfig (Qwen2Config, Qwen3Config) fields, written with both the 4.x `rope_theta` and the 5.x
-    `rope_parameters` spellings; `shapes`: every tensor's shape by Hugging Face name; `factors`: the rope_freqs tensor's values."""
+    `rope_parameters` spellings; `shapes`: every tensor's shape by Hugging Face name; `factors`: the rope_freqs
+    tensor's values."""
     arch = meta["general.architecture"]
     hidden = need_int(meta, src, "embedding_length")
     n_heads = need_int(meta, src, "attention.head_count")
