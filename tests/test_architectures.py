@@ -19,7 +19,7 @@ from tests.conftest import divergence_message, greedy_reference
 from tests.test_engine_model import mismatch_report, ours_prefill_then_decode, verify_vs_one_token
 from tests.test_gguf_kernels import kernels  # noqa: F401 (fixture)
 
-SHAPES = ["tiny-qwen3"]
+SHAPES = ["tiny-qwen3", "tiny-gemma2"]
 VOCAB = 49152  # the tiny shapes' (the bundled tokenizer's)
 
 

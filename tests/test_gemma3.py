@@ -461,9 +461,9 @@ def test_gguf_loads_in_transformers(gemma_gguf, converted):
 
 BAD = {
     "Q8_K block": (dict(q8k=True), "blk.0.ffn_up.weight: quantization Q8_K is not supported"),
-    "unknown tensor": (dict(extra="blk.0.attn_gate.weight"), "'blk.0.attn_gate.weight' has no Hugging Face Gemma 3"),
+    "unknown tensor": (dict(extra="blk.0.attn_gate.weight"), "'blk.0.attn_gate.weight' has no Hugging Face Gemma"),
     "missing tensor": (dict(drop="blk.1.post_ffw_norm.weight"),
-                       "not a complete Gemma 3 model; missing model.layers.1.post_feedforward_layernorm.weight"),
+                       "not a complete Gemma model; missing model.layers.1.post_feedforward_layernorm.weight"),
     "softcapping": (dict(meta={"gemma3.final_logit_softcapping": 30.0}), "final_logit_softcapping = 30.0"),
     "yarn": (dict(meta={"gemma3.rope.scaling.type": "yarn"}), "rope.scaling.type = 'yarn' is not supported"),
     "byte-level tokenizer": (dict(tokenizer_model="gpt2"), "GGUF tokenizer model 'gpt2' is not Gemma's"),

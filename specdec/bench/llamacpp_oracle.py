@@ -133,10 +133,11 @@ def compare(gguf_path: str | Path, token_ids: list[int], precision: str | None,
 
 
 def f32_copy(gguf_path: str | Path, out_path: str | Path,
-             change: Callable[[str, np.ndarray], np.ndarray] | None = None) -> Path:
+             change: Callable[[str, np.ndarray], np.ndarray] | None = None, drop: tuple[str, ...] = ()) -> Path:
     """Write `gguf_path` with every tensor dequantized to F32 (the values gguf-py, and so specdec, reads from its
     blocks) and the same metadata: llama.cpp then multiplies in fp32 (its KV cache stays fp16). `change(name,
-    values)`, if given, returns what to write instead of each tensor's values (a deliberately wrong file)."""
+    values)`, if given, returns what to write instead of each tensor's values, and metadata keys in `drop` are left
+    out (a deliberately wrong file)."""
     import gguf
     from gguf.quants import dequantize
 
@@ -145,7 +146,7 @@ def f32_copy(gguf_path: str | Path, out_path: str | Path,
     reader = open_gguf(Path(gguf_path))
     writer = gguf.GGUFWriter(str(out_path), arch=reader.fields["general.architecture"].contents())
     for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type") or name in drop:
             continue  # the header's own fields, and the two the writer writes
         kind = field.types[0]
         sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None

@@ -16,6 +16,10 @@ tests/test_gemma3.py:
     is rope_local_theta (10000), the full layers' is rope_theta (1e6). The full layers of Gemma 3 4B, 12B and 27B
     scale RoPE linearly (rope_scaling_factor 8: their frequencies divided by it); the sliding layers never do
 
+Gemma 2 (Gemma2ForCausalLM, model_type "gemma2") is the same block without the q/k norms, with its attention
+scores and its logits soft-capped (cap * tanh(x / cap): cfg.attn_softcap, cfg.final_softcap), alternate layers
+sliding and one RoPE base for all; checked against transformers' modeling_gemma2 by tests/test_architectures.py.
+
 At gguf-q16 and gguf-q8 every pass (decode, verify, prefill) runs all the blocks in one call of the native
 kernels, as a Llama model's do (Transformer.forward_ragged): the products on the GGUF's own blocks, and the block's
 Gemma parts in C++ (kernels/common.h, BlockVariant: q/k norms, the two post-norms, GELU, the scale, the window in
@@ -35,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.errors import SpecdecError
+from specdec.inputs import number
 from specdec.models.config import ACT_BITS, ModelConfig, check_sizes
 from specdec.models.gguf_weights import RowLookup, release_pages
 from specdec.models.hugepages import Arena
@@ -52,6 +57,7 @@ from specdec.models.transformer import (
 )
 
 MODEL_TYPE = "gemma3_text"
+GEMMA2 = "gemma2"  # Gemma 2 runs here too: no q/k norms, soft-capped scores and logits (Gemma3Config.caps)
 SLIDING, FULL = "sliding_attention", "full_attention"
 TORCH_PRECISIONS = ("fp32", "fp16", "int8", "bf16")  # Linear's
 GGUF_BLOCK_PRECISIONS = tuple(ACT_BITS)  # GgufLinear's: gguf-q16, gguf-q8 (the exact "gguf" reads no K-quant)
@@ -64,6 +70,9 @@ class Gemma3Config(ModelConfig):
     layer_types: tuple[str, ...] = ()  # per layer: SLIDING or FULL
     rope_local_theta: float = 10000.0  # RoPE base of the sliding layers (rope_theta is the full layers')
     rope_scaling_factor: float = 1.0  # the full layers' linear RoPE scaling: frequencies divided by it
+    attn_softcap: float = 0.0  # Gemma 2: scores s become cap * tanh(s / cap) before the softmax; 0: none
+    final_softcap: float = 0.0  # Gemma 2: the logits likewise
+    qk_norm: bool = True  # Gemma 3's RMSNorm on each query and key head (Gemma 2 has none)
     model_type: str = MODEL_TYPE
 
     @classmethod
@@ -71,11 +80,14 @@ class Gemma3Config(ModelConfig):
         """From a Gemma3TextConfig's config.json: transformers 5 (rope_parameters per layer type) or 4.x
         (rope_theta, rope_local_base_freq, sliding_window_pattern) spellings."""
         mt = cfg.get("model_type")
-        if mt != MODEL_TYPE:
-            raise SpecdecError(f"model_type {mt!r} is not {MODEL_TYPE!r}")
+        if mt not in (MODEL_TYPE, GEMMA2):
+            raise SpecdecError(f"model_type {mt!r} is not {MODEL_TYPE!r} or {GEMMA2!r}")
+        gemma2 = mt == GEMMA2
+        caps = {}
         for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-            if cfg.get(key) is not None:
+            if cfg.get(key) is not None and not gemma2:
                 raise SpecdecError(f"Gemma 3 with {key} is not covered by specdec's compact implementation")
+            caps[key] = number(cfg.get(key), f"config.json: {key}", 0, low_open=True, optional=True) or 0.0
         if cfg.get("use_bidirectional_attention"):
             raise SpecdecError("Gemma 3 with bidirectional attention is not a causal language model")
         act = cfg.get("hidden_activation", "gelu_pytorch_tanh")
@@ -85,12 +97,17 @@ class Gemma3Config(ModelConfig):
         layers = cfg["num_hidden_layers"]
         types = cfg.get("layer_types")
         if types is None:
-            period = cfg.get("sliding_window_pattern", 6)
+            period = cfg.get("sliding_window_pattern", 2 if gemma2 else 6)
             types = [SLIDING if (i + 1) % period else FULL for i in range(layers)]
         if len(types) != layers or set(types) - {SLIDING, FULL}:
             raise SpecdecError(f"layer_types {types!r}: want {layers} of {SLIDING!r} / {FULL!r}")
         rope = cfg.get("rope_parameters") or {}
-        theta = {FULL: cfg.get("rope_theta", 1_000_000.0), SLIDING: cfg.get("rope_local_base_freq", 10_000.0)}
+        if gemma2 and "rope_type" in rope:  # one set for every layer
+            rope = {FULL: rope, SLIDING: rope}
+        default = 10_000.0 if gemma2 else 1_000_000.0
+        theta = {FULL: cfg.get("rope_theta", default), SLIDING: cfg.get("rope_local_base_freq", 10_000.0)}
+        if gemma2:
+            theta[SLIDING] = theta[FULL]
         legacy = cfg.get("rope_scaling") or {}  # transformers 4.x: the full layers' scaling
         factor = 1.0
         for kind in (FULL, SLIDING):
@@ -124,6 +141,10 @@ class Gemma3Config(ModelConfig):
             layer_types=tuple(types),
             rope_local_theta=float(theta[SLIDING]),
             rope_scaling_factor=factor,
+            attn_softcap=float(caps["attn_logit_softcapping"]),
+            final_softcap=float(caps["final_logit_softcapping"]),
+            qk_norm=not gemma2,
+            model_type=mt,
         )
 
 
@@ -167,7 +188,9 @@ class Gemma3Block:
         scale = lambda name: (1.0 + w[p + name + ".weight"].float()).contiguous()  # Gemma's norms scale by 1 + w
         self.input_norm, self.post_attention_norm = scale("input_layernorm"), scale("post_attention_layernorm")
         self.pre_ff_norm, self.post_ff_norm = scale("pre_feedforward_layernorm"), scale("post_feedforward_layernorm")
-        self.q_norm, self.k_norm = scale("self_attn.q_norm"), scale("self_attn.k_norm")  # [head_dim]
+        self.q_norm = self.k_norm = None  # [head_dim] each; Gemma 2 has none
+        if cfg.qk_norm:
+            self.q_norm, self.k_norm = scale("self_attn.q_norm"), scale("self_attn.k_norm")
         self.sliding = cfg.layer_types[i] == SLIDING
         self.window = cfg.sliding_window if self.sliding else None  # None: every earlier key
 
@@ -177,8 +200,8 @@ class Gemma3Block:
 
     @property
     def norms(self) -> list[torch.Tensor]:
-        return [self.input_norm, self.post_attention_norm, self.pre_ff_norm, self.post_ff_norm, self.q_norm,
-                self.k_norm]
+        return [n for n in (self.input_norm, self.post_attention_norm, self.pre_ff_norm, self.post_ff_norm,
+                            self.q_norm, self.k_norm) if n is not None]
 
 
 class Gemma3(Transformer):
@@ -190,6 +213,7 @@ class Gemma3(Transformer):
         gguf-q8 run; `weights` still gives the norms and the embedding table."""
         gguf = self._gguf(precision, device, quantized)
         self.cfg, self.precision, self.device = cfg, precision, torch.device(device)
+        self.final_cap = cfg.final_softcap
         weights = {name: t.to(self.device) for name, t in weights.items()}
         # the native blocks at the GGUF precisions (forward_ragged's path); the torch path at the others
         self.kernels = gguf[1] if gguf is not None else None
@@ -247,7 +271,7 @@ class Gemma3(Transformer):
             table = self.tables[blk.sliding]
             blk.native = (blk.input_norm, blk.qkv.qm, blk.o.qm, blk.pre_ff_norm, blk.gate_up.qm, blk.down.qm, None,
                           (blk.q_norm, blk.k_norm, blk.post_attention_norm, blk.post_ff_norm, scale, blk.window or 0,
-                           table.cos, table.sin, True, 0.0))  # GELU, no softcap
+                           table.cos, table.sin, True, self.cfg.attn_softcap))  # GELU
         self._stack = None
 
     @staticmethod
@@ -311,17 +335,19 @@ class Gemma3(Transformer):
             h = rms_norm(x, blk.input_norm, eps)
             qkv = blk.qkv(h).view(b, n, hq + 2 * hk, d)  # [B, n, heads, d]
             cos, sin = rope[blk.sliding]
-            q = rotate(rms_norm(qkv[:, :, :hq], blk.q_norm, eps), cos, sin)  # [B, n, hq, d]
-            k = rotate(rms_norm(qkv[:, :, hq:hq + hk], blk.k_norm, eps), cos, sin)  # [B, n, hk, d]
+            q, k = qkv[:, :, :hq], qkv[:, :, hq:hq + hk]  # [B, n, hq, d], [B, n, hk, d]
+            if blk.q_norm is not None:
+                q, k = rms_norm(q, blk.q_norm, eps), rms_norm(k, blk.k_norm, eps)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             v = qkv[:, :, hq + hk:]  # [B, n, hk, d]
             k_cache, v_cache = cache.k[layer], cache.v[layer]
             write_kv(k_cache, v_cache, k, v, pos, rows)
             if pick is not None:
                 k_cache, v_cache = k_cache[pick], v_cache[pick]  # [B, hk, capacity, d]
             if prefill:
-                att = attend_prefill(q, k_cache, v_cache, pos, scale, blk.window)
+                att = attend_prefill(q, k_cache, v_cache, pos, scale, blk.window, cfg.attn_softcap)
             else:
-                att = attend_decode(q, k_cache, v_cache, pos, cfg.group_size, scale, blk.window)
+                att = attend_decode(q, k_cache, v_cache, pos, cfg.group_size, scale, blk.window, cfg.attn_softcap)
             x = x + rms_norm(blk.o(att.reshape(b * n, hq * d)), blk.post_attention_norm, eps)
             h = rms_norm(x, blk.pre_ff_norm, eps)
             gate, up = blk.gate_up(h).chunk(2, dim=-1)

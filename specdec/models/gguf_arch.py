@@ -1,6 +1,6 @@
 """The one table of GGUF architectures specdec runs: for each `general.architecture`, the module that knows its
-names, config, tokenizer and matrices. gguf_llama (llama, qwen2, qwen3) and gguf_gemma3 (gemma3) never import each other
-or the converter; the converter and the loader choose through this table.
+names, config, tokenizer and matrices. gguf_llama (llama, qwen2, qwen3) and gguf_gemma3 (gemma3, gemma2) never
+import each other or the converter; the converter and the loader choose through this table.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ ARCHS: dict[str, GgufArch] = {
     "llama": GgufArch("llama", **_LLAMA),
     "qwen2": GgufArch("qwen2", **_LLAMA),
     "qwen3": GgufArch("qwen3", **_LLAMA),
-    gguf_gemma3.ARCH: GgufArch(
-        "gemma3_text", check_metadata=gguf_gemma3.check_metadata, hf_name=gguf_gemma3.hf_name,
+    **{arch: GgufArch(
+        gguf_gemma3.MODEL_TYPES[arch], check_metadata=gguf_gemma3.check_metadata, hf_name=gguf_gemma3.hf_name,
         hf_tensor=lambda name, weight, src, meta: gguf_gemma3.hf_tensor(name, weight, src),
         config=gguf_gemma3.config, tokenizer=gguf_gemma3.build_tokenizer, read_matrices=gguf_gemma3.read_matrices,
-        runnable=gguf_gemma3.runnable, lean=True, freq_factors=False),
+        runnable=gguf_gemma3.runnable, lean=True, freq_factors=False) for arch in gguf_gemma3.ARCHES},
 }
 assert set(gguf_llama.ARCHES) <= set(ARCHS)
 

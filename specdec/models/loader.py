@@ -11,6 +11,8 @@ from specdec.errors import SpecdecError
 from specdec.models.config import GGUF_PRECISIONS, PRECISIONS, SUPPORTED_TYPES, read_config
 from specdec.paths import cache_root
 
+GEMMA_TYPES = ("gemma3_text", "gemma2")  # model_type values models.gemma3 runs
+
 
 @dataclass
 class LoadedModel:
@@ -50,7 +52,7 @@ def default_precision(path: Path, spec: str | None, device: str, model_type: str
     path whose top-1 agreement with the fp32 model is >= 0.999 (docs/results/quality-gguf.md); else fp16."""
     if device == "cuda":
         return "bf16"
-    if model_type in SUPPORTED_TYPES + ("gemma3_text",):
+    if model_type in SUPPORTED_TYPES + GEMMA_TYPES:
         from specdec.kernels import decode_kernels
         from specdec.models.gguf_arch import ARCHS, for_model_type
         from specdec.models.gguf_convert import gguf_source
@@ -61,7 +63,7 @@ def default_precision(path: Path, spec: str | None, device: str, model_type: str
         source = gguf_source(path, spec)
         if source is not None and runnable(source) and decode_kernels() is not None:
             return "gguf-q16"
-        if source is not None and model_type != "gemma3_text":  # say what the fp16 fallback costs, never silently
+        if source is not None and model_type not in GEMMA_TYPES:  # say what the fp16 fallback costs, never silently
             from specdec.models.gguf_weights import fallback_note
 
             note = fallback_note(source)
@@ -72,7 +74,8 @@ def default_precision(path: Path, spec: str | None, device: str, model_type: str
 
 def lean_load(spec: str | None, precision: str | None, device: str) -> bool:
     """Whether a .gguf model loads lean (its matrices read from the file, never dequantized to a folder): a llama,
-    qwen2 or gemma3 file on a gguf precision, given or the default (the kernels build and read every matrix's type)."""
+    qwen2, qwen3, gemma2 or gemma3 file on a gguf precision, given or the default (the kernels build and read every
+    matrix's type)."""
     from specdec.models.gguf_arch import ARCHS
     from specdec.models.gguf_file import architecture
 
@@ -108,7 +111,7 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
     name = "SmolLM2-135M-Instruct" if spec in ("default", "", None) else path.name
     precision = precision or default_precision(path, spec, device, model_type)
     try:
-        if model_type == "gemma3_text":
+        if model_type in GEMMA_TYPES:
             from specdec.models.gemma3 import Gemma3
             from specdec.models.gguf_convert import gguf_source
 

@@ -68,7 +68,7 @@ class Llama3Rope:
 @dataclass(frozen=True)
 class Shape:
     """A model's architecture, as its config.json gives it."""
-    arch: str  # general.architecture: "llama", "qwen2", "qwen3" or "gemma3"
+    arch: str  # general.architecture: "llama", "qwen2", "qwen3", "gemma2" or "gemma3"
     hidden: int  # hidden_size (embedding_length)
     layers: int  # num_hidden_layers (block_count)
     heads: int  # num_attention_heads
@@ -84,6 +84,8 @@ class Shape:
     llama3_rope: Llama3Rope | None = None  # written as the rope_freqs.weight tensor, as llama.cpp's converter does
     sliding_window: int = 0  # Gemma 3: keys a sliding layer sees (llama.cpp makes every 6th layer global)
     rope_linear: float = 1.0  # Gemma 3 4B and up: the global layers' linear RoPE scaling factor
+    attn_softcap: float = 0.0  # Gemma 2: attention scores soft-capped at this (attn_logit_softcapping)
+    final_softcap: float = 0.0  # Gemma 2: logits soft-capped at this (final_logit_softcapping)
 
 
 _LLAMA_3 = dict(arch="llama", vocab=128256, context=131072, rope_theta=500000.0, rms_eps=1e-5)
@@ -103,6 +105,13 @@ SHAPES: dict[str, Shape] = {  # the published config.json of each model
     "gemma-3-4b": Shape(arch="gemma3", hidden=2560, layers=34, heads=8, kv_heads=4, head_dim=256, ffn=10240,
                         vocab=262208, context=131072, rope_theta=1e6, rms_eps=1e-6, tied=True, sliding_window=1024,
                         rope_linear=8.0),
+    # Gemma 2: Gemma 3's block without q/k norms, soft-capped scores and logits, every other layer sliding
+    "gemma-2-2b": Shape(arch="gemma2", hidden=2304, layers=26, heads=8, kv_heads=4, head_dim=256, ffn=9216,
+                        vocab=256000, context=8192, rope_theta=10000.0, rms_eps=1e-6, tied=True, sliding_window=4096,
+                        attn_softcap=50.0, final_softcap=30.0),
+    "gemma-2-9b": Shape(arch="gemma2", hidden=3584, layers=42, heads=16, kv_heads=8, head_dim=256, ffn=14336,
+                        vocab=256000, context=8192, rope_theta=10000.0, rms_eps=1e-6, tied=True, sliding_window=4096,
+                        attn_softcap=50.0, final_softcap=30.0),
     # Qwen3: no biases, an RMSNorm on each query and key head; heads of 128 whatever the hidden size
     "qwen3-0.6b": Shape(arch="qwen3", hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=3072,
                         vocab=151936, context=40960, rope_theta=1e6, rms_eps=1e-6, tied=True),
@@ -125,6 +134,11 @@ SHAPES: dict[str, Shape] = {  # the published config.json of each model
     # sliding window), so a Mistral GGUF is a llama file: untied, 4 query heads a KV head, rope_theta 1e6 (v0.2).
     "tiny-mistral": Shape(arch="llama", hidden=256, layers=2, heads=4, kv_heads=1, head_dim=64, ffn=768,
                           vocab=BUNDLED_VOCAB, context=8192, rope_theta=1e6, rms_eps=1e-5, tied=False),
+    # Gemma 2: four layers, two sliding over 16 positions. Random weights give scores and logits of std about 1,
+    # which Gemma 2's caps (50 and 30) would not touch: these caps are small enough to bend them
+    "tiny-gemma2": Shape(arch="gemma2", hidden=256, layers=4, heads=4, kv_heads=2, head_dim=64, ffn=512,
+                         vocab=BUNDLED_VOCAB, context=2048, rope_theta=10000.0, rms_eps=1e-6, tied=True,
+                         sliding_window=16, attn_softcap=1.5, final_softcap=2.0),
     # Qwen3: query heads wider than hidden / heads (as 0.6B's 16 x 128 over 1024), untied as 8B
     "tiny-qwen3": Shape(arch="qwen3", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=128, ffn=512,
                         vocab=BUNDLED_VOCAB, context=8192, rope_theta=1e6, rms_eps=1e-6, tied=False),
@@ -168,7 +182,7 @@ def tensor_specs(s: Shape) -> list[TensorSpec]:
         block |= {"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)}
     if s.arch in ("gemma3", "qwen3"):  # norms on each q and k head
         block |= {"attn_q_norm.weight": (s.head_dim,), "attn_k_norm.weight": (s.head_dim,)}
-    if s.arch == "gemma3":  # and on the attention and MLP outputs
+    if s.arch in ("gemma2", "gemma3"):  # Gemma's norms on the attention and MLP outputs
         block |= {"post_attention_norm.weight": (s.hidden,), "post_ffw_norm.weight": (s.hidden,)}
     specs = [TensorSpec(n, top[n], -1) for n in sorted(top)]
     for i in range(s.layers):
@@ -324,19 +338,23 @@ def _metadata(w: GGUFWriter, s: Shape, name: str, quant: str, seed: int) -> None
     w.add_head_count_kv(s.kv_heads)
     w.add_rope_freq_base(s.rope_theta)
     w.add_layer_norm_rms_eps(s.rms_eps)
-    if s.head_dim != s.hidden // s.heads or s.arch in ("gemma3", "qwen3"):  # written whenever config has head_dim
+    if s.head_dim != s.hidden // s.heads or s.arch in ("gemma2", "gemma3", "qwen3"):  # their configs give head_dim
         w.add_key_length(s.head_dim)
         w.add_value_length(s.head_dim)
     w.add_file_type(FILE_TYPES[quant])
     if s.arch == "llama":  # LlamaModel adds these; Qwen2 takes the defaults (head_dim, the token count)
         w.add_vocab_size(s.vocab)
         w.add_rope_dimension_count(s.head_dim)
-    if s.arch == "gemma3":
+    if s.arch in ("gemma2", "gemma3"):
         w.add_sliding_window(s.sliding_window)
+    if s.attn_softcap:
+        w.add_attn_logit_softcapping(s.attn_softcap)
+    if s.final_softcap:
+        w.add_final_logit_softcapping(s.final_softcap)
     if s.rope_linear != 1.0:
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(s.rope_linear)
-    _tokenizer(w, s.vocab, gemma=s.arch == "gemma3")
+    _tokenizer(w, s.vocab, gemma=s.arch in ("gemma2", "gemma3"))
     w.add_quantization_version(GGML_QUANT_VERSION)
 
 

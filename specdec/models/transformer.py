@@ -277,6 +277,7 @@ class Transformer:
         return cls(cfg, weights, precision, device, quantized)
 
     supports_taps = True  # forward and forward_ragged return hidden states of chosen layers (`taps`)
+    final_cap = 0.0  # Gemma 2 soft-caps its logits (softcap()); 0: none
 
     @property
     def exact_kv_reuse(self) -> bool:
@@ -359,6 +360,7 @@ class Transformer:
             logits = self.lm_head(rms_norm(x, self.norm, self.cfg.rms_norm_eps))  # [B, vocab]
         else:
             logits = self.lm_head(rms_norm(x.view(b * n, -1), self.norm, self.cfg.rms_norm_eps)).view(b, n, -1)
+        logits = softcap(logits, self.final_cap)
         return (logits, feats) if taps else logits
 
     @torch.inference_mode()
@@ -420,6 +422,7 @@ class Transformer:
                 logits = self.kernels.gemv_f16(h, self.lm_head_half, None)  # [R or S, vocab]
         else:
             logits = self.lm_head(rms_norm(x, self.norm, cfg.rms_norm_eps))  # [R or S, vocab]
+        logits = softcap(logits, self.final_cap)
         return (logits, feats) if taps else logits
 
     def _native_stack(self):
@@ -511,30 +514,44 @@ def visible(keypos: torch.Tensor, pos: torch.Tensor, window: int | None = None) 
     return seen if window is None else seen & (keypos > pos - window)
 
 
-def attend_prefill(q, k_cache, v_cache, pos, scale: float | None = None, window: int | None = None) -> torch.Tensor:
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """Gemma 2's soft capping: cap * tanh(x / cap), of attention scores and of the logits; cap 0: x itself."""
+    return x if not cap else torch.tanh(x / cap) * cap
+
+
+def attend_prefill(q, k_cache, v_cache, pos, scale: float | None = None, window: int | None = None,
+                   cap: float = 0.0) -> torch.Tensor:
     """q [B, n, hq, d] at positions pos [B, n]; returns [B, n, hq, d]. Fused attention, masked by position.
-    scale: of the scores (default head_dim^-1/2); window: see visible()."""
+    scale: of the scores (default head_dim^-1/2); window: see visible(); cap: see softcap() (spelled out: the
+    fused kernel has no cap)."""
     end = int(pos.max()) + 1
     keypos = torch.arange(end, device=q.device).view(1, 1, 1, end)
     mask = visible(keypos, pos.view(pos.shape[0], 1, -1, 1), window)  # [B, 1, n, end]
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k_cache[:, :, :end], v_cache[:, :, :end],
-                                         attn_mask=mask, scale=scale, enable_gqa=True)
+    k, v = k_cache[:, :, :end], v_cache[:, :, :end]  # [B, hk, end, d]
+    if cap:
+        group = q.shape[2] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [B, hq, end, d]
+        s = torch.matmul(q.transpose(1, 2), k.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+        s = softcap(s, cap).masked_fill(~mask, float("-inf"))  # [B, hq, n, end]
+        return torch.matmul(torch.softmax(s, dim=-1), v).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
     return out.transpose(1, 2)
 
 
 def attend_decode(q, k_cache, v_cache, pos, group: int, scale: float | None = None,
-                  window: int | None = None) -> torch.Tensor:
+                  window: int | None = None, cap: float = 0.0) -> torch.Tensor:
     """Batch-invariant attention for a few query positions. q [B, n, hq, d]; returns [B, n, hq, d]."""
     b, n, hq, d = q.shape
     per_call = max(1, MAX_QUERY_ROWS // group)  # positions per matrix product
     outs = []
     for s in range(0, n, per_call):
         outs.append(_attend_group(q[:, s:s + per_call], k_cache, v_cache, pos[:, s:s + per_call], group, scale,
-                                  window))
+                                  window, cap))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
-def _attend_group(q, k_cache, v_cache, pos, group: int, scale: float | None, window: int | None) -> torch.Tensor:
+def _attend_group(q, k_cache, v_cache, pos, group: int, scale: float | None, window: int | None,
+                  cap: float = 0.0) -> torch.Tensor:
     b, m, hq, d = q.shape
     real = m
     if m < MIN_QUERY_POSITIONS:  # pad with copies of the last query so every product has the same shape
@@ -549,7 +566,7 @@ def _attend_group(q, k_cache, v_cache, pos, group: int, scale: float | None, win
     vc = v_cache[:, :, :length].view(b, hk, n_chunks, CHUNK, d)
     qg = q.view(b, m, hk, group, d).permute(0, 2, 3, 1, 4).reshape(b, hk, 1, group * m, d)  # [B, hk, 1, g*m, d]
     s = torch.matmul(qg, kc.transpose(-1, -2)) * (d ** -0.5 if scale is None else scale)  # [B, hk, C#, g*m, C]
-    s = s.view(b, hk, n_chunks, group, m, CHUNK)
+    s = softcap(s, cap).view(b, hk, n_chunks, group, m, CHUNK)
     keypos = torch.arange(length, device=q.device).view(1, 1, n_chunks, 1, 1, CHUNK)
     s = s.masked_fill(~visible(keypos, pos.view(b, 1, 1, 1, m, 1), window), float("-inf"))
     e = torch.exp(s - s.amax(dim=(2, 5), keepdim=True))  # [B, hk, C#, g, m, C]
