@@ -6,6 +6,7 @@ output. tests/test_llamacpp_matrix.py holds the native path to llama.cpp's logit
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,13 +15,18 @@ import torch
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.models.loader import load_model
+from specdec.models.synth_gguf import SHAPES as SYNTH
 from specdec.models.synth_gguf import write
 from tests.conftest import divergence_message, greedy_reference
 from tests.test_engine_model import mismatch_report, ours_prefill_then_decode, verify_vs_one_token
 from tests.test_gguf_kernels import kernels  # noqa: F401 (fixture)
 
-SHAPES = ["tiny-qwen3", "tiny-gemma2"]
+SHAPES = ["tiny-qwen3", "tiny-gemma2", "tiny-phi3"]
 VOCAB = 49152  # the tiny shapes' (the bundled tokenizer's)
+
+
+# Phi-3 with a window of 8 positions (its real one, 2047, is longer than these tests' sequences)
+NARROW_PHI3 = replace(SYNTH["tiny-phi3"], sliding_window=8)
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +35,9 @@ def files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("archs")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECDEC_CACHE", str(folder / "cache"))
-        yield {s: write(folder / f"{s}.gguf", s, "Q4_K_M").path for s in SHAPES}
+        made = {s: write(folder / f"{s}.gguf", s, "Q4_K_M").path for s in SHAPES}
+        made["narrow-phi3"] = write(folder / "narrow-phi3.gguf", NARROW_PHI3, "Q4_K_M").path
+        yield made
 
 
 _models: dict = {}
@@ -67,10 +75,10 @@ def test_native_logits_close_to_fp32(files, kernels, shape, precision):  # noqa:
     assert error < bound * scale and agreement >= (0.9 if precision == "gguf-q16" else 0.7)
 
 
-@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("shape", SHAPES + ["narrow-phi3"])
 def test_torch_path_agrees_with_transformers(files, shape):
     """The converted folder loads in transformers as the architecture it names; its logits are specdec's fp32
-    torch path's to float rounding."""
+    torch path's to float rounding (narrow-phi3: past its window of 8, which transformers applies too)."""
     from transformers import AutoModelForCausalLM
 
     ours = model(files, shape, "fp32")
@@ -81,6 +89,18 @@ def test_torch_path_agrees_with_transformers(files, shape):
         ref = theirs(ids).logits[0]  # [24, vocab]
     got = ours_prefill_then_decode(ours, [ids[0, :17].tolist()], [ids[0, 17:].tolist()])[0]
     assert (got - ref).abs().max() < 1e-3 * ref.abs().max(), (got - ref).abs().max()
+
+
+def test_phi3_window_on_the_native_blocks(files, kernels):  # noqa: F811
+    """The window reaches the native attention: gguf-q16 follows the fp32 path past it, and differs from the
+    same weights read without a window."""
+    g = torch.Generator().manual_seed(4)
+    prompts, tails = [torch.randint(0, VOCAB, (20,), generator=g).tolist()], [[5, 6, 7, 8]]
+    got = ours_prefill_then_decode(model(files, "narrow-phi3", "gguf-q16"), prompts, tails)[0]
+    ref = ours_prefill_then_decode(model(files, "narrow-phi3", "fp32"), prompts, tails)[0]
+    wide = ours_prefill_then_decode(model(files, "tiny-phi3", "fp32"), prompts, tails)[0]
+    scale = ref.abs().max()
+    assert (got - ref).abs().max() < 2e-3 * scale and (wide - ref)[10:].abs().max() > 0.05 * scale
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -106,3 +126,25 @@ def test_speculative_greedy_equals_plain_greedy(files, kernels, shape, k):  # no
         assert res.token_ids == expected, divergence_message(m, prompt, expected, res.token_ids)
         drafted, accepted = drafted + res.stats.drafted, accepted + res.stats.accepted
     assert 0 < accepted <= drafted, (accepted, drafted)
+
+
+def test_what_is_not_covered_is_refused_in_one_line(tmp_path):
+    """LongRoPE files (Phi-3 128k, Phi-3.5) and partial rotary embeddings (Phi-4-mini) are refused by name; so is an
+    architecture specdec does not run, with the list of those it does."""
+    from specdec.errors import SpecdecError
+    from specdec.models.config import ModelConfig
+    from specdec.models.gguf_arch import ARCHS, arch_of
+    from specdec.models.gguf_llama import hf_name
+
+    with pytest.raises(SpecdecError, match="LongRoPE scaling.*not supported"):
+        hf_name("rope_factors_long.weight", tmp_path / "phi.gguf", "phi3")
+    base = {"model_type": "phi3", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
+            "num_attention_heads": 2}
+    with pytest.raises(SpecdecError, match="partial rotary"):
+        ModelConfig.from_hf({**base, "partial_rotary_factor": 0.75})
+    with pytest.raises(SpecdecError, match="sliding_window must be an integer"):
+        ModelConfig.from_hf({**base, "sliding_window": "wide"})
+    assert ModelConfig.from_hf({**base, "sliding_window": 2047}).sliding_window == 2047
+    with pytest.raises(SpecdecError) as e:
+        arch_of({"general.architecture": "falcon"}, tmp_path / "f.gguf")
+    assert "'falcon' is not supported" in str(e.value) and all(a in str(e.value) for a in ARCHS)

@@ -19,8 +19,8 @@ ACT_BITS = {"gguf-q16": 16, "gguf-q8": 8}
 PRECISIONS = ("fp32", "fp16", "int8", "bf16") + GGUF_PRECISIONS
 
 # model_type values whose blocks our compact implementation covers (RMSNorm, RoPE, GQA, SwiGLU; Qwen3 adds an
-# RMSNorm on each query and key head before RoPE).
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# RMSNorm on each query and key head before RoPE; Phi-3 fuses [q; k; v] and [gate; up] into one matrix each).
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 
 # config.json sizes every architecture here reads: required, and optional (null or absent: derived or defaulted)
 SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -100,6 +100,8 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # Qwen2 has biases on q, k, v
     qk_norm: bool = False  # Qwen3: an RMSNorm (weights [head_dim]) on each query and key head, before RoPE
+    fused: bool = False  # Phi-3: the checkpoint holds qkv_proj and gate_up_proj, not their parts
+    sliding_window: int | None = None  # Phi-3: a query sees this many keys, its own included (None: all)
     model_type: str = "llama"
     # Llama 3's rope scaling: each rotary frequency divided by its factor (head_dim / 2 of them), as llama.cpp's
     # rope_freqs tensor holds them; None: unscaled
@@ -120,10 +122,14 @@ class ModelConfig:
         for i in range(self.num_layers):
             pre = f"model.layers.{i}."
             shapes.update({pre + "input_layernorm.weight": (h,), pre + "post_attention_layernorm.weight": (h,),
-                           pre + "self_attn.q_proj.weight": (q, h), pre + "self_attn.k_proj.weight": (kv, h),
-                           pre + "self_attn.v_proj.weight": (kv, h), pre + "self_attn.o_proj.weight": (h, q),
-                           pre + "mlp.gate_proj.weight": (ff, h), pre + "mlp.up_proj.weight": (ff, h),
-                           pre + "mlp.down_proj.weight": (h, ff)})
+                           pre + "self_attn.o_proj.weight": (h, q), pre + "mlp.down_proj.weight": (h, ff)})
+            if self.fused:
+                shapes.update({pre + "self_attn.qkv_proj.weight": (q + 2 * kv, h),
+                               pre + "mlp.gate_up_proj.weight": (2 * ff, h)})
+            else:
+                shapes.update({pre + "self_attn.q_proj.weight": (q, h), pre + "self_attn.k_proj.weight": (kv, h),
+                               pre + "self_attn.v_proj.weight": (kv, h), pre + "mlp.gate_proj.weight": (ff, h),
+                               pre + "mlp.up_proj.weight": (ff, h)})
             if self.attention_bias:
                 shapes.update({pre + "self_attn.q_proj.bias": (q,), pre + "self_attn.k_proj.bias": (kv,),
                                pre + "self_attn.v_proj.bias": (kv,)})
@@ -146,6 +152,13 @@ class ModelConfig:
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0) if isinstance(rope, dict) else 10000.0)
         heads = cfg["num_attention_heads"]
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+        # Phi-3's window, as transformers applies it; a Mistral folder's is not (llama.cpp reads Mistral as llama)
+        window = cfg.get("sliding_window") if mt == "phi3" else None
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise SpecdecError(f"config.json: sliding_window must be an integer >= 1, got {json.dumps(window)[:40]}")
+        if mt == "phi3" and float(cfg.get("partial_rotary_factor") or 1.0) != 1.0:
+            raise SpecdecError("Phi with partial rotary embeddings (partial_rotary_factor < 1: Phi-4-mini) is not "
+                               "covered by specdec's compact implementation")
         factors = cfg.get(FREQ_FACTORS)  # a GGUF's rope_freqs, as converted
         if factors is None and kind == "llama3":
             factors = llama3_factors(float(theta), head_dim, rope)
@@ -166,6 +179,8 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", mt == "qwen2")),
             qk_norm=mt == "qwen3",
+            fused=mt == "phi3",
+            sliding_window=window,
             model_type=mt,
             rope_freq_factors=None if factors is None else tuple(float(f) for f in factors),
         )

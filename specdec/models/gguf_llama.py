@@ -6,7 +6,8 @@ Names: `blk.N.attn_q.weight` is `model.layers.N.self_attn.q_proj.weight` and so 
 llama.cpp's converter reorders each head's rows of a llama file from Hugging Face's rotate-half layout (first half,
 second half) to interleaved pairs (x0, y0, x1, y1, ...); `unpermute` undoes it. Qwen2 files convert as llama does,
 with q/k/v biases and no reordering of Q and K (llama.cpp reorders only llama's); Qwen3 files as Qwen2's, without
-the biases and with an RMSNorm on each query and key head (`attn_q_norm`, `attn_k_norm`, stored as they are).
+the biases and with an RMSNorm on each query and key head (`attn_q_norm`, `attn_k_norm`, stored as they are);
+Phi-3 files keep Hugging Face's fused matrices ([q; k; v] as `attn_qkv`, [gate; up] as `ffn_up`), unpermuted.
 Llama 3's rope scaling, stored by llama.cpp as a `rope_freqs` tensor (a divisor per rotary frequency), goes to
 config.json as `specdec_rope_freq_factors`.
 """
@@ -24,15 +25,18 @@ from specdec.models.config import FREQ_FACTORS
 from specdec.models.gguf_file import decimal, need_int, open_gguf, read_metadata
 from specdec.models.gguf_weights import KINDS, QTensor, row_bytes
 
-ARCHES = ("llama", "qwen2", "qwen3")  # general.architecture values read here (gguf_arch.ARCHS maps them to this module)
+ARCHES = ("llama", "qwen2", "qwen3", "phi3")  # general.architecture values read here (gguf_arch.ARCHS maps them)
 PERMUTED = "llama"  # the architecture whose Q and K rows llama.cpp interleaves
 _LAYER_NAMES = {  # llama.cpp per-block tensor -> Hugging Face module under model.layers.N
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",  # Qwen3's
+    "attn_qkv": "self_attn.qkv_proj",  # Phi-3's [q; k; v] in one matrix
 }
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+_PHI3_NAMES = {"ffn_up": "mlp.gate_up_proj"}  # Phi-3's ffn_up is [gate; up] in one matrix
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                  "phi3": "Phi3ForCausalLM"}
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
@@ -45,11 +49,15 @@ def check_metadata(meta: dict[str, Any], src: Path) -> None:
                            "rope_freqs tensor is)")
 
 
-def hf_name(name: str, src: Path) -> str:
-    """The Hugging Face name of a GGUF tensor."""
+def hf_name(name: str, src: Path, arch: str = "llama") -> str:
+    """The Hugging Face name of a GGUF tensor in a file of this architecture."""
     m = _BLOCK.fullmatch(name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    names = {**_LAYER_NAMES, **_PHI3_NAMES} if arch == "phi3" else _LAYER_NAMES
+    if m and m.group(2) in names:
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
+    if name.startswith("rope_factors_"):
+        raise SpecdecError(f"{src}: LongRoPE scaling ({name}: Phi-3 128k, Phi-3.5, Phi-4) is not supported; "
+                           "Phi-3 files without it (4k context) are")
     stem, _, kind = name.rpartition(".")
     if stem in _TOP_NAMES and kind in ("weight", "bias"):
         return f"{_TOP_NAMES[stem]}.{kind}"
@@ -59,7 +67,7 @@ def hf_name(name: str, src: Path) -> str:
 def hf_tensor(name: str, weight: np.ndarray, src: Path, meta: dict[str, Any]) -> tuple[str, np.ndarray]:
     """The Hugging Face name and value of a dequantized GGUF tensor (weight: [out_features, in_features] for a
     matrix): a llama file's Q and K rows back in rotate-half order."""
-    hf = hf_name(name, src)
+    hf = hf_name(name, src, meta["general.architecture"])
     if meta["general.architecture"] == PERMUTED and hf.endswith(("q_proj.weight", "k_proj.weight")):
         heads = need_int(meta, src, "attention.head_count")
         if hf.endswith("k_proj.weight"):
@@ -113,6 +121,10 @@ def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
         "pad_token_id": ids["padding_token_id"],
         "torch_dtype": "float32",
     }
+    if arch == "phi3":  # Phi3Config's own fields: the window its layers slide over (transformers applies it)
+        config["sliding_window"] = meta.get("phi3.attention.sliding_window")
+        config["original_max_position_embeddings"] = config["max_position_embeddings"]
+        config["partial_rotary_factor"] = 1.0
     if factors is not None:
         if len(factors) != head_dim // 2:
             raise SpecdecError(f"{src}: rope_freqs has {len(factors)} values; head size {head_dim} needs "
@@ -144,7 +156,7 @@ def read_matrices(path: Path) -> dict[str, QTensor]:
         if len(t.shape) != 2 or t.name == "rope_freqs.weight":
             continue  # norms (f32 vectors) come from the converted folder
         kind = t.tensor_type.name
-        name = hf_name(t.name, Path(path))
+        name = hf_name(t.name, Path(path), arch)
         if kind not in KINDS:
             raise SpecdecError(f"{path}: tensor {t.name} is {kind}; --precision gguf-q16 and gguf-q8 read "
                                f"{', '.join(KINDS)} blocks (use --precision fp16 for this file)")

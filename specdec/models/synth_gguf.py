@@ -14,12 +14,12 @@ converter gives Llama files (pairs interleaved per head; Qwen2 keeps Hugging Fac
 The Q4_K_M mix follows llama.cpp's src/llama-quant.cpp (llama_tensor_get_type and its helpers):
   - most matrices Q4_K;
   - attn_v and ffn_down Q6_K in the layers `use_more_bits` picks (the first and last eighth, and every third
-    layer between), else Q4_K;
+    layer between), else Q4_K; a fused attn_qkv (Phi-3) Q5_K;
   - output.weight, or token_embd.weight when the embeddings are tied (no output.weight), Q6_K (Q8_0 when the row
     length is not a multiple of 256); token_embd of an untied model stays Q4_K;
   - vectors (norms, biases, rope_freqs) F32, never quantized;
   - a row length the type's block does not divide falls back: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16.
-Not modelled (no shape here has them): the 70B rule (attn_v Q5_K), experts, fused QKV and Falcon's rules.
+Not modelled (no shape here has them): the 70B rule (attn_v Q5_K), experts and Falcon's rules.
 The other quants are uniform, as `llama-quantize --pure` writes them: every matrix in that type (the same fallback
 when the row length does not allow it). Without --pure llama.cpp would also make output.weight Q6_K for them.
 """
@@ -82,7 +82,7 @@ class Shape:
     tied: bool  # tie_word_embeddings: no output.weight, the output layer reads token_embd
     qkv_bias: bool = False  # Qwen2: biases on q, k and v
     llama3_rope: Llama3Rope | None = None  # written as the rope_freqs.weight tensor, as llama.cpp's converter does
-    sliding_window: int = 0  # Gemma 3: keys a sliding layer sees (llama.cpp makes every 6th layer global)
+    sliding_window: int = 0  # Gemma: keys a sliding layer sees (Gemma 3: every 6th layer global); Phi-3: every layer
     rope_linear: float = 1.0  # Gemma 3 4B and up: the global layers' linear RoPE scaling factor
     attn_softcap: float = 0.0  # Gemma 2: attention scores soft-capped at this (attn_logit_softcapping)
     final_softcap: float = 0.0  # Gemma 2: logits soft-capped at this (final_logit_softcapping)
@@ -134,6 +134,12 @@ SHAPES: dict[str, Shape] = {  # the published config.json of each model
     # sliding window), so a Mistral GGUF is a llama file: untied, 4 query heads a KV head, rope_theta 1e6 (v0.2).
     "tiny-mistral": Shape(arch="llama", hidden=256, layers=2, heads=4, kv_heads=1, head_dim=64, ffn=768,
                           vocab=BUNDLED_VOCAB, context=8192, rope_theta=1e6, rms_eps=1e-5, tied=False),
+    # Phi-3: fused [q; k; v] and [gate; up]; heads of 96 (as Phi-3-mini's); its 2047-position window, which
+    # transformers applies and llama.cpp (for now) does not: the matrix's 96 positions stay inside it. Its
+    # vocabulary has room for the tokens llama.cpp looks up in a Phi-3 file (_NAMED_TOKENS)
+    "tiny-phi3": Shape(arch="phi3", hidden=384, layers=2, heads=4, kv_heads=2, head_dim=96, ffn=512,
+                       vocab=BUNDLED_VOCAB + 64, context=4096, rope_theta=10000.0, rms_eps=1e-5, tied=False,
+                       sliding_window=2047),
     # Gemma 2: four layers, two sliding over 16 positions. Random weights give scores and logits of std about 1,
     # which Gemma 2's caps (50 and 30) would not touch: these caps are small enough to bend them
     "tiny-gemma2": Shape(arch="gemma2", hidden=256, layers=4, heads=4, kv_heads=2, head_dim=64, ffn=512,
@@ -169,6 +175,7 @@ class TensorSpec:
 def tensor_specs(s: Shape) -> list[TensorSpec]:
     """Every tensor of the model, in the order llama-quantize writes them (by layer, then by name)."""
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    fused = s.arch == "phi3"  # Phi-3 stores [q; k; v] as attn_qkv and [gate; up] as ffn_up
     top = {"token_embd.weight": (s.vocab, s.hidden), "output_norm.weight": (s.hidden,)}
     if not s.tied:
         top["output.weight"] = (s.vocab, s.hidden)
@@ -178,6 +185,10 @@ def tensor_specs(s: Shape) -> list[TensorSpec]:
              "attn_v.weight": (kv, s.hidden), "attn_output.weight": (s.hidden, q), "ffn_norm.weight": (s.hidden,),
              "ffn_gate.weight": (s.ffn, s.hidden), "ffn_up.weight": (s.ffn, s.hidden),
              "ffn_down.weight": (s.hidden, s.ffn)}
+    if fused:
+        for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight", "ffn_gate.weight"):
+            del block[n]
+        block |= {"attn_qkv.weight": (q + 2 * kv, s.hidden), "ffn_up.weight": (2 * s.ffn, s.hidden)}
     if s.qkv_bias:
         block |= {"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)}
     if s.arch in ("gemma3", "qwen3"):  # norms on each q and k head
@@ -201,6 +212,8 @@ def _q4_k_m(t: TensorSpec, s: Shape) -> GGMLQuantizationType:
     role = t.name.split(".")[-2]
     if role in ("attn_v", "ffn_down") and use_more_bits(t.layer, s.layers):
         return T.Q6_K
+    if role == "attn_qkv":  # a fused [q; k; v] (Phi-3)
+        return T.Q5_K
     return T.Q4_K
 
 
@@ -345,8 +358,10 @@ def _metadata(w: GGUFWriter, s: Shape, name: str, quant: str, seed: int) -> None
     if s.arch == "llama":  # LlamaModel adds these; Qwen2 takes the defaults (head_dim, the token count)
         w.add_vocab_size(s.vocab)
         w.add_rope_dimension_count(s.head_dim)
-    if s.arch in ("gemma2", "gemma3"):
+    if s.arch in ("gemma2", "gemma3") or (s.arch == "phi3" and s.sliding_window):
         w.add_sliding_window(s.sliding_window)
+    if s.arch == "phi3":  # Phi3MiniModel writes the rotary width and the original context
+        w.add_rope_dimension_count(s.head_dim)
     if s.attn_softcap:
         w.add_attn_logit_softcapping(s.attn_softcap)
     if s.final_softcap:
@@ -354,11 +369,11 @@ def _metadata(w: GGUFWriter, s: Shape, name: str, quant: str, seed: int) -> None
     if s.rope_linear != 1.0:
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(s.rope_linear)
-    _tokenizer(w, s.vocab, gemma=s.arch in ("gemma2", "gemma3"))
+    _tokenizer(w, s.vocab, gemma=s.arch in ("gemma2", "gemma3"), named=_NAMED_TOKENS.get(s.arch, ()))
     w.add_quantization_version(GGML_QUANT_VERSION)
 
 
-def _tokenizer(w: GGUFWriter, vocab: int, gemma: bool = False) -> None:
+def _tokenizer(w: GGUFWriter, vocab: int, gemma: bool = False, named: tuple[str, ...] = ()) -> None:
     """Every tokenizer.* key of the bundled GGUF (`gemma`: of Gemma 3 270M's), with filler tokens [PADn] (type
     UNUSED, as llama.cpp's converter pads a vocabulary larger than its tokenizer) from its last token up to `vocab`.
     Gemma's vocabulary is cut to `vocab` where that is smaller (its special, byte and newline tokens come first)."""
@@ -372,6 +387,9 @@ def _tokenizer(w: GGUFWriter, vocab: int, gemma: bool = False) -> None:
     if len(tokens) > vocab:
         raise SpecdecError(f"the bundled tokenizer has {len(tokens)} tokens, more than this shape's {vocab}")
     fillers = [f"[PAD{i}]" for i in range(len(tokens), vocab)]
+    if len(named) > len(fillers):
+        raise SpecdecError(f"this shape's vocabulary of {vocab} leaves no room for its {len(named)} named tokens")
+    fillers[:len(named)] = named  # tokens llama.cpp looks up by name for this architecture
     if set(fillers) & set(tokens):
         raise SpecdecError("a filler token name is already in the bundled tokenizer")
     for key, (value, vtype, sub) in fields.items():
@@ -384,6 +402,9 @@ def _tokenizer(w: GGUFWriter, vocab: int, gemma: bool = False) -> None:
         w.add_key_value(key, value, vtype, sub_type=sub)
 
 
+# Tokens a real file of the architecture has, which llama.cpp's vocabulary loader looks up by name (it fails
+# without "<s>", "</s>" and "<unk>" when the model's name says phi3)
+_NAMED_TOKENS = {"phi3": ("<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<s>", "</s>", "<unk>")}
 _PER_TOKEN = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 
 

@@ -126,9 +126,11 @@ class Block:
             self.q_norm = w[att + "q_norm.weight"].float().contiguous()
             self.k_norm = w[att + "k_norm.weight"].float().contiguous()
         self.native = None
+        fused = cfg.fused  # Phi-3's checkpoints hold [q; k; v] and [gate; up] whole
+        qkv_names = [att + "qkv_proj.weight"] if fused else [att + f"{n}_proj.weight" for n in "qkv"]
+        gate_up_names = [mlp + "gate_up_proj.weight"] if fused else [mlp + f"{n}_proj.weight" for n in ("gate", "up")]
         if quantized is not None and native:  # the GGUF's own blocks, in the kernel's planes
-            mats = [[att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"], [att + "o_proj.weight"],
-                    [mlp + "gate_proj.weight", mlp + "up_proj.weight"], [mlp + "down_proj.weight"]]
+            mats = [qkv_names, [att + "o_proj.weight"], gate_up_names, [mlp + "down_proj.weight"]]
             integer = precision in ACT_BITS
             paired = pairs_layout(kernels)
             qkv, o, gate_up, down = (qmatrix(kernels, [quantized[n] for n in names], integer,
@@ -137,19 +139,20 @@ class Block:
             if cfg.attention_bias:  # Qwen2's, added to the [q; k; v] product (GgufStack's optional 7th entry)
                 bias = torch.cat([w[att + n + "_proj.bias"].float() for n in "qkv"]).contiguous()
             self.native = (self.norm1, qkv, o, self.norm2, gate_up, down)
-            if cfg.qk_norm:  # GgufStack's 8th entry, the variant: the q and k norms, a Llama block otherwise
-                self.native += (bias, (self.q_norm, self.k_norm, None, None, 0.0, 0, None, None, False, 0.0))
+            if cfg.qk_norm or cfg.sliding_window:  # GgufStack's 8th entry, the variant: q/k norms, a window
+                self.native += (bias, (self.q_norm, self.k_norm, None, None, 0.0, cfg.sliding_window or 0, None, None,
+                                       False, 0.0))
             elif bias is not None:
                 self.native += (bias,)
             self.qmatrices = [qkv, o, gate_up, down]
             return
-        qkv_w = torch.cat([w[att + "q_proj.weight"], w[att + "k_proj.weight"], w[att + "v_proj.weight"]])
+        qkv_w = torch.cat([w[n] for n in qkv_names])
         qkv_b = None
         if cfg.attention_bias:
             qkv_b = torch.cat([w[att + "q_proj.bias"], w[att + "k_proj.bias"], w[att + "v_proj.bias"]])
         self.qkv = Linear(qkv_w, qkv_b, precision)  # one fused call: fewer, larger calls are faster here
         self.o = Linear(w[att + "o_proj.weight"], None, precision)
-        gate_up_w = torch.cat([w[mlp + "gate_proj.weight"], w[mlp + "up_proj.weight"]])
+        gate_up_w = torch.cat([w[n] for n in gate_up_names])
         self.gate_up = Linear(gate_up_w, None, precision)
         self.down = Linear(w[mlp + "down_proj.weight"], None, precision)
         if native:  # the same fp16 weights, laid out for the native decode kernel
@@ -209,8 +212,8 @@ class Transformer:
         self.cfg, self.precision, self.device = cfg, precision, torch.device(device)
         weights = {name: t.to(self.device) for name, t in weights.items()}
         self.kernels = None
-        # the native fp16 block has no q/k norms: Qwen3 runs natively on its GGUF blocks only
-        native_fp16 = ("fp16",) if not cfg.qk_norm else ()
+        # the native fp16 block has no q/k norms or window: Qwen3 and Phi-3 run natively on their GGUF blocks only
+        native_fp16 = ("fp16",) if not (cfg.qk_norm or cfg.sliding_window) else ()
         if (precision in native_fp16 + GGUF_PRECISIONS and self.device.type == "cpu" and cfg.head_dim % 8 == 0
                 and cfg.hidden_size % 8 == 0):
             from specdec.kernels import decode_kernels
@@ -460,9 +463,9 @@ class Transformer:
             if pick is not None:
                 k_cache, v_cache = k_cache[pick], v_cache[pick]  # [B, hk, capacity, d]
             if prefill:
-                att = attend_prefill(q, k_cache, v_cache, pos)
+                att = attend_prefill(q, k_cache, v_cache, pos, window=cfg.sliding_window)
             else:
-                att = attend_decode(q, k_cache, v_cache, pos, cfg.group_size)
+                att = attend_decode(q, k_cache, v_cache, pos, cfg.group_size, window=cfg.sliding_window)
             x = x + blk.o(att.reshape(b * n, hq * d))
             h = rms_norm(x, blk.norm2, cfg.rms_norm_eps)
             gate, up = blk.gate_up(h).chunk(2, dim=-1)
