@@ -236,3 +236,26 @@ def test_missing_llamacpp_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("NODE_LLAMA_DIR", str(tmp_path))
     assert "npm install --no-audit --no-fund node-llama-cpp@" in oracle.missing()
     assert oracle.installed_version(tmp_path) is None
+
+
+@needs_llamacpp
+@pytest.mark.parametrize("special", [True, False], ids=["special", "plain"])
+def test_qwen2_pretokenizer_matches_llamacpp(special, tmp_path, monkeypatch):
+    """Qwen2's and Qwen3's pre-tokenizer ("qwen2": digits one at a time, Llama 3's regex otherwise), on the bundled
+    vocabulary as a synthetic Qwen3 file names it: every string gives the same ids. That vocabulary has no tokens
+    of several digits, so the digits rule is checked on the pre-tokenizer itself."""
+    from specdec.models.gguf_tokenizer import _pre_tokenizer
+
+    def words(pre: str) -> list[str]:
+        return [w for w, _ in _pre_tokenizer(pre).pre_tokenize_str("x 12345 it's")]
+
+    assert words("qwen2") == ["x", "Ġ", "1", "2", "3", "4", "5", "Ġit", "'s"]
+    assert words("llama3") == ["x", "Ġ", "123", "45", "Ġit", "'s"]
+    from specdec.models.synth_gguf import write
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    gguf = write(tmp_path / "tiny-qwen3.gguf", "tiny-qwen3", "Q8_0").path
+    try:
+        assert mismatches(gguf, special) == []
+    finally:
+        oracle.close(gguf)

@@ -22,10 +22,13 @@ CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types that are matched whole, be
 # Llama 3 regex (digits in runs of up to three, case-insensitive contractions).
 _LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen2 and Qwen3 ("qwen2"): Llama 3's regex with digits one at a time.
+_QWEN2_REGEX = _LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
 _PRE_FAMILY = {
     "default": "gpt2", "gpt-2": "gpt2", "gpt2": "gpt2", "olmo": "gpt2", "jais": "gpt2",
     "smollm": "digits+gpt2", "starcoder": "digits+gpt2", "refact": "digits+gpt2", "codeshell": "digits+gpt2",
     "llama-bpe": "llama3", "llama3": "llama3", "llama-v3": "llama3", "smaug-bpe": "llama3", "falcon3": "llama3",
+    "qwen2": "qwen2",
 }
 
 
@@ -34,12 +37,14 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     if family is None:
         raise SpecdecError(f"GGUF tokenizer pre-tokenizer {pre!r} is not supported "
                            f"(supported: {', '.join(sorted(_PRE_FAMILY))})")
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=family != "llama3")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True,
+                                          use_regex=family not in ("llama3", "qwen2"))
     if family == "gpt2":
         return byte_level
     if family == "digits+gpt2":
         return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_LLAMA3_REGEX), behavior="isolated"), byte_level])
+    regex = _QWEN2_REGEX if family == "qwen2" else _LLAMA3_REGEX
+    return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"), byte_level])
 
 
 def _token(meta: dict[str, Any], key: str, tokens: list[str]) -> str | None:

@@ -369,12 +369,15 @@ def _metadata(w: GGUFWriter, s: Shape, name: str, quant: str, seed: int) -> None
     if s.rope_linear != 1.0:
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(s.rope_linear)
-    _tokenizer(w, s.vocab, gemma=s.arch in ("gemma2", "gemma3"), named=_NAMED_TOKENS.get(s.arch, ()))
+    _tokenizer(w, s.vocab, gemma=s.arch in ("gemma2", "gemma3"), named=_NAMED_TOKENS.get(s.arch, ()),
+               pre=_PRE.get(s.arch))
     w.add_quantization_version(GGML_QUANT_VERSION)
 
 
-def _tokenizer(w: GGUFWriter, vocab: int, gemma: bool = False, named: tuple[str, ...] = ()) -> None:
-    """Every tokenizer.* key of the bundled GGUF (`gemma`: of Gemma 3 270M's), with filler tokens [PADn] (type
+def _tokenizer(w: GGUFWriter, vocab: int, gemma: bool = False, named: tuple[str, ...] = (),
+               pre: str | None = None) -> None:
+    """Every tokenizer.* key of the bundled GGUF (`gemma`: of Gemma 3 270M's; `pre`: another pre-tokenizer's name,
+    `named`: the first fillers' names), with filler tokens [PADn] (type
     UNUSED, as llama.cpp's converter pads a vocabulary larger than its tokenizer) from its last token up to `vocab`.
     Gemma's vocabulary is cut to `vocab` where that is smaller (its special, byte and newline tokens come first)."""
     import gguf
@@ -393,7 +396,9 @@ def _tokenizer(w: GGUFWriter, vocab: int, gemma: bool = False, named: tuple[str,
     if set(fillers) & set(tokens):
         raise SpecdecError("a filler token name is already in the bundled tokenizer")
     for key, (value, vtype, sub) in fields.items():
-        if key == "tokenizer.ggml.tokens":
+        if key == "tokenizer.ggml.pre" and pre:
+            value = pre
+        elif key == "tokenizer.ggml.tokens":
             value = tokens + fillers
         elif key == "tokenizer.ggml.token_type":
             value = value + [int(gguf.TokenType.UNUSED)] * len(fillers)
@@ -405,6 +410,7 @@ def _tokenizer(w: GGUFWriter, vocab: int, gemma: bool = False, named: tuple[str,
 # Tokens a real file of the architecture has, which llama.cpp's vocabulary loader looks up by name (it fails
 # without "<s>", "</s>" and "<unk>" when the model's name says phi3)
 _NAMED_TOKENS = {"phi3": ("<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<s>", "</s>", "<unk>")}
+_PRE = {"qwen3": "qwen2"}  # the pre-tokenizer a real file of the architecture names (the bundled vocabulary's otherwise)
 _PER_TOKEN = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 
 
