@@ -466,7 +466,7 @@ BAD = {
                        "not a complete Gemma model; missing model.layers.1.post_feedforward_layernorm.weight"),
     "softcapping": (dict(meta={"gemma3.final_logit_softcapping": 30.0}), "final_logit_softcapping = 30.0"),
     "yarn": (dict(meta={"gemma3.rope.scaling.type": "yarn"}), "rope.scaling.type = 'yarn' is not supported"),
-    "byte-level tokenizer": (dict(tokenizer_model="gpt2"), "GGUF tokenizer model 'gpt2' is not Gemma's"),
+    "byte-level tokenizer": (dict(tokenizer_model="gpt2"), "GGUF tokenizer model 'gpt2' is not SentencePiece"),
 }
 
 

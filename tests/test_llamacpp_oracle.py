@@ -259,3 +259,43 @@ def test_qwen2_pretokenizer_matches_llamacpp(special, tmp_path, monkeypatch):
         assert mismatches(gguf, special) == []
     finally:
         oracle.close(gguf)
+
+
+PHI3_NAMED = ("<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<|endoftext|>")  # Phi-3's control tokens
+
+
+@pytest.fixture(scope="module")
+def llama_spm(tmp_path_factory):
+    """A synthetic Phi-3 file (a name llama.cpp reads as Phi-3's: whitespace after control tokens is dropped) whose
+    vocabulary is Mistral 7B v0.1's SentencePiece one (tests/spm_vocab.py: Llama 2's layout, with a space prefix)
+    and Phi-3's five control tokens after it."""
+    import gguf as gg
+
+    from specdec.models.synth_gguf import write
+    from tests.spm_vocab import gguf_fields
+
+    folder = tmp_path_factory.mktemp("llama-spm")
+    fields = gguf_fields()
+    tokens, scores, types = (fields[f"tokenizer.ggml.{k}"][0] for k in ("tokens", "scores", "token_type"))
+    n = len(tokens) + len(PHI3_NAMED)
+    for key, extra in (("tokens", list(PHI3_NAMED)), ("scores", [0.0] * len(PHI3_NAMED)),
+                       ("token_type", [int(gg.TokenType.CONTROL)] * len(PHI3_NAMED))):
+        value, kind, sub = fields[f"tokenizer.ggml.{key}"]
+        fields[f"tokenizer.ggml.{key}"] = (list(value) + extra, kind, sub)
+    drop = ("tokenizer.ggml.merges", "tokenizer.ggml.padding_token_id", "tokenizer.chat_template")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPECDEC_CACHE", str(folder / "cache"))
+        body = write(folder / "body.gguf", "tiny-phi3", "Q8_0").path  # its vocabulary rows cut to this one's
+        cut = lambda name, v: v[:n] if name in ("token_embd.weight", "output.weight") else v  # noqa: E731
+        gguf = oracle.f32_copy(body, folder / "tiny-phi3-llama-spm.gguf", cut, drop, fields)
+        yield gguf
+    oracle.close(gguf)
+
+
+@needs_llamacpp
+@pytest.mark.parametrize("special", [True, False], ids=["special", "plain"])
+def test_sentencepiece_with_a_space_prefix_matches_llamacpp(special, llama_spm):
+    """A SentencePiece vocabulary that prefixes a space (Llama 2's, Mistral's, Phi-3's): every string gives the
+    same ids as llama.cpp, with a space before the text and after each token matched whole, merges ranked by the
+    pieces' scores, and the whitespace after control tokens dropped as llama.cpp drops it in a file named Phi-3."""
+    assert mismatches(llama_spm, special) == []

@@ -133,11 +133,13 @@ def compare(gguf_path: str | Path, token_ids: list[int], precision: str | None,
 
 
 def f32_copy(gguf_path: str | Path, out_path: str | Path,
-             change: Callable[[str, np.ndarray], np.ndarray] | None = None, drop: tuple[str, ...] = ()) -> Path:
+             change: Callable[[str, np.ndarray], np.ndarray] | None = None, drop: tuple[str, ...] = (),
+             fields: dict | None = None) -> Path:
     """Write `gguf_path` with every tensor dequantized to F32 (the values gguf-py, and so specdec, reads from its
     blocks) and the same metadata: llama.cpp then multiplies in fp32 (its KV cache stays fp16). `change(name,
-    values)`, if given, returns what to write instead of each tensor's values, and metadata keys in `drop` are left
-    out (a deliberately wrong file)."""
+    values)`, if given, returns what to write instead of each tensor's values, metadata keys in `drop` are left
+    out (a deliberately wrong file), and `fields` (key -> (value, type, element type or None)) replace or add keys
+    (another vocabulary)."""
     import gguf
     from gguf.quants import dequantize
 
@@ -146,11 +148,14 @@ def f32_copy(gguf_path: str | Path, out_path: str | Path,
     reader = open_gguf(Path(gguf_path))
     writer = gguf.GGUFWriter(str(out_path), arch=reader.fields["general.architecture"].contents())
     for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type") or name in drop:
+        if (name.startswith("GGUF.") or name in ("general.architecture", "general.file_type") or name in drop
+                or name in (fields or {})):
             continue  # the header's own fields, and the two the writer writes
         kind = field.types[0]
         sub = field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(name, field.contents(), kind, sub_type=sub)
+    for name, (value, kind, sub) in (fields or {}).items():
+        writer.add_key_value(name, value, kind, sub_type=sub)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     for t in reader.tensors:
         shape = [int(x) for x in reversed(t.shape)]  # gguf lists dimensions innermost first

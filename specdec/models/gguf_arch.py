@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecdecError
-from specdec.models import gguf_gemma3, gguf_llama, gguf_weights
+from specdec.models import gguf_gemma3, gguf_llama, gguf_spm, gguf_weights
 from specdec.models.gguf_file import read_metadata
 
 
@@ -40,7 +40,7 @@ ARCHS: dict[str, GgufArch] = {
     **{arch: GgufArch(
         gguf_gemma3.MODEL_TYPES[arch], check_metadata=gguf_gemma3.check_metadata, hf_name=gguf_gemma3.hf_name,
         hf_tensor=lambda name, weight, src, meta: gguf_gemma3.hf_tensor(name, weight, src),
-        config=gguf_gemma3.config, tokenizer=gguf_gemma3.build_tokenizer, read_matrices=gguf_gemma3.read_matrices,
+        config=gguf_gemma3.config, tokenizer=gguf_spm.build_tokenizer, read_matrices=gguf_gemma3.read_matrices,
         runnable=gguf_gemma3.runnable, lean=True, freq_factors=False) for arch in gguf_gemma3.ARCHES},
 }
 assert set(gguf_llama.ARCHES) <= set(ARCHS)

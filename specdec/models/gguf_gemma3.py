@@ -25,10 +25,7 @@ Gemma 2 (llama.cpp's Gemma2Model, LLM_ARCH_GEMMA2) is the same file without the 
 logits likewise); its even layers slide, every layer turns RoPE at `rope.freq_base` (10000), and the 27B (46
 layers) scales scores by (hidden / heads)^-1/2. Its vocabulary is Gemma's SentencePiece, read as Gemma 3's.
 
-The tokenizer: `tokenizer.ggml.model == "llama"`, a SentencePiece BPE vocabulary with scores but no merges. It is
-rebuilt as transformers' GGUF loader rebuilds it (integrations/gguf/gguf_tokenizer_mapping.py, gemma_tokenizer):
-runs of spaces respelled with U+2581, merges derived from the vocabulary in token order, BPE with byte fallback,
-spaces normalized to U+2581; control tokens special, user-defined tokens added whole, <bos> added when asked.
+The tokenizer is SentencePiece's, rebuilt by gguf_spm (Gemma's files say add_space_prefix false).
 """
 
 from __future__ import annotations
@@ -64,7 +61,6 @@ _LAYER_NAMES = {  # llama.cpp per-block tensor -> Hugging Face module under mode
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 
-CONTROL, USER_DEFINED = 3, 4  # llama.cpp token types
 
 
 def check_metadata(meta: dict[str, Any], src: Path) -> None:
@@ -220,79 +216,3 @@ def _check_tensors(shapes: dict[str, tuple[int, ...]], layers: int, src: Path, q
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise SpecdecError(f"{src}: not a complete Gemma model; missing {', '.join(missing[:3])}{more}")
-
-
-# ---- the tokenizer -----------------------------------------------------------------------------------------------
-
-def build_tokenizer(meta: dict[str, Any]):
-    """(tokenizers.Tokenizer, tokenizer_config dict) for a Gemma SentencePiece vocabulary."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-
-    kind = meta.get("tokenizer.ggml.model")
-    if kind != "llama":
-        raise SpecdecError(f"GGUF tokenizer model {kind!r} is not Gemma's ('llama', SentencePiece)")
-    if "tokenizer.ggml.tokens" not in meta:
-        raise SpecdecError("GGUF metadata has no tokenizer.ggml.tokens; cannot build a tokenizer")
-    original: list[str] = meta["tokenizer.ggml.tokens"]
-    types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(original)
-    if meta.get("tokenizer.ggml.add_space_prefix", False):
-        raise SpecdecError("GGUF tokenizer with add_space_prefix is not Gemma's; not supported")
-    # a token of spaces only is stored with real spaces; text reaches the vocabulary with U+2581 instead
-    tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in original]
-    vocab = {t: i for i, t in enumerate(tokens)}
-    if len(vocab) != len(tokens):
-        raise SpecdecError("GGUF tokenizer has duplicate tokens; cannot build a BPE vocabulary")
-    unk = _token(meta, "unknown_token_id", tokens)
-    try:
-        tok = Tokenizer(models.BPE(vocab=vocab, merges=_merges(tokens, vocab), fuse_unk=True, unk_token=unk,
-                                   byte_fallback=True))
-    except Exception as e:  # the tokenizers library raises a bare Exception
-        raise SpecdecError(f"GGUF tokenizer metadata is inconsistent ({e})") from None
-    tok.normalizer = normalizers.Replace(" ", "\u2581")
-    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
-    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                            for t, ty in zip(original, types) if ty == CONTROL])
-    tok.add_tokens([AddedToken(t, special=False, normalized=False)  # "\n", "<table>", ...: matched whole
-                    for t, ty in zip(original, types) if ty == USER_DEFINED and t in vocab])
-
-    bos, eos = _token(meta, "bos_token_id", tokens), _token(meta, "eos_token_id", tokens)
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True)) and bos is not None
-    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
-    if add_bos or add_eos:
-        head, tail = ([bos] if add_bos else []), ([eos] if add_eos else [])
-        second = [f"{t}:1" for t in head] + ["$B:1"] + [f"{t}:1" for t in tail]
-        tok.post_processor = processors.TemplateProcessing(
-            single=head + ["$A"] + tail, pair=head + ["$A"] + tail + second,
-            special_tokens=[(t, vocab[t]) for t in dict.fromkeys(head + tail)])
-    config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": add_bos,
-        "add_eos_token": add_eos,
-        "bos_token": bos,
-        "eos_token": eos,
-        "unk_token": unk,
-        "pad_token": _token(meta, "padding_token_id", tokens),
-        "clean_up_tokenization_spaces": False,
-    }
-    if "tokenizer.chat_template" in meta:
-        config["chat_template"] = meta["tokenizer.chat_template"]
-    return tok, config
-
-
-def _token(meta: dict[str, Any], key: str, tokens: list[str]) -> str | None:
-    index = meta.get(f"tokenizer.ggml.{key}")
-    return tokens[index] if index is not None and 0 <= index < len(tokens) else None
-
-
-def _merges(tokens: list[str], vocab: dict[str, int]) -> list[tuple[str, str]]:
-    """The merges a vocabulary implies: every split of a token into two tokens, best first. Gemma's scores do not
-    follow its merge order, its token order does: a merge ranks by the index of the token it makes, then longer
-    left pieces first (transformers' generate_merges with the scores -index)."""
-    found = []
-    for token in tokens:  # in token order
-        for cut in range(len(token) - 1, 0, -1):  # longer left pieces first
-            left, right = token[:cut], token[cut:]
-            if left in vocab and right in vocab:
-                found.append((left, right))
-    return found

@@ -134,10 +134,11 @@ def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
 
 
 def build_tokenizer(meta: dict[str, Any]):
-    """(tokenizers.Tokenizer, tokenizer_config dict): the byte-level BPE vocabulary (gguf_tokenizer)."""
-    from specdec.models.gguf_tokenizer import build_tokenizer
+    """(tokenizers.Tokenizer, tokenizer_config dict): a byte-level BPE vocabulary (gguf_tokenizer: Llama 3, Qwen,
+    SmolLM), or a SentencePiece one (gguf_spm: Phi-3, Llama 2)."""
+    from specdec.models import gguf_spm, gguf_tokenizer
 
-    return build_tokenizer(meta)
+    return (gguf_spm if meta.get("tokenizer.ggml.model") == "llama" else gguf_tokenizer).build_tokenizer(meta)
 
 
 def read_matrices(path: Path) -> dict[str, QTensor]:

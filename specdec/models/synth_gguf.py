@@ -86,6 +86,7 @@ class Shape:
     rope_linear: float = 1.0  # Gemma 3 4B and up: the global layers' linear RoPE scaling factor
     attn_softcap: float = 0.0  # Gemma 2: attention scores soft-capped at this (attn_logit_softcapping)
     final_softcap: float = 0.0  # Gemma 2: logits soft-capped at this (final_logit_softcapping)
+    spm: bool = False  # a SentencePiece vocabulary (Gemma 3 270M's, cut to size) instead of the bundled BPE one
 
 
 _LLAMA_3 = dict(arch="llama", vocab=128256, context=131072, rope_theta=500000.0, rms_eps=1e-5)
@@ -369,24 +370,29 @@ def _metadata(w: GGUFWriter, s: Shape, name: str, quant: str, seed: int) -> None
     if s.rope_linear != 1.0:
         w.add_rope_scaling_type(RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(s.rope_linear)
-    _tokenizer(w, s.vocab, gemma=s.arch in ("gemma2", "gemma3"), named=_NAMED_TOKENS.get(s.arch, ()),
-               pre=_PRE.get(s.arch))
+    _tokenizer(w, s.vocab, gemma=s.spm or s.arch in ("gemma2", "gemma3"), named=_NAMED_TOKENS.get(s.arch, ()),
+               pre=_PRE.get(s.arch), space_prefix=s.arch == "phi3")
     w.add_quantization_version(GGML_QUANT_VERSION)
 
 
 def _tokenizer(w: GGUFWriter, vocab: int, gemma: bool = False, named: tuple[str, ...] = (),
-               pre: str | None = None) -> None:
-    """Every tokenizer.* key of the bundled GGUF (`gemma`: of Gemma 3 270M's; `pre`: another pre-tokenizer's name,
-    `named`: the first fillers' names), with filler tokens [PADn] (type
+               pre: str | None = None, space_prefix: bool = False) -> None:
+    """Every tokenizer.* key of the bundled GGUF (`gemma`: of Gemma 3 270M's; `pre`: another pre-tokenizer's name;
+    `named`: the first fillers' names; `space_prefix`: a SentencePiece vocabulary that prefixes a space), with filler
+    tokens [PADn] (type
     UNUSED, as llama.cpp's converter pads a vocabulary larger than its tokenizer) from its last token up to `vocab`.
     Gemma's vocabulary is cut to `vocab` where that is smaller (its special, byte and newline tokens come first)."""
     import gguf
 
     fields = _gemma_tokenizer() if gemma else _bundled_tokenizer()
     tokens = fields["tokenizer.ggml.tokens"][0]
-    if gemma and len(tokens) > vocab:
-        fields = {k: (v[:vocab], t, sub) if k in _PER_TOKEN else (v, t, sub) for k, (v, t, sub) in fields.items()}
+    named = tuple(t for t in named if t not in set(tokens[:vocab]))  # those the vocabulary lacks
+    if gemma and len(tokens) > vocab - len(named):  # cut to leave room for the named tokens
+        keep = vocab - len(named)
+        fields = {k: (v[:keep], t, sub) if k in _PER_TOKEN else (v, t, sub) for k, (v, t, sub) in fields.items()}
         tokens = fields["tokenizer.ggml.tokens"][0]
+    if gemma and space_prefix:  # SentencePiece as Phi-3's and Llama 2's files have it
+        fields["tokenizer.ggml.add_space_prefix"] = (True, GGUFValueType.BOOL, None)
     if len(tokens) > vocab:
         raise SpecdecError(f"the bundled tokenizer has {len(tokens)} tokens, more than this shape's {vocab}")
     fillers = [f"[PAD{i}]" for i in range(len(tokens), vocab)]
@@ -400,8 +406,9 @@ def _tokenizer(w: GGUFWriter, vocab: int, gemma: bool = False, named: tuple[str,
             value = pre
         elif key == "tokenizer.ggml.tokens":
             value = tokens + fillers
-        elif key == "tokenizer.ggml.token_type":
-            value = value + [int(gguf.TokenType.UNUSED)] * len(fillers)
+        elif key == "tokenizer.ggml.token_type":  # the named tokens are control tokens, as in a real file
+            value = value + [int(gguf.TokenType.CONTROL)] * len(named) + [int(gguf.TokenType.UNUSED)] * (
+                len(fillers) - len(named))
         elif key == "tokenizer.ggml.scores":  # SentencePiece's (Gemma's); the padding's, as llama.cpp's converter
             value = list(value) + [-1000.0] * len(fillers)
         w.add_key_value(key, value, vtype, sub_type=sub)
@@ -409,7 +416,7 @@ def _tokenizer(w: GGUFWriter, vocab: int, gemma: bool = False, named: tuple[str,
 
 # Tokens a real file of the architecture has, which llama.cpp's vocabulary loader looks up by name (it fails
 # without "<s>", "</s>" and "<unk>" when the model's name says phi3)
-_NAMED_TOKENS = {"phi3": ("<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<s>", "</s>", "<unk>")}
+_NAMED_TOKENS = {"phi3": ("<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<|endoftext|>", "<s>", "</s>", "<unk>")}
 _PRE = {"qwen3": "qwen2"}  # the pre-tokenizer a real file of the architecture names (else the bundled one)
 _PER_TOKEN = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 

@@ -1,0 +1,102 @@
+"""The SentencePiece tokenizer of a GGUF file (`tokenizer.ggml.model == "llama"`): Gemma 2 and 3, Phi-3, Llama 2.
+
+A SentencePiece BPE vocabulary with scores but no merges, rebuilt as transformers' GGUF loader rebuilds it
+(integrations/gguf/gguf_tokenizer_mapping.py): runs of spaces respelled with U+2581, merges derived from the
+vocabulary in token order, BPE with byte fallback, spaces normalized to U+2581; control tokens special,
+user-defined tokens added whole, <bos> added when asked. `add_space_prefix` (llama.cpp's default for these
+vocabularies: Phi-3's and Llama 2's say true, Gemma's false) puts a U+2581 before the text and before each piece
+of text after a token matched whole, as llama.cpp does; decoding takes the first one off again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specdec.errors import SpecdecError
+
+UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4  # llama.cpp token types (UNKNOWN: <unk>, matched whole as control ones)
+
+
+def build_tokenizer(meta: dict[str, Any]):
+    """(tokenizers.Tokenizer, tokenizer_config dict) for a SentencePiece vocabulary (see above)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "llama":
+        raise SpecdecError(f"GGUF tokenizer model {kind!r} is not SentencePiece ('llama')")
+    if "tokenizer.ggml.tokens" not in meta:
+        raise SpecdecError("GGUF metadata has no tokenizer.ggml.tokens; cannot build a tokenizer")
+    original: list[str] = meta["tokenizer.ggml.tokens"]
+    types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(original)
+    space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))  # llama.cpp's default for SentencePiece
+    # a token of spaces only is stored with real spaces; text reaches the vocabulary with U+2581 instead
+    tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in original]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise SpecdecError("GGUF tokenizer has duplicate tokens; cannot build a BPE vocabulary")
+    unk = _token(meta, "unknown_token_id", tokens)
+    scores = meta.get("tokenizer.ggml.scores")
+    if scores is not None and len(scores) != len(tokens):
+        raise SpecdecError(f"GGUF tokenizer has {len(scores)} scores for {len(tokens)} tokens")
+    try:
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=_merges(tokens, vocab, scores), fuse_unk=True, unk_token=unk,
+                                   byte_fallback=True))
+    except Exception as e:  # the tokenizers library raises a bare Exception
+        raise SpecdecError(f"GGUF tokenizer metadata is inconsistent ({e})") from None
+    spaces = normalizers.Replace(" ", "\u2581")
+    # a space before the text, and before the text after each token matched whole (as llama.cpp prefixes each piece)
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), spaces]) if space_prefix else spaces
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tok.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if space_prefix else []))
+    # llama.cpp drops the whitespace after a Phi-3 file's control tokens (by the file's name, as it decides)
+    name = str(meta.get("general.name", "")).lower()
+    phi3 = "phi-3" in name or "phi3" in name
+    rstrip = lambda t: phi3 and t not in ("<unk>", "<s>", "<|endoftext|>")  # noqa: E731
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False, rstrip=rstrip(t))
+                            for t, ty in zip(original, types) if ty in (CONTROL, UNKNOWN)])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False)  # "\n", "<table>", ...: matched whole
+                    for t, ty in zip(original, types) if ty == USER_DEFINED and t in vocab])
+
+    bos, eos = _token(meta, "bos_token_id", tokens), _token(meta, "eos_token_id", tokens)
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True)) and bos is not None
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
+    if add_bos or add_eos:
+        head, tail = ([bos] if add_bos else []), ([eos] if add_eos else [])
+        second = [f"{t}:1" for t in head] + ["$B:1"] + [f"{t}:1" for t in tail]
+        tok.post_processor = processors.TemplateProcessing(
+            single=head + ["$A"] + tail, pair=head + ["$A"] + tail + second,
+            special_tokens=[(t, vocab[t]) for t in dict.fromkeys(head + tail)])
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "add_bos_token": add_bos,
+        "add_eos_token": add_eos,
+        "bos_token": bos,
+        "eos_token": eos,
+        "unk_token": unk,
+        "pad_token": _token(meta, "padding_token_id", tokens),
+        "clean_up_tokenization_spaces": False,
+    }
+    if "tokenizer.chat_template" in meta:
+        config["chat_template"] = meta["tokenizer.chat_template"]
+    return tok, config
+
+
+def _token(meta: dict[str, Any], key: str, tokens: list[str]) -> str | None:
+    index = meta.get(f"tokenizer.ggml.{key}")
+    return tokens[index] if index is not None and 0 <= index < len(tokens) else None
+
+
+def _merges(tokens: list[str], vocab: dict[str, int], scores: list[float] | None = None) -> list[tuple[str, str]]:
+    """The merges a vocabulary implies: every split of a token into two tokens, best first. A merge ranks by the
+    score of the token it makes (llama.cpp's SentencePiece merges the best-scored pair first), then by that token's
+    index (Gemma's scores do not follow its merge order, its token order does: transformers' generate_merges with
+    the scores -index), then longer left pieces first."""
+    found = []
+    order = range(len(tokens)) if scores is None else sorted(range(len(tokens)), key=lambda i: (-scores[i], i))
+    for token in (tokens[i] for i in order):
+        for cut in range(len(token) - 1, 0, -1):  # longer left pieces first
+            left, right = token[:cut], token[cut:]
+            if left in vocab and right in vocab:
+                found.append((left, right))
+    return found
