@@ -416,7 +416,8 @@ def _tokenizer(w: GGUFWriter, vocab: int, gemma: bool = False, named: tuple[str,
 
 # Tokens a real file of the architecture has, which llama.cpp's vocabulary loader looks up by name (it fails
 # without "<s>", "</s>" and "<unk>" when the model's name says phi3)
-_NAMED_TOKENS = {"phi3": ("<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<|endoftext|>", "<s>", "</s>", "<unk>")}
+_NAMED_TOKENS = {"phi3": ("<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<|endoftext|>", "<s>", "</s>",
+                          "<unk>")}
 _PRE = {"qwen3": "qwen2"}  # the pre-tokenizer a real file of the architecture names (else the bundled one)
 _PER_TOKEN = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 
