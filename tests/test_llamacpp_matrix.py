@@ -8,8 +8,9 @@ tiny-qwen2 (q, k and v biases), tiny-mistral (arch "llama", as llama.cpp's conve
 positions and a global sixth; gguf-q16 only: the exact path reads no Gemma), tiny-qwen3 (Qwen3: an RMSNorm on
 each query and key head, weights random around 1; heads wider than hidden / heads; untied), tiny-gemma2 (Gemma
 2: no q/k norms, scores and logits soft-capped at 1.5 and 2.0, small enough to bend them, two of four layers
-sliding over 16 positions), tiny-phi3 (Phi-3: fused [q; k; v] and [gate; up], heads of 96, untied). Quants: the
-eight block types uniformly (`llama-quantize --pure`), and the Q4_K_M mix.
+sliding over 16 positions), tiny-phi3 (Phi-3: fused [q; k; v] and [gate; up], heads of 96, untied), tiny-qwen3moe
+and tiny-mixtral (a mixture of 8 experts, 2 a token: Qwen3-MoE's layout, and Mixtral's, a llama file with experts).
+Quants: the eight block types uniformly (`llama-quantize --pure`), and the Q4_K_M mix.
 Tokens: 96 fixed pseudo-random ids of the bundled vocabulary, fed from position 0.
 
 As in test_llamacpp_oracle.py, specdec is held to llama.cpp on an F32 copy of each file (the same weights, no
@@ -45,7 +46,7 @@ from specdec.models.synth_gguf import write
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(oracle.missing() is not None, reason=str(oracle.missing()))]
 
 SHAPES = ("tiny-llama", "tiny-llama-untied", "tiny-llama3", "tiny-qwen2", "tiny-mistral", "tiny-gemma3", "tiny-qwen3",
-          "tiny-gemma2", "tiny-phi3")
+          "tiny-gemma2", "tiny-phi3", "tiny-qwen3moe", "tiny-mixtral")
 QUANTS = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M")
 EXACT = ("Q4_0", "Q4_1", "Q8_0")  # the types `--precision gguf` reads; the others run on the integer paths only
 ALL = [(s, q, p) for s in SHAPES for q in QUANTS
@@ -127,6 +128,9 @@ SLIPS = {  # what a loader could get wrong in each file: the file as it would th
     # Phi-3's ffn_up is [gate; up]: a loader that took it as [up; gate]
     "tiny-phi3": lambda gguf: lambda name, v: np.concatenate(np.split(v, 2)[::-1]) if name.endswith("ffn_up.weight")
     else v,
+    # a mixture's router rows in reverse: a loader that numbered the experts backwards
+    "tiny-qwen3moe": lambda gguf: lambda name, v: v[::-1].copy() if name.endswith("ffn_gate_inp.weight") else v,
+    "tiny-mixtral": lambda gguf: lambda name, v: v[::-1].copy() if name.endswith("ffn_gate_inp.weight") else v,
     # Gemma's norms are stored as 1 + w: a loader that forgot so would scale by 1 + (1 + w)
     "tiny-gemma3": lambda gguf: lambda name, v: v + 1 if name.endswith("norm.weight") else v,
 }

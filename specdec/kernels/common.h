@@ -155,6 +155,8 @@ struct BlockVariant {
   float scale = 0.f;                      // the attention scores' scale; 0: head_dim^-1/2
   int64_t window = 0;                     // a query sees this many keys, its own included; 0: all before it
   float softcap = 0.f;                    // Gemma 2: scaled scores s become softcap * tanh(s / softcap); 0: none
+  // A mixture of experts in place of the MLP (gguf.cpp's MoeLayer): out [R, H] from the normed rows h [R, H]
+  std::function<void(const float* h, float* out, int64_t R)> moe;
 };
 void decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, torch::Tensor norm1, torch::Tensor norm2,
                    int64_t inter, torch::Tensor k_cache, torch::Tensor v_cache, torch::Tensor cos, torch::Tensor sin,

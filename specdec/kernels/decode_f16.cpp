@@ -302,6 +302,12 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
   };
   over_rows(R, add_residual);
   rms_norm_rows(xp, norm2.data_ptr<float>(), hp, R, H, float(eps));
+  if (variant.moe) {  // the experts each row is routed to, in place of the MLP
+    variant.moe(hp, o, R);
+    if (variant.post_ff_norm) rms_norm_rows(o, variant.post_ff_norm, o, R, H, float(eps));
+    over_rows(R, add_residual);
+    return;
+  }
   lin(GATE_UP, hp, gp, R);
   const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
   // GELU's tanh form is gate * sigmoid(2u), u = sqrt(2 / pi) (gate + 0.044715 gate^3): the sigmoid of SiLU's

@@ -408,6 +408,86 @@ void decode_block_gguf(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, t
   block_gguf(x, slot, pos, norm1, qkv, o, norm2, gate_up, down, k_cache, v_cache, cos, sin, hq, hk, eps, qkv_bias, {});
 }
 
+// A mixture-of-experts layer (Qwen3-MoE, Mixtral) on GGUF blocks, in place of a block's MLP. Each row's router
+// logits (fp32 products with the F32 router [E, H]) go through a softmax; its k most probable experts (ties: the lower
+// index) weigh their outputs by those probabilities, renormalized to sum to 1 when `norm`, as llama.cpp routes them.
+// The experts are visited in ascending order, each once a pass over the rows routed to it (gathered): its [gate; up]
+// and down matrices are read once however many rows use it. A row's sum adds its experts in that order, and the
+// products are batch-invariant, so a row's output does not depend on the other rows. `touched` counts the experts
+// the passes read, `calls` the passes (Python reads them: the experts a verify pass of n rows touches).
+struct MoeLayer {
+  torch::Tensor router;  // [E, H] float32
+  std::vector<const QMatrix*> gate_up, down;  // per expert: [2F, H] and [H, F]
+  int64_t k;
+  bool norm;
+  pybind11::list keep;
+  int64_t touched = 0, calls = 0;
+  MoeLayer(torch::Tensor router_, const pybind11::list& gate_up_, const pybind11::list& down_, int64_t k_, bool norm_)
+      : router(router_.contiguous()), k(k_), norm(norm_), keep(pybind11::make_tuple(gate_up_, down_)) {
+    TORCH_CHECK(router.dtype() == torch::kFloat32 && router.dim() == 2, "router: float32 [experts, hidden]");
+    const int64_t E = router.size(0), H = router.size(1);
+    TORCH_CHECK(int64_t(gate_up_.size()) == E && int64_t(down_.size()) == E, "one [gate; up] and one down a expert");
+    TORCH_CHECK(k >= 1 && k <= E, "experts a token: 1 to the number of experts");
+    for (int64_t e = 0; e < E; ++e) {
+      gate_up.push_back(&gate_up_[e].cast<const QMatrix&>());
+      down.push_back(&down_[e].cast<const QMatrix&>());
+      TORCH_CHECK(gate_up[e]->K == H && down[e]->N == H && gate_up[e]->N == 2 * down[e]->K,
+                  "an expert's matrices do not match the hidden size");
+    }
+  }
+  void operator()(const float* h, float* out, int64_t R) {
+    const int64_t E = router.size(0), H = router.size(1), F = down[0]->K;
+    const float* W = router.data_ptr<float>();
+    std::vector<float> p(R * E);  // router logits, then probabilities
+    at::parallel_for(0, R * E, 8, [&](int64_t a, int64_t b) {
+      for (int64_t i = a; i < b; ++i) {
+        const float* x = h + (i / E) * H;
+        const float* w = W + (i % E) * H;
+        float s = 0.f;
+        for (int64_t j = 0; j < H; ++j) s += x[j] * w[j];
+        p[i] = s;
+      }
+    });
+    std::vector<std::vector<std::pair<int64_t, float>>> routed(E);  // expert -> (row, weight)
+    std::vector<int64_t> order(E);
+    for (int64_t r = 0; r < R; ++r) {
+      float* pr = p.data() + r * E;
+      const float mx = *std::max_element(pr, pr + E);
+      float sum = 0.f;
+      for (int64_t e = 0; e < E; ++e) sum += (pr[e] = std::exp(pr[e] - mx));
+      for (int64_t e = 0; e < E; ++e) pr[e] /= sum;
+      for (int64_t e = 0; e < E; ++e) order[e] = e;
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int64_t a, int64_t b) { return pr[a] > pr[b] || (pr[a] == pr[b] && a < b); });
+      float chosen = 0.f;
+      for (int64_t j = 0; j < k; ++j) chosen += pr[order[j]];
+      for (int64_t j = 0; j < k; ++j) routed[order[j]].push_back({r, norm ? pr[order[j]] / chosen : pr[order[j]]});
+    }
+    std::fill(out, out + R * H, 0.f);
+    std::vector<float> xin(R * H), g(R * 2 * F), act(R * F), y(R * H);
+    ++calls;
+    for (int64_t e = 0; e < E; ++e) {
+      const auto& rows = routed[e];
+      const int64_t n = int64_t(rows.size());
+      if (n == 0) continue;
+      ++touched;
+      for (int64_t i = 0; i < n; ++i) std::copy_n(h + rows[i].first * H, H, xin.data() + i * H);
+      matmul(xin.data(), *gate_up[e], g.data(), n);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < F; ++j) {  // silu(gate) * up
+          const float gate = g[i * 2 * F + j];
+          act[i * F + j] = gate / (1.f + std::exp(-gate)) * g[i * 2 * F + F + j];
+        }
+      matmul(act.data(), *down[e], y.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        float* o = out + rows[i].first * H;
+        const float wgt = rows[i].second;
+        for (int64_t j = 0; j < H; ++j) o[j] += wgt * y[i * H + j];
+      }
+    }
+  }
+};
+
 // The decoder blocks of a model on GGUF blocks, held once so that a pass crosses from Python to C++ once: looping
 // over the blocks in Python, a pass paid 30 calls of 15 arguments each (one call instead: a one-row pass 0.98x the
 // time, alternated in one process). Each entry is a block's (norm1, qkv, o, norm2, gate_up, down), as
@@ -415,7 +495,9 @@ void decode_block_gguf(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, t
 // block): (q_norm, k_norm, post_attention_norm, post_feedforward_norm, scale, window, cos, sin, gelu, softcap), any of
 // the tensors None where the block has none (Qwen3: the q and k norms only; Gemma 2: the post-norms and softcap;
 // Gemma 3: all but softcap), scale 0 for head_dim^-1/2, cos and sin this layer's own RoPE tables (Gemma's sliding
-// and global layers have different bases). The Python objects are kept alive with it.
+// and global layers have different bases); then optionally a MoeLayer, whose experts replace the MLP (the entry's
+// gate_up and down are then its expert 0's, which give the block its sizes). The Python objects are kept alive with
+// it.
 struct GgufStack {
   std::vector<torch::Tensor> norm1, norm2;
   std::vector<c10::optional<torch::Tensor>> bias;
@@ -426,8 +508,8 @@ struct GgufStack {
   explicit GgufStack(const pybind11::list& blocks) : keep(blocks) {
     for (const auto& item : blocks) {
       const auto t = item.cast<pybind11::tuple>();
-      TORCH_CHECK(t.size() >= 6 && t.size() <= 8,
-                  "a block is (norm1, qkv, o, norm2, gate_up, down[, qkv_bias[, variant]])");
+      TORCH_CHECK(t.size() >= 6 && t.size() <= 9,
+                  "a block is (norm1, qkv, o, norm2, gate_up, down[, qkv_bias[, variant[, experts]]])");
       norm1.push_back(t[0].cast<torch::Tensor>());
       qkv.push_back(&t[1].cast<const QMatrix&>());
       o.push_back(&t[2].cast<const QMatrix&>());
@@ -439,7 +521,12 @@ struct GgufStack {
       variant.emplace_back();
       cos.emplace_back();
       sin.emplace_back();
-      if (t.size() == 8 && !t[7].is_none()) read_variant(t[7].cast<pybind11::tuple>(), t[0].cast<torch::Tensor>().numel());
+      if (t.size() >= 8 && !t[7].is_none()) read_variant(t[7].cast<pybind11::tuple>(), t[0].cast<torch::Tensor>().numel());
+      if (t.size() == 9 && !t[8].is_none()) {  // a MoeLayer in place of the MLP (gate_up and down: its expert 0's)
+        MoeLayer* layer = &t[8].cast<MoeLayer&>();
+        TORCH_CHECK(layer->router.size(1) == t[0].cast<torch::Tensor>().numel(), "the router's width is not hidden's");
+        variant.back().moe = [layer](const float* h, float* out, int64_t R) { (*layer)(h, out, R); };
+      }
     }
   }
   void read_variant(const pybind11::tuple& g, int64_t H) {
@@ -592,6 +679,13 @@ void specdec::register_gguf(pybind11::module& m) {
         pybind11::arg("o"), pybind11::arg("norm2"), pybind11::arg("gate_up"), pybind11::arg("down"),
         pybind11::arg("k_cache"), pybind11::arg("v_cache"), pybind11::arg("cos"), pybind11::arg("sin"),
         pybind11::arg("hq"), pybind11::arg("hk"), pybind11::arg("eps"), pybind11::arg("qkv_bias") = pybind11::none());
+  pybind11::class_<MoeLayer>(m, "MoeLayer")
+      .def(pybind11::init<torch::Tensor, const pybind11::list&, const pybind11::list&, int64_t, bool>(),
+           "MoeLayer(router [E, H] float32, [gate; up] per expert, down per expert, k, norm): a block's experts",
+           pybind11::arg("router"), pybind11::arg("gate_up"), pybind11::arg("down"), pybind11::arg("k"),
+           pybind11::arg("norm"))
+      .def_readwrite("touched", &MoeLayer::touched)
+      .def_readwrite("calls", &MoeLayer::calls);
   pybind11::class_<GgufStack>(m, "GgufStack")
       .def(pybind11::init<const pybind11::list&>(), "GgufStack(blocks): each block's (norm1, qkv, o, norm2, gate_up, "
            "down), held for decode_stack_gguf")

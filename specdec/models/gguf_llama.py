@@ -25,7 +25,7 @@ from specdec.models.config import FREQ_FACTORS
 from specdec.models.gguf_file import decimal, need_int, open_gguf, read_metadata
 from specdec.models.gguf_weights import KINDS, QTensor, row_bytes
 
-ARCHES = ("llama", "qwen2", "qwen3", "phi3")  # general.architecture values read here (gguf_arch.ARCHS maps them)
+ARCHES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3")  # general.architecture values read here (see gguf_arch)
 PERMUTED = "llama"  # the architecture whose Q and K rows llama.cpp interleaves
 _LAYER_NAMES = {  # llama.cpp per-block tensor -> Hugging Face module under model.layers.N
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -33,10 +33,15 @@ _LAYER_NAMES = {  # llama.cpp per-block tensor -> Hugging Face module under mode
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",  # Qwen3's
     "attn_qkv": "self_attn.qkv_proj",  # Phi-3's [q; k; v] in one matrix
+    # a mixture of experts (Qwen3-MoE, Mixtral): the router, and each projection of every expert [experts, rows, cols]
+    "ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
 }
+ROUTER = "mlp.gate.weight"  # a 2-D float tensor the folder keeps (not a matrix the kernels read)
 _PHI3_NAMES = {"ffn_up": "mlp.gate_up_proj"}  # Phi-3's ffn_up is [gate; up] in one matrix
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                  "phi3": "Phi3ForCausalLM"}
+                  "qwen3moe": "Qwen3MoeForCausalLM", "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM"}
+_MODEL_TYPES = {"qwen3moe": "qwen3_moe"}  # Hugging Face's model_type where it is not the GGUF architecture's name
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
@@ -98,9 +103,11 @@ def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
         raise SpecdecError(f"{src}: partial rotary embeddings are not supported")
     rope_theta = decimal(meta.get(f"{arch}.rope.freq_base", 10000.0))
     ids = {k: meta.get(f"tokenizer.ggml.{k}") for k in ("bos_token_id", "eos_token_id", "padding_token_id")}
+    experts = int(meta.get(f"{arch}.expert_count", 0))
+    kind = "mixtral" if arch == "llama" and experts else arch  # Mixtral is a llama file with experts
     config = {
-        "architectures": [_ARCHITECTURES[arch]],
-        "model_type": arch,
+        "architectures": [_ARCHITECTURES[kind]],
+        "model_type": _MODEL_TYPES.get(kind, kind),
         "hidden_size": hidden,
         "intermediate_size": need_int(meta, src, "feed_forward_length"),
         "num_hidden_layers": need_int(meta, src, "block_count"),
@@ -121,6 +128,13 @@ def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
         "pad_token_id": ids["padding_token_id"],
         "torch_dtype": "float32",
     }
+    if experts:  # Qwen3MoeConfig's and MixtralConfig's fields; llama.cpp renormalizes the chosen experts' weights
+        used = need_int(meta, src, "expert_used_count")
+        if kind == "mixtral":
+            config.update(num_local_experts=experts, num_experts_per_tok=used)
+        else:
+            config.update(num_experts=experts, num_experts_per_tok=used, norm_topk_prob=True, decoder_sparse_step=1,
+                          moe_intermediate_size=need_int(meta, src, "expert_feed_forward_length"), mlp_only_layers=[])
     if arch == "phi3":  # Phi3Config's own fields: the window its layers slide over (transformers applies it)
         config["sliding_window"] = meta.get("phi3.attention.sliding_window")
         config["original_max_position_embeddings"] = config["max_position_embeddings"]
@@ -154,10 +168,20 @@ def read_matrices(path: Path) -> dict[str, QTensor]:
     n_kv = int(meta.get(f"{arch}.attention.head_count_kv", n_heads))
     out: dict[str, QTensor] = {}
     for t in reader.tensors:
-        if len(t.shape) != 2 or t.name == "rope_freqs.weight":
-            continue  # norms (f32 vectors) come from the converted folder
+        name = hf_name(t.name, Path(path), arch) if len(t.shape) >= 2 else ""
+        if len(t.shape) < 2 or name.endswith(ROUTER):
+            continue  # norms (f32 vectors) and routers come from the converted folder
         kind = t.tensor_type.name
-        name = hf_name(t.name, Path(path), arch)
+        if len(t.shape) == 3:  # experts [E, rows, cols]: one matrix each, named model.layers.N.mlp.experts.E.*
+            if kind not in KINDS:
+                raise SpecdecError(f"{path}: tensor {t.name} is {kind}; --precision gguf-q16 and gguf-q8 read "
+                                   f"{', '.join(KINDS)} blocks (use --precision fp16 for this file)")
+            cols, rows, count = (int(n) for n in t.shape)
+            blocks = np.asarray(t.data, dtype=np.uint8).reshape(count, rows, row_bytes(kind, cols))
+            stem, _, leaf = name.rpartition(".experts.")
+            for e in range(count):
+                out[f"{stem}.experts.{e}.{leaf}"] = QTensor(kind, blocks[e], rows, cols)
+            continue
         if kind not in KINDS:
             raise SpecdecError(f"{path}: tensor {t.name} is {kind}; --precision gguf-q16 and gguf-q8 read "
                                f"{', '.join(KINDS)} blocks (use --precision fp16 for this file)")

@@ -51,11 +51,17 @@ class QTensor:
     cols: int
 
 
+def is_matrix(name: str, shape) -> bool:
+    """Whether a GGUF tensor is one the kernels multiply by: a matrix, or a mixture's experts ([E, rows, cols]);
+    not a vector, nor a router (ffn_gate_inp: F32 in every file, multiplied in fp32)."""
+    return len(shape) >= 2 and not name.endswith("ffn_gate_inp.weight")
+
+
 def runnable(path: Path, integer: bool = True) -> bool:
     """True when every matrix of the file is in a format these kernels read (`integer`: on gguf-q16 and gguf-q8)."""
     kinds = KINDS if integer else tuple(BLOCK_BYTES)
     try:
-        return all(t.tensor_type.name in kinds for t in open_gguf(Path(path)).tensors if len(t.shape) == 2)
+        return all(t.tensor_type.name in kinds for t in open_gguf(Path(path)).tensors if is_matrix(t.name, t.shape))
     except SpecdecError:
         return False
 
@@ -64,7 +70,7 @@ def fallback_note(path: Path) -> str | None:
     """The line a GGUF gets when its matrices cannot run on the kernels and it falls back to fp16: which types, what
     the kernels read, and what the fallback costs in bytes a token (None when every matrix is readable)."""
     reader = open_gguf(Path(path))
-    mats = [t for t in reader.tensors if len(t.shape) == 2]
+    mats = [t for t in reader.tensors if is_matrix(t.name, t.shape)]
     odd = sorted({t.tensor_type.name for t in mats} - set(KINDS))
     if not odd:
         return None

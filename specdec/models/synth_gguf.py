@@ -19,7 +19,8 @@ The Q4_K_M mix follows llama.cpp's src/llama-quant.cpp (llama_tensor_get_type an
     length is not a multiple of 256); token_embd of an untied model stays Q4_K;
   - vectors (norms, biases, rope_freqs) F32, never quantized;
   - a row length the type's block does not divide falls back: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16.
-Not modelled (no shape here has them): the 70B rule (attn_v Q5_K), experts and Falcon's rules.
+Experts' tensors (ffn_*_exps) follow their dense roles' rules, the router (ffn_gate_inp) stays F32. Not modelled:
+the 70B rule (attn_v Q5_K), llama.cpp's bumps for 8-expert models, and Falcon's rules.
 The other quants are uniform, as `llama-quantize --pure` writes them: every matrix in that type (the same fallback
 when the row length does not allow it). Without --pure llama.cpp would also make output.weight Q6_K for them.
 """
@@ -68,7 +69,7 @@ class Llama3Rope:
 @dataclass(frozen=True)
 class Shape:
     """A model's architecture, as its config.json gives it."""
-    arch: str  # general.architecture: "llama", "qwen2", "qwen3", "gemma2" or "gemma3"
+    arch: str  # general.architecture: "llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2" or "gemma3"
     hidden: int  # hidden_size (embedding_length)
     layers: int  # num_hidden_layers (block_count)
     heads: int  # num_attention_heads
@@ -87,6 +88,9 @@ class Shape:
     attn_softcap: float = 0.0  # Gemma 2: attention scores soft-capped at this (attn_logit_softcapping)
     final_softcap: float = 0.0  # Gemma 2: logits soft-capped at this (final_logit_softcapping)
     spm: bool = False  # a SentencePiece vocabulary (Gemma 3 270M's, cut to size) instead of the bundled BPE one
+    experts: int = 0  # a mixture of experts: this many in each layer (0: a dense MLP of `ffn`)
+    experts_used: int = 0  # experts each token is routed to
+    expert_ffn: int = 0  # an expert's intermediate size (expert_feed_forward_length; Mixtral's is `ffn`)
 
 
 _LLAMA_3 = dict(arch="llama", vocab=128256, context=131072, rope_theta=500000.0, rms_eps=1e-5)
@@ -113,6 +117,12 @@ SHAPES: dict[str, Shape] = {  # the published config.json of each model
     "gemma-2-9b": Shape(arch="gemma2", hidden=3584, layers=42, heads=16, kv_heads=8, head_dim=256, ffn=14336,
                         vocab=256000, context=8192, rope_theta=10000.0, rms_eps=1e-6, tied=True, sliding_window=4096,
                         attn_softcap=50.0, final_softcap=30.0),
+    "qwen3-30b-a3b": Shape(arch="qwen3moe", hidden=2048, layers=48, heads=32, kv_heads=4, head_dim=128, ffn=6144,
+                           vocab=151936, context=40960, rope_theta=1e6, rms_eps=1e-6, tied=False, experts=128,
+                           experts_used=8, expert_ffn=768),
+    "mixtral-8x7b": Shape(arch="llama", hidden=4096, layers=32, heads=32, kv_heads=8, head_dim=128, ffn=14336,
+                          vocab=32000, context=32768, rope_theta=1e6, rms_eps=1e-5, tied=False, experts=8,
+                          experts_used=2, spm=True),
     # Qwen3: no biases, an RMSNorm on each query and key head; heads of 128 whatever the hidden size
     "qwen3-0.6b": Shape(arch="qwen3", hidden=1024, layers=28, heads=16, kv_heads=8, head_dim=128, ffn=3072,
                         vocab=151936, context=40960, rope_theta=1e6, rms_eps=1e-6, tied=True),
@@ -146,6 +156,14 @@ SHAPES: dict[str, Shape] = {  # the published config.json of each model
     "tiny-gemma2": Shape(arch="gemma2", hidden=256, layers=4, heads=4, kv_heads=2, head_dim=64, ffn=512,
                          vocab=BUNDLED_VOCAB, context=2048, rope_theta=10000.0, rms_eps=1e-6, tied=True,
                          sliding_window=16, attn_softcap=1.5, final_softcap=2.0),
+    # Mixture of experts: Qwen3-MoE (128 experts, 8 a token, renormalized) and Mixtral (llama with 8 experts, 2 a
+    # token); tiny ones with 8 experts of which 2 are used, so that rows of a verify pass pick different ones
+    "tiny-qwen3moe": Shape(arch="qwen3moe", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=64, ffn=512,
+                           vocab=BUNDLED_VOCAB, context=8192, rope_theta=1e6, rms_eps=1e-6, tied=False, experts=8,
+                           experts_used=2, expert_ffn=128),
+    "tiny-mixtral": Shape(arch="llama", hidden=256, layers=2, heads=4, kv_heads=1, head_dim=64, ffn=256,
+                          vocab=BUNDLED_VOCAB, context=8192, rope_theta=1e6, rms_eps=1e-5, tied=False, experts=8,
+                          experts_used=2),
     # Qwen3: query heads wider than hidden / heads (as 0.6B's 16 x 128 over 1024), untied as 8B
     "tiny-qwen3": Shape(arch="qwen3", hidden=256, layers=2, heads=4, kv_heads=2, head_dim=128, ffn=512,
                         vocab=BUNDLED_VOCAB, context=8192, rope_theta=1e6, rms_eps=1e-6, tied=False),
@@ -186,13 +204,19 @@ def tensor_specs(s: Shape) -> list[TensorSpec]:
              "attn_v.weight": (kv, s.hidden), "attn_output.weight": (s.hidden, q), "ffn_norm.weight": (s.hidden,),
              "ffn_gate.weight": (s.ffn, s.hidden), "ffn_up.weight": (s.ffn, s.hidden),
              "ffn_down.weight": (s.hidden, s.ffn)}
+    if s.experts:  # the router, then each projection of every expert in one 3-D tensor [experts, rows, cols]
+        for n in ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"):
+            del block[n]
+        e, f = s.experts, s.expert_ffn or s.ffn
+        block |= {"ffn_gate_inp.weight": (e, s.hidden), "ffn_gate_exps.weight": (e, f, s.hidden),
+                  "ffn_up_exps.weight": (e, f, s.hidden), "ffn_down_exps.weight": (e, s.hidden, f)}
     if fused:
         for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight", "ffn_gate.weight"):
             del block[n]
         block |= {"attn_qkv.weight": (q + 2 * kv, s.hidden), "ffn_up.weight": (2 * s.ffn, s.hidden)}
     if s.qkv_bias:
         block |= {"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)}
-    if s.arch in ("gemma3", "qwen3"):  # norms on each q and k head
+    if s.arch in ("gemma3", "qwen3", "qwen3moe"):  # norms on each q and k head
         block |= {"attn_q_norm.weight": (s.head_dim,), "attn_k_norm.weight": (s.head_dim,)}
     if s.arch in ("gemma2", "gemma3"):  # Gemma's norms on the attention and MLP outputs
         block |= {"post_attention_norm.weight": (s.hidden,), "post_ffw_norm.weight": (s.hidden,)}
@@ -210,7 +234,7 @@ def use_more_bits(layer: int, n_layers: int) -> bool:
 def _q4_k_m(t: TensorSpec, s: Shape) -> GGMLQuantizationType:
     if t.name == "output.weight" or (s.tied and t.name == "token_embd.weight"):
         return T.Q6_K if t.shape[1] % 256 == 0 else T.Q8_0
-    role = t.name.split(".")[-2]
+    role = t.name.split(".")[-2].removesuffix("_exps")  # an expert tensor follows its dense role's rule
     if role in ("attn_v", "ffn_down") and use_more_bits(t.layer, s.layers):
         return T.Q6_K
     if role == "attn_qkv":  # a fused [q; k; v] (Phi-3)
@@ -236,15 +260,15 @@ def type_mix(shape: str | Shape, quant: str) -> dict[str, GGMLQuantizationType]:
     s, quant = _shape(shape), _quant(quant)
     out = {}
     for t in tensor_specs(s):
-        if len(t.shape) == 1:
+        if len(t.shape) == 1 or t.name.endswith("ffn_gate_inp.weight"):  # vectors, and the router, stay F32
             out[t.name] = T.F32
         else:
-            out[t.name] = _fallback(_q4_k_m(t, s) if quant == "Q4_K_M" else T[quant], t.shape[1], t.name)
+            out[t.name] = _fallback(_q4_k_m(t, s) if quant == "Q4_K_M" else T[quant], t.shape[-1], t.name)
     return out
 
 
 def _nbytes(t: TensorSpec, qtype: GGMLQuantizationType) -> int:
-    return 4 * t.shape[0] if len(t.shape) == 1 else t.shape[0] * row_bytes(qtype, t.shape[1])
+    return 4 * t.shape[0] if len(t.shape) == 1 else int(np.prod(t.shape[:-1])) * row_bytes(qtype, t.shape[-1])
 
 
 def mix_bytes(shape: str | Shape, quant: str) -> dict[str, tuple[int, int]]:
@@ -287,9 +311,10 @@ def llama3_rope_factors(s: Shape) -> np.ndarray:
 def _data(t: TensorSpec, qtype: GGMLQuantizationType, s: Shape, rng: np.random.Generator) -> np.ndarray:
     """The tensor's bytes (uint8): random blocks with std 1/sqrt(row length), norms of ones (Qwen3's q/k norms
     random around 1), small random biases, the real rope factors."""
-    if len(t.shape) == 2:
-        return random_matrix(qtype, *t.shape, 1 / np.sqrt(t.shape[1]), rng)
-    if t.name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) and s.arch == "qwen3":
+    if len(t.shape) >= 2:  # a matrix, or experts' matrices one after another
+        rows = int(np.prod(t.shape[:-1]))
+        return random_matrix(qtype, rows, t.shape[-1], 1 / np.sqrt(t.shape[-1]), rng)
+    if t.name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")) and s.arch in ("qwen3", "qwen3moe"):
         v = np.exp(rng.standard_normal(t.shape, dtype=np.float32) * np.float32(QK_NORM_SPREAD))  # not all 1
     elif t.name.endswith("_norm.weight"):
         v = np.ones(t.shape, np.float32)
@@ -322,8 +347,8 @@ def write(path: str | os.PathLike, shape: str | Shape, quant: str, seed: int = 0
     _metadata(w, s, shape if isinstance(shape, str) else s.arch, quant, seed)
     for t in specs:
         n = _nbytes(t, types[t.name])
-        w.add_tensor_info(t.name, (n,) if len(t.shape) == 1 else (t.shape[0], n // t.shape[0]), np.dtype(np.uint8),
-                          n, raw_dtype=types[t.name])
+        shape = (n,) if len(t.shape) == 1 else (*t.shape[:-1], n // int(np.prod(t.shape[:-1])))  # bytes per row
+        w.add_tensor_info(t.name, shape, np.dtype(np.uint8), n, raw_dtype=types[t.name])
     with atomic_file(path) as f:
         # GGUFWriter opens files by path; handing it ours (the state it is in once it has opened one) lets
         # atomic_file keep the rename-into-place. It is never closed here: atomic_file flushes and closes it.
@@ -352,13 +377,18 @@ def _metadata(w: GGUFWriter, s: Shape, name: str, quant: str, seed: int) -> None
     w.add_head_count_kv(s.kv_heads)
     w.add_rope_freq_base(s.rope_theta)
     w.add_layer_norm_rms_eps(s.rms_eps)
-    if s.head_dim != s.hidden // s.heads or s.arch in ("gemma2", "gemma3", "qwen3"):  # their configs give head_dim
+    if s.head_dim != s.hidden // s.heads or s.arch in ("gemma2", "gemma3", "qwen3", "qwen3moe"):  # head_dim given
         w.add_key_length(s.head_dim)
         w.add_value_length(s.head_dim)
     w.add_file_type(FILE_TYPES[quant])
     if s.arch == "llama":  # LlamaModel adds these; Qwen2 takes the defaults (head_dim, the token count)
         w.add_vocab_size(s.vocab)
         w.add_rope_dimension_count(s.head_dim)
+    if s.experts:
+        w.add_expert_count(s.experts)
+        w.add_expert_used_count(s.experts_used)
+        if s.expert_ffn:
+            w.add_expert_feed_forward_length(s.expert_ffn)
     if s.arch in ("gemma2", "gemma3") or (s.arch == "phi3" and s.sliding_window):
         w.add_sliding_window(s.sliding_window)
     if s.arch == "phi3":  # Phi3MiniModel writes the rotary width and the original context
@@ -418,7 +448,7 @@ def _tokenizer(w: GGUFWriter, vocab: int, gemma: bool = False, named: tuple[str,
 # without "<s>", "</s>" and "<unk>" when the model's name says phi3)
 _NAMED_TOKENS = {"phi3": ("<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<|endoftext|>", "<s>", "</s>",
                           "<unk>")}
-_PRE = {"qwen3": "qwen2"}  # the pre-tokenizer a real file of the architecture names (else the bundled one)
+_PRE = {"qwen3": "qwen2", "qwen3moe": "qwen2"}  # the pre-tokenizer a real file of the architecture names
 _PER_TOKEN = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 
 

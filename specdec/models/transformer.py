@@ -30,6 +30,7 @@ from specdec.errors import SpecdecError
 from specdec.kernels import pairs_layout
 from specdec.kernels.cores import before_pass
 from specdec.models.config import ACT_BITS, GGUF_PRECISIONS, ModelConfig
+from specdec.models.experts import Experts, native_experts
 from specdec.models.gguf_llama import read_matrices
 from specdec.models.gguf_weights import QTensor, RowLookup, qmatrix, release_pages
 from specdec.models.hugepages import Arena, lazy_zeros
@@ -129,22 +130,35 @@ class Block:
         fused = cfg.fused  # Phi-3's checkpoints hold [q; k; v] and [gate; up] whole
         qkv_names = [att + "qkv_proj.weight"] if fused else [att + f"{n}_proj.weight" for n in "qkv"]
         gate_up_names = [mlp + "gate_up_proj.weight"] if fused else [mlp + f"{n}_proj.weight" for n in ("gate", "up")]
+        self.experts = None  # a mixture of experts in place of the MLP (models/experts.py)
         if quantized is not None and native:  # the GGUF's own blocks, in the kernel's planes
-            mats = [qkv_names, [att + "o_proj.weight"], gate_up_names, [mlp + "down_proj.weight"]]
             integer = precision in ACT_BITS
             paired = pairs_layout(kernels)
-            qkv, o, gate_up, down = (qmatrix(kernels, [quantized[n] for n in names], integer,
-                                             ACT_BITS.get(precision, 8), paired, arena.put) for names in mats)
+
+            def make(parts):
+                return qmatrix(kernels, parts, integer, ACT_BITS.get(precision, 8), paired, arena.put)
+
+            qkv, o = (make([quantized[n] for n in names]) for names in (qkv_names, [att + "o_proj.weight"]))
+            if cfg.moe:  # the experts replace the MLP; the stack takes expert 0's matrices for the block's sizes
+                self.experts, expert_mats = native_experts(cfg, w, mlp, quantized, make)
+                gate_up, down = expert_mats[0], expert_mats[cfg.num_experts]
+            else:
+                gate_up, down = make([quantized[n] for n in gate_up_names]), make([quantized[mlp + "down_proj.weight"]])
+                expert_mats = []
             bias = None
             if cfg.attention_bias:  # Qwen2's, added to the [q; k; v] product (GgufStack's optional 7th entry)
                 bias = torch.cat([w[att + n + "_proj.bias"].float() for n in "qkv"]).contiguous()
             self.native = (self.norm1, qkv, o, self.norm2, gate_up, down)
+            variant = None
             if cfg.qk_norm or cfg.sliding_window:  # GgufStack's 8th entry, the variant: q/k norms, a window
-                self.native += (bias, (self.q_norm, self.k_norm, None, None, 0.0, cfg.sliding_window or 0, None, None,
-                                       False, 0.0))
+                variant = (self.q_norm, self.k_norm, None, None, 0.0, cfg.sliding_window or 0, None, None, False, 0.0)
+            if self.experts is not None:  # its 9th, the experts
+                self.native += (bias, variant, self.experts)
+            elif variant is not None:
+                self.native += (bias, variant)
             elif bias is not None:
                 self.native += (bias,)
-            self.qmatrices = [qkv, o, gate_up, down]
+            self.qmatrices = [qkv, o] + (expert_mats if cfg.moe else [gate_up, down])
             return
         qkv_w = torch.cat([w[n] for n in qkv_names])
         qkv_b = None
@@ -152,6 +166,9 @@ class Block:
             qkv_b = torch.cat([w[att + "q_proj.bias"], w[att + "k_proj.bias"], w[att + "v_proj.bias"]])
         self.qkv = Linear(qkv_w, qkv_b, precision)  # one fused call: fewer, larger calls are faster here
         self.o = Linear(w[att + "o_proj.weight"], None, precision)
+        if cfg.moe:
+            self.experts = Experts(cfg, w, mlp, precision)
+            return
         gate_up_w = torch.cat([w[n] for n in gate_up_names])
         self.gate_up = Linear(gate_up_w, None, precision)
         self.down = Linear(w[mlp + "down_proj.weight"], None, precision)
@@ -162,7 +179,7 @@ class Block:
 
     @property
     def linears(self) -> list[Linear]:
-        return [self.qkv, self.o, self.gate_up, self.down]
+        return [self.qkv, self.o] + (self.experts.linears if self.experts else [self.gate_up, self.down])
 
 
 class RopeTable:
@@ -212,8 +229,8 @@ class Transformer:
         self.cfg, self.precision, self.device = cfg, precision, torch.device(device)
         weights = {name: t.to(self.device) for name, t in weights.items()}
         self.kernels = None
-        # the native fp16 block has no q/k norms or window: Qwen3 and Phi-3 run natively on their GGUF blocks only
-        native_fp16 = ("fp16",) if not (cfg.qk_norm or cfg.sliding_window) else ()
+        # the native fp16 block has no q/k norms, window or experts: those run natively on their GGUF blocks only
+        native_fp16 = ("fp16",) if not (cfg.qk_norm or cfg.sliding_window or cfg.moe) else ()
         if (precision in native_fp16 + GGUF_PRECISIONS and self.device.type == "cpu" and cfg.head_dim % 8 == 0
                 and cfg.hidden_size % 8 == 0):
             from specdec.kernels import decode_kernels
@@ -293,10 +310,13 @@ class Transformer:
     @property
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights read by one decode pass (the embedding lookup reads one row, ignored)."""
-        if self.lm_head_q is not None:
-            lin = sum(m.nbytes for b in self.blocks for m in b.qmatrices) + self.lm_head_q.nbytes
-        else:
-            lin = sum(lin.nbytes for b in self.blocks for lin in b.linears) + self.lm_head.nbytes
+        mats = [b.qmatrices if self.lm_head_q is not None else b.linears for b in self.blocks]
+        lin = sum(m.nbytes for ms in mats for m in ms)
+        lin += (self.lm_head_q if self.lm_head_q is not None else self.lm_head).nbytes
+        if self.cfg.moe:  # a token reads k of the E experts: the rest of the experts' bytes are not read
+            c = self.cfg
+            experts = sum(m.nbytes for ms in mats for m in ms[2:])
+            lin -= experts * (c.num_experts - c.experts_per_token) // c.num_experts
         norms = sum(b.norm1.numel() + b.norm2.numel() for b in self.blocks) * 4
         return lin + norms
 
@@ -305,7 +325,8 @@ class Transformer:
         """Multiply-adds of the matrix products of one token-row's pass (attention excluded)."""
         c = self.cfg
         qkv = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
-        block = c.hidden_size * qkv + c.num_heads * c.head_dim * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+        mlp = 3 * c.hidden_size * (c.expert_size * c.experts_per_token if c.moe else c.intermediate_size)
+        block = c.hidden_size * qkv + c.num_heads * c.head_dim * c.hidden_size + mlp
         return c.num_layers * block + c.vocab_size * c.hidden_size
 
     def kv_bytes_per_token(self) -> int:
@@ -468,6 +489,9 @@ class Transformer:
                 att = attend_decode(q, k_cache, v_cache, pos, cfg.group_size, window=cfg.sliding_window)
             x = x + blk.o(att.reshape(b * n, hq * d))
             h = rms_norm(x, blk.norm2, cfg.rms_norm_eps)
+            if blk.experts is not None:
+                x = x + blk.experts(h)
+                continue
             gate, up = blk.gate_up(h).chunk(2, dim=-1)
             x = x + blk.down(F.silu(gate) * up)
         _tap(feats, 0, x, taps, cfg.num_layers)
