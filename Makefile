@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: vllm vllm-bench setup kernels demo test test-slow test-all lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench llamacpp llamacpp-matrix real-models
+.PHONY: vllm vllm-bench setup kernels demo test test-slow test-all lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench llamacpp llamacpp-matrix real-models real-models-archs
 
 # setup also builds this CPU's native kernels into the cache (once per version: a no-op later), so that no server
 # start, test fixture or first request compiles anything.
@@ -149,3 +149,8 @@ gguf-bench: setup
 # docs/results/real-models.md and artifacts/real-models/*.json. Slow (the 8B shape dominates): ARGS="--new-tokens 16".
 real-models: setup llamacpp
 	$(BIN)/specdec real-models $(ARGS)
+
+# The architectures added since (Qwen3, Gemma 2, Phi-3, and Qwen3-30B-A3B at 8 and 16 of its 48 layers, projected to
+# its full depth), on a page of their own: docs/results/real-models-archs.md.
+real-models-archs: setup llamacpp
+	$(BIN)/specdec real-models --shapes $(shell $(BIN)/python -c "from specdec.bench.real_models import NEW_SHAPES; print(','.join(NEW_SHAPES))") --no-gemma --out artifacts/real-models-archs --page docs/results/real-models-archs.md $(ARGS)

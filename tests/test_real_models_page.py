@@ -48,3 +48,34 @@ def test_each_cell_shows_the_runs_it_has(auto):
     want = f"{o['rounds']:.2f}x" + (f" / {o['rounds_auto']:.2f}x" if auto else "") + f" / {o['plan']:.2f}x"
     assert want in overall
     assert ("rounds_auto" in o) == auto
+
+
+def _depth(layers: int, sd_s: float, lc_s: float) -> dict:
+    """A shape measured at `layers` layers: seconds a token for each engine, passes costing 1 + 0.1 (n - 1)."""
+    times = {str(n): sd_s * (1 + 0.1 * (n - 1)) for n in range(1, 4)}
+    return {"specdec": {"plain": {"decode_tokens_per_s": 1 / sd_s}, "verify": {"times_s": times}},
+            "llamacpp": {"plain": {"decode_tokens_per_s": 1 / lc_s}}}
+
+
+def test_a_shape_at_two_depths_projects_to_its_full_depth():
+    """Times a token that grow linearly with the layers are read at the full depth (48 for qwen3-30b-a3b): here
+    0.01 s + 0.002 s a layer for specdec and 0.003 s a layer for llama.cpp, measured at 8 and 16 layers."""
+    from specdec.bench.real_models_page import depth_rows
+
+    shapes = {"qwen3-30b-a3b/8": _depth(8, 0.026, 0.034), "qwen3-30b-a3b/16": _depth(16, 0.042, 0.058),
+              "llama-3.2-1b": _depth(16, 0.05, 0.05)}
+    rows = depth_rows({"shapes": shapes})
+    assert len(rows) == 3 and "PROJECTED" in rows[0]
+    full_sd, full_lc = 0.01 + 0.002 * 48, 0.01 + 0.003 * 48
+    assert f"| {1 / full_sd:.2f} | {1 / full_lc:.2f} | {full_lc / full_sd:.2f}x |" in rows[2]
+    assert "(48 layers, from 8, 16)" in rows[2] and "2:1.10 3:1.20" in rows[2]
+    assert depth_rows({"shapes": {"qwen3-30b-a3b/8": shapes["qwen3-30b-a3b/8"]}}) == []  # one depth: no line
+
+
+def test_a_mixture_shows_the_experts_its_passes_read():
+    from specdec.bench.real_models_page import expert_rows
+
+    moe = {"specdec": {"experts": {"per_layer": 128, "per_token": 8, "touched": {"1": 8.0, "2": 15.5}}}}
+    rows = expert_rows({"shapes": {"qwen3-30b-a3b/8": moe, "llama-3.2-1b": {"specdec": {}}}})
+    assert rows[2] == "| qwen3-30b-a3b/8 | 128 / 8 | 8.0 | 15.5 |" and len(rows) == 3
+    assert expert_rows({"shapes": {"llama-3.2-1b": {"specdec": {}}}}) == []

@@ -24,6 +24,9 @@ from specdec.errors import SpecdecError
 from specdec.provenance import provenance
 
 SHAPES = ("llama-3.2-1b", "gemma-3-1b", "qwen2.5-1.5b", "llama-3.2-3b", "gemma-3-4b", "llama-3.1-8b")
+# the architectures added since (docs/results/real-models-archs.md): Qwen3, Gemma 2, Phi-3, and Qwen3-30B-A3B at two
+# depths (its 18.5 GB do not fit beside llama.cpp's copy in this machine's memory), projected to its 48 layers
+NEW_SHAPES = ("qwen3-0.6b", "gemma-2-2b", "phi-3-mini", "qwen3-30b-a3b/8", "qwen3-30b-a3b/16")
 ACCEPTANCE_JSON = "docs/results/drafters.json"  # the bundled model's Spec-Bench run, n-gram at a fixed k=5
 ACCEPTANCE_METHOD = "ngram k=5"
 # the same prompts with --k auto, the engine's default (drafts as long as the lookup's confidence allows)
@@ -110,8 +113,13 @@ def long_prompt(ids: list[int], n: int) -> list[int] | None:
     return (ids * (n // len(ids) + 1))[:n] if n else None
 
 
+def file_stem(shape: str) -> str:
+    """A shape's name as a file name: "qwen3-30b-a3b/8" (its first 8 layers) is qwen3-30b-a3b-L8."""
+    return shape.replace("/", "-L")
+
+
 def ensure_file(shape: str, files_dir: Path) -> Path:
-    path = files_dir / f"{shape}-Q4_K_M.gguf"
+    path = files_dir / f"{file_stem(shape)}-Q4_K_M.gguf"
     if not path.is_file():
         files_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "specdec.cli", "synth-gguf", "--shape", shape, "--quant", "Q4_K_M", "--out",
@@ -179,13 +187,15 @@ def run(args) -> int:
     for shape in shapes:
         path = ensure_file(shape, Path(args.files_dir))
         bw, load = bandwidth(), os.getloadavg()
-        sd = child(str(path), out_dir / f"{shape}.specdec.json", args, "--new-tokens", str(args.new_tokens),
+        sd = child(str(path), out_dir / f"{file_stem(shape)}.specdec.json", args, "--new-tokens", str(args.new_tokens),
                    "--ttft-tokens", str(args.ttft_tokens), "--prompt", prompt)
         ids = sd["prompt_ids"]
         ttft_ids = long_prompt(ids, args.ttft_tokens)
         lc = llamacpp(path, ids, args.new_tokens, ttft_ids, team_size(args))
+        # a mixture of experts reads k of its experts a token: its floor counts the bytes a token reads
+        read = sd["weight_bytes_per_token"] if sd.get("experts") else path.stat().st_size
         entry = {"file": str(path), "file_bytes": path.stat().st_size, "specdec": sd, "llamacpp": lc,
-                 "floor_tokens_per_s": bw / path.stat().st_size, "load_before": load, "load_after": os.getloadavg()}
+                 "floor_tokens_per_s": bw / read, "load_before": load, "load_after": os.getloadavg()}
         entry["projections"] = projections(sd, bundled, args.acceptance, ACCEPTANCE_METHOD, DRAFT_ALPHAS,
                                           ACCEPTANCE_AUTO if args.acceptance == ACCEPTANCE_JSON else None)
         report["shapes"][shape] = entry

@@ -62,6 +62,21 @@ def decode_run(engine, ids: list[int], new_tokens: int, drafter=None, k="auto") 
             "alpha": s.alpha, "tokens_per_pass": s.mean_tokens_per_round, "token_ids": r.token_ids}
 
 
+def experts_touched(model, layers, context: int, rows: list[int]) -> dict[str, float]:
+    """Rows -> the distinct experts a verify pass of that many rows read, per layer on average: passes of random
+    tokens after `context` cached ones (random weights route as random text would not: read it as the shape of the
+    curve between k and the experts a layer has)."""
+    from specdec.bench.profile import primed, timed
+
+    run, out = primed(model, context, rows), {}  # the context's prefill is not counted
+    for n in rows:
+        for layer in layers:
+            layer.touched = layer.calls = 0
+        timed(run[n])
+        out[str(n)] = sum(layer.touched for layer in layers) / max(1, sum(layer.calls for layer in layers))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="a .gguf file, or 'default' (the bundled model)")
@@ -100,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     out = {"model": args.model, "name": loaded.name, "precision": getattr(model, "precision", None),
            "threads": torch.get_num_threads(), "load_s": load_s, "rss_before_load": before,
            "rss_after_load": after_load, "prompt_ids": ids,
-           "chat_template": bool(tok.chat_template), "ignore_eos": not args.keep_eos}
+           "chat_template": bool(tok.chat_template), "ignore_eos": not args.keep_eos,
+           "weight_bytes_per_token": getattr(model, "weight_bytes_per_token", None)}
     say = lambda m: print(f"[{Path(args.model).name}] {m}", file=sys.stderr, flush=True)  # noqa: E731
     say(f"loaded in {load_s:.1f} s ({loaded.name}, {out['precision']}); decoding {args.new_tokens} tokens")
     decode_run(engine, ids, 2)  # warm-up: first-call costs (kernel load, allocations)
@@ -117,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
                      "times_s": {str(n): med[n] for n in rows}, "cost": {str(n): med[n] / med[1] for n in rows},
                      "step_s": med[1], "median_times_s": {str(n): statistics.median(times[n]) for n in rows}}
     say("verify curve: " + " ".join(f"{n}:{med[n] / med[1]:.2f}" for n in rows))
+    layers = [blk.experts for blk in getattr(model, "blocks", []) if getattr(blk, "experts", None) is not None]
+    if layers and hasattr(layers[0], "touched"):  # the native experts count what a pass reads (models/experts.py)
+        out["experts"] = {"per_layer": model.cfg.num_experts, "per_token": model.cfg.experts_per_token,
+                          "touched": experts_touched(model, layers, args.context, rows)}
+        say("experts a pass reads per layer: " + " ".join(f"{n}:{t:.1f}" for n, t in out["experts"]["touched"].items()))
     if args.ttft_tokens:
         long_ids = (ids * (args.ttft_tokens // len(ids) + 1))[: args.ttft_tokens]
         out["ttft_ids_len"] = len(long_ids)

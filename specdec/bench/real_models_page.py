@@ -3,6 +3,7 @@ Markdown page."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -153,6 +154,59 @@ def gemma_rows(g: dict) -> list[str]:
     return rows
 
 
+def expert_rows(report: dict) -> list[str]:
+    """Mixtures of experts: the distinct experts a verify pass of n rows read per layer (the native layer's count)."""
+    moe = {n: e for n, e in report["shapes"].items() if e["specdec"].get("experts")}
+    if not moe:
+        return []
+    n = max(len(e["specdec"]["experts"]["touched"]) for e in moe.values())
+    rows = ["| model | experts a layer / a token | " + " | ".join(f"{i} rows" for i in range(1, n + 1)) + " |",
+            "|---|---|" + "---|" * n]
+    for name, e in moe.items():
+        x = e["specdec"]["experts"]
+        rows.append(f"| {name} | {x['per_layer']} / {x['per_token']} | "
+                    + " | ".join(f"{x['touched'].get(str(i), 0):.1f}" for i in range(1, n + 1)) + " |")
+    return rows
+
+
+def linear_at(x0: float, values: dict[int, float]) -> float:
+    """The least-squares line through (x, y) in `values`, read at x0."""
+    xs, ys = list(values), list(values.values())
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my + b * (x0 - mx)
+
+
+def depth_rows(report: dict) -> list[str]:
+    """Shapes measured at two or more depths ("NAME/L": the first L layers), projected to their full depth: a
+    token's time and each n-row pass's time fitted as a + b L (least squares), then read at the full L."""
+    from specdec.models.synth_gguf import SHAPES
+
+    groups: dict[str, dict[int, dict]] = {}
+    for name, e in report["shapes"].items():
+        base, _, layers = name.partition("/")
+        if layers.isdigit():
+            groups.setdefault(base, {})[int(layers)] = e
+    rows = []
+    for base, by_depth in groups.items():
+        if len(by_depth) < 2 or base not in SHAPES:
+            continue
+        full = SHAPES[base].layers
+        at_full = functools.partial(linear_at, full)
+
+        sd = at_full({d: 1 / e["specdec"]["plain"]["decode_tokens_per_s"] for d, e in by_depth.items()})
+        lc = at_full({d: 1 / e["llamacpp"]["plain"]["decode_tokens_per_s"] for d, e in by_depth.items()})
+        passes = {n: at_full({d: e["specdec"]["verify"]["times_s"][n] for d, e in by_depth.items()})
+                  for n in next(iter(by_depth.values()))["specdec"]["verify"]["times_s"]}
+        curve = " ".join(f"{n}:{t / passes['1']:.2f}" for n, t in passes.items() if n != "1")
+        rows.append(f"| {base} ({full} layers, from {', '.join(map(str, sorted(by_depth)))}) | {1 / sd:.2f} | "
+                    f"{1 / lc:.2f} | {lc / sd:.2f}x | {curve} |")
+    if not rows:
+        return []
+    return ["| model (PROJECTED to full depth) | specdec tok/s | llama.cpp tok/s | specdec / llama.cpp | "
+            "verify cost, n rows over 1 |", "|---|---|---|---|---|", *rows]
+
+
 def load_at_start(m: dict) -> list[float]:
     """The load averages when the run began: provenance's load_avg (older runs' JSON: load_start)."""
     return m["load_start"] if "load_start" in m else m["load_avg"]
@@ -207,6 +261,16 @@ def write_page(report: dict, path: Path) -> None:
                   f"## Verify cost: a pass of n rows over a 1-row pass (specdec, fastest of {cfg.get('reps')} reps, "
                   "context "
                   f"{report['shapes'][names[0]]['specdec']['verify']['context']})", "", *cost_rows(report), "",
+                  *(["## Mixtures of experts: the experts a pass reads", "",
+                     "Distinct experts a verify pass read per layer, by rows in the pass (random tokens after the "
+                     "context; random weights route evenly, as real text may not). The floor of a mixture counts the "
+                     "bytes a token reads (its k experts, not all).", "", *expert_rows(report), ""]
+                    if expert_rows(report) else []),
+                  *(["## Shapes measured at a few depths, PROJECTED to their full depth", "",
+                     "A model too large for this machine's memory, measured with its first L layers at two or more "
+                     "depths; each engine's time a token, and each verify pass's time, fitted linearly in L and read "
+                     "at the full depth. A projection, not a measurement of the full model.", "",
+                     *depth_rows(report), ""] if depth_rows(report) else []),
                   f"## Time to first token ({cfg['ttft_tokens']}-token prompt), load time, resident memory after load",
                   "", *resource_rows(report), "",
                   "RSS from /proc/PID/status: RssAnon (heap) and RssFile (mapped file pages).", "",

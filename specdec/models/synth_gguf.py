@@ -31,7 +31,7 @@ import functools
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +110,11 @@ SHAPES: dict[str, Shape] = {  # the published config.json of each model
     "gemma-3-4b": Shape(arch="gemma3", hidden=2560, layers=34, heads=8, kv_heads=4, head_dim=256, ffn=10240,
                         vocab=262208, context=131072, rope_theta=1e6, rms_eps=1e-6, tied=True, sliding_window=1024,
                         rope_linear=8.0),
+    # Phi-3-mini (4k): fused [q; k; v] and [gate; up], heads of 96; a SentencePiece vocabulary of 32,064 (Gemma's
+    # cut to size stands in for Phi-3's)
+    "phi-3-mini": Shape(arch="phi3", hidden=3072, layers=32, heads=32, kv_heads=32, head_dim=96, ffn=8192,
+                        vocab=32064, context=4096, rope_theta=10000.0, rms_eps=1e-5, tied=False, sliding_window=2047,
+                        spm=True),
     # Gemma 2: Gemma 3's block without q/k norms, soft-capped scores and logits, every other layer sliding
     "gemma-2-2b": Shape(arch="gemma2", hidden=2304, layers=26, heads=8, kv_heads=4, head_dim=256, ffn=9216,
                         vocab=256000, context=8192, rope_theta=10000.0, rms_eps=1e-6, tied=True, sliding_window=4096,
@@ -282,11 +287,18 @@ def mix_bytes(shape: str | Shape, quant: str) -> dict[str, tuple[int, int]]:
 
 
 def _shape(shape: str | Shape) -> Shape:
+    """A shape, by name; "NAME/L" is NAME with its first L layers only (a model too large for this machine,
+    measured at a few depths and projected to its own: label such figures so)."""
     if isinstance(shape, Shape):
         return shape
-    if shape not in SHAPES:
-        raise SpecdecError(f"unknown shape {shape!r}; supported: {', '.join(SHAPES)}")
-    return SHAPES[shape]
+    name, _, layers = shape.partition("/")
+    if name not in SHAPES:
+        raise SpecdecError(f"unknown shape {name!r}; supported: {', '.join(SHAPES)} (NAME/L for its first L layers)")
+    if not layers:
+        return SHAPES[name]
+    if not layers.isdigit() or not 1 <= int(layers) <= SHAPES[name].layers:
+        raise SpecdecError(f"{shape!r}: after the '/' comes a number of layers, 1 to {SHAPES[name].layers}")
+    return replace(SHAPES[name], layers=int(layers))
 
 
 def _quant(quant: str) -> str:
