@@ -68,6 +68,7 @@ def test_a_shape_at_two_depths_projects_to_its_full_depth():
     assert len(rows) == 3 and "PROJECTED" in rows[0]
     full_sd, full_lc = 0.01 + 0.002 * 48, 0.01 + 0.003 * 48
     assert f"| {1 / full_sd:.2f} | {1 / full_lc:.2f} | {full_lc / full_sd:.2f}x |" in rows[2]
+    assert rows[2].endswith("| - |")  # no n-gram projection: the run computes it (real_models.add_depths)
     assert "(48 layers, from 8, 16)" in rows[2] and "2:1.10 3:1.20" in rows[2]
     assert depth_rows({"shapes": {"qwen3-30b-a3b/8": shapes["qwen3-30b-a3b/8"]}}) == []  # one depth: no line
 

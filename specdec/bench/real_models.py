@@ -146,7 +146,10 @@ def run(args) -> int:
     if args.render:
         from specdec.bench.real_models_page import write_page
 
-        write_page(json.loads(Path(args.render).read_text()), Path(args.page))
+        report = json.loads(Path(args.render).read_text())
+        if "depths" not in report:  # a run from before projections to full depth
+            add_depths(report, args)
+        write_page(report, Path(args.page))
         return 0
     shapes = [s for s in args.shapes.split(",") if s.strip()]
     out_dir = Path(args.out)
@@ -200,9 +203,22 @@ def run(args) -> int:
                                           ACCEPTANCE_AUTO if args.acceptance == ACCEPTANCE_JSON else None)
         report["shapes"][shape] = entry
         save(report, out_dir, args.page)  # after each model: a run cut short keeps what it measured
+    add_depths(report, args)
     save(report, out_dir, args.page)
     print(f"wrote {args.page or 'no page'} and {out_dir / 'real-models.json'}", file=sys.stderr)
     return 0
+
+
+def add_depths(report: dict, args) -> None:
+    """Shapes cut to a few depths, projected to their own (real_models_page.depths), with the n-gram projections
+    on each projected curve."""
+    from specdec.bench.real_models_page import depths, projections
+
+    report["depths"] = depths(report["shapes"])
+    for d in report["depths"].values():
+        d["projections"] = projections({"verify": {"cost": d["cost"], "step_s": d["step_s"]}}, report["bundled"],
+                                       args.acceptance, ACCEPTANCE_METHOD, DRAFT_ALPHAS,
+                                       ACCEPTANCE_AUTO if args.acceptance == ACCEPTANCE_JSON else None)
 
 
 def save(report: dict, out_dir: Path, page: str) -> None:

@@ -177,34 +177,48 @@ def linear_at(x0: float, values: dict[int, float]) -> float:
     return my + b * (x0 - mx)
 
 
-def depth_rows(report: dict) -> list[str]:
-    """Shapes measured at two or more depths ("NAME/L": the first L layers), projected to their full depth: a
-    token's time and each n-row pass's time fitted as a + b L (least squares), then read at the full L."""
+def depths(shapes: dict) -> dict[str, dict]:
+    """Shapes measured at two or more depths ("NAME/L": the first L layers), projected to their full depth: each
+    engine's time a token and each n-row pass's time fitted as a + b L (least squares), read at the full L."""
     from specdec.models.synth_gguf import SHAPES
 
     groups: dict[str, dict[int, dict]] = {}
-    for name, e in report["shapes"].items():
+    for name, e in shapes.items():
         base, _, layers = name.partition("/")
         if layers.isdigit():
             groups.setdefault(base, {})[int(layers)] = e
-    rows = []
+    out = {}
     for base, by_depth in groups.items():
         if len(by_depth) < 2 or base not in SHAPES:
             continue
-        full = SHAPES[base].layers
-        at_full = functools.partial(linear_at, full)
-
+        at_full = functools.partial(linear_at, SHAPES[base].layers)
         sd = at_full({d: 1 / e["specdec"]["plain"]["decode_tokens_per_s"] for d, e in by_depth.items()})
         lc = at_full({d: 1 / e["llamacpp"]["plain"]["decode_tokens_per_s"] for d, e in by_depth.items()})
-        passes = {n: at_full({d: e["specdec"]["verify"]["times_s"][n] for d, e in by_depth.items()})
-                  for n in next(iter(by_depth.values()))["specdec"]["verify"]["times_s"]}
-        curve = " ".join(f"{n}:{t / passes['1']:.2f}" for n, t in passes.items() if n != "1")
-        rows.append(f"| {base} ({full} layers, from {', '.join(map(str, sorted(by_depth)))}) | {1 / sd:.2f} | "
-                    f"{1 / lc:.2f} | {lc / sd:.2f}x | {curve} |")
+        times = {n: at_full({d: e["specdec"]["verify"]["times_s"][n] for d, e in by_depth.items()})
+                 for n in next(iter(by_depth.values()))["specdec"]["verify"]["times_s"]}
+        out[base] = {"layers": SHAPES[base].layers, "from": sorted(by_depth), "specdec_tokens_per_s": 1 / sd,
+                     "llamacpp_tokens_per_s": 1 / lc, "times_s": times, "step_s": times["1"],
+                     "cost": {n: t / times["1"] for n, t in times.items()}}
+    return out
+
+
+def depth_rows(report: dict) -> list[str]:
+    """The page's lines for depths(): measured at run time (report["depths"], with n-gram projections on the
+    projected curve), or from the shapes."""
+    found = report.get("depths") or depths(report["shapes"])
+    rows = []
+    for base, d in found.items():
+        curve = " ".join(f"{n}:{c:.2f}" for n, c in d["cost"].items() if n != "1")
+        ngram = d.get("projections", {}).get("ngram", {}).get("overall")
+        rows.append(f"| {base} ({d['layers']} layers, from {', '.join(map(str, d['from']))}) | "
+                    f"{d['specdec_tokens_per_s']:.2f} | {d['llamacpp_tokens_per_s']:.2f} | "
+                    f"{d['specdec_tokens_per_s'] / d['llamacpp_tokens_per_s']:.2f}x | {curve} | "
+                    + (f"{ngram['rounds']:.2f}x / {ngram['plan']:.2f}x (k={ngram['plan_k']})" if ngram else "-")
+                    + " |")
     if not rows:
         return []
     return ["| model (PROJECTED to full depth) | specdec tok/s | llama.cpp tok/s | specdec / llama.cpp | "
-            "verify cost, n rows over 1 |", "|---|---|---|---|---|", *rows]
+            "verify cost, n rows over 1 | n-gram, overall: rounds / planner |", "|---|---|---|---|---|---|", *rows]
 
 
 def load_at_start(m: dict) -> list[float]:
@@ -269,7 +283,8 @@ def write_page(report: dict, path: Path) -> None:
                   *(["## Shapes measured at a few depths, PROJECTED to their full depth", "",
                      "A model too large for this machine's memory, measured with its first L layers at two or more "
                      "depths; each engine's time a token, and each verify pass's time, fitted linearly in L and read "
-                     "at the full depth. A projection, not a measurement of the full model.", "",
+                     "at the full depth. A projection, not a measurement of the full model; its n-gram column is the "
+                     "projection above (the bundled model's Spec-Bench acceptance) on that projected curve.", "",
                      *depth_rows(report), ""] if depth_rows(report) else []),
                   f"## Time to first token ({cfg['ttft_tokens']}-token prompt), load time, resident memory after load",
                   "", *resource_rows(report), "",
