@@ -411,9 +411,9 @@ void decode_block_gguf(torch::Tensor x, torch::Tensor slot, torch::Tensor pos, t
 // A mixture-of-experts layer (Qwen3-MoE, Mixtral) on GGUF blocks, in place of a block's MLP. Each row's router
 // logits (fp32 products with the F32 router [E, H]) go through a softmax; its k most probable experts (ties: the lower
 // index) weigh their outputs by those probabilities, renormalized to sum to 1 when `norm`, as llama.cpp routes them.
-// The experts are visited in ascending order, each once a pass over the rows routed to it (gathered): its [gate; up]
-// and down matrices are read once however many rows use it. A row's sum adds its experts in that order, and the
-// products are batch-invariant, so a row's output does not depend on the other rows. `touched` counts the experts
+// Each expert is computed once a pass over the rows routed to it (gathered): its [gate; up] and down matrices are
+// read once however many rows use it. A row's sum adds its experts
+// in ascending order, and the products are batch-invariant, so a row's output does not depend on the other rows. `touched` counts the experts
 // the passes read, `calls` the passes (Python reads them: the experts a verify pass of n rows touches).
 struct MoeLayer {
   torch::Tensor router;  // [E, H] float32
@@ -440,11 +440,17 @@ struct MoeLayer {
     const float* W = router.data_ptr<float>();
     std::vector<float> p(R * E);  // router logits, then probabilities
     at::parallel_for(0, R * E, 8, [&](int64_t a, int64_t b) {
-      for (int64_t i = a; i < b; ++i) {
+      for (int64_t i = a; i < b; ++i) {  // each logit by the same code whatever the split: rows stay independent
         const float* x = h + (i / E) * H;
         const float* w = W + (i % E) * H;
+        __m256 acc = _mm256_setzero_ps();
+        int64_t j = 0;
+        for (; j + 8 <= H; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + j), _mm256_loadu_ps(w + j), acc);
+        alignas(32) float lanes[8];
+        _mm256_store_ps(lanes, acc);
         float s = 0.f;
-        for (int64_t j = 0; j < H; ++j) s += x[j] * w[j];
+        for (int t = 0; t < 8; ++t) s += lanes[t];
+        for (; j < H; ++j) s += x[j] * w[j];
         p[i] = s;
       }
     });
@@ -463,26 +469,44 @@ struct MoeLayer {
       for (int64_t j = 0; j < k; ++j) chosen += pr[order[j]];
       for (int64_t j = 0; j < k; ++j) routed[order[j]].push_back({r, norm ? pr[order[j]] / chosen : pr[order[j]]});
     }
-    std::fill(out, out + R * H, 0.f);
-    std::vector<float> xin(R * H), g(R * 2 * F), act(R * F), y(R * H);
+    // The experts the rows use, each a thread's whole (its products on one thread: one team a pass instead of two
+    // barriers an expert, and whoever runs it computes the same values); their rows' outputs side by side in y.
+    std::vector<int64_t> used, off{0};
+    for (int64_t e = 0; e < E; ++e)
+      if (!routed[e].empty()) {
+        used.push_back(e);
+        off.push_back(off.back() + int64_t(routed[e].size()));
+      }
+    const int64_t total = off.back();
+    std::vector<float> xin(total * H), g(total * 2 * F), act(total * F), y(total * H);
     ++calls;
-    for (int64_t e = 0; e < E; ++e) {
-      const auto& rows = routed[e];
-      const int64_t n = int64_t(rows.size());
-      if (n == 0) continue;
-      ++touched;
-      for (int64_t i = 0; i < n; ++i) std::copy_n(h + rows[i].first * H, H, xin.data() + i * H);
-      matmul(xin.data(), *gate_up[e], g.data(), n);
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t j = 0; j < F; ++j) {  // silu(gate) * up
-          const float gate = g[i * 2 * F + j];
-          act[i * F + j] = gate / (1.f + std::exp(-gate)) * g[i * 2 * F + F + j];
-        }
-      matmul(act.data(), *down[e], y.data(), n);
-      for (int64_t i = 0; i < n; ++i) {
+    touched += int64_t(used.size());
+    const auto experts = [&](int64_t u0, int64_t u1) {
+      for (int64_t u = u0; u < u1; ++u) {
+        const auto& rows = routed[used[u]];
+        const int64_t n = int64_t(rows.size()), o0 = off[u];
+        for (int64_t i = 0; i < n; ++i) std::copy_n(h + rows[i].first * H, H, xin.data() + (o0 + i) * H);
+        matmul(xin.data() + o0 * H, *gate_up[used[u]], g.data() + o0 * 2 * F, n);
+        for (int64_t i = o0; i < o0 + n; ++i)
+          for (int64_t j = 0; j < F; ++j) {  // silu(gate) * up
+            const float gate = g[i * 2 * F + j];
+            act[i * F + j] = gate / (1.f + std::exp(-gate)) * g[i * 2 * F + F + j];
+          }
+        matmul(act.data() + o0 * F, *down[used[u]], y.data() + o0 * H, n);
+      }
+    };
+    // Many experts (Qwen3-MoE's 8 a token): a thread each, no barrier between them. A few large ones (Mixtral's 2):
+    // one after another, each product split over the team, which a thread an expert would leave idle.
+    if (int64_t(used.size()) >= 4 * at::get_num_threads()) at::parallel_for(0, int64_t(used.size()), 1, experts);
+    else experts(0, int64_t(used.size()));
+    std::fill(out, out + R * H, 0.f);
+    for (size_t u = 0; u < used.size(); ++u) {  // a row adds its experts in ascending order
+      const auto& rows = routed[used[u]];
+      for (int64_t i = 0; i < int64_t(rows.size()); ++i) {
         float* o = out + rows[i].first * H;
+        const float* yi = y.data() + (off[u] + i) * H;
         const float wgt = rows[i].second;
-        for (int64_t j = 0; j < H; ++j) o[j] += wgt * y[i * H + j];
+        for (int64_t j = 0; j < H; ++j) o[j] += wgt * yi[j];
       }
     }
   }
