@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "specdec.explain",
     "specdec.bench.cli",
     "specdec.bench.real_models",
+    "specdec.bench.choose_path",
     "specdec.serve.cli",
     "specdec.bench.loadtest_cli",
     "specdec.audit.cli",
@@ -27,7 +28,7 @@ COMMAND_MODULES = (
 # The commands that run a model's passes in this process: they size their thread team at start and print it when
 # their first pass starts.
 # Every command takes --threads; the others pass it on to the servers and children they start (SPECDEC_THREADS).
-RUNS_PASSES = ("generate", "demo", "serve", "bench", "profile", "train-draft", "export-draft")
+RUNS_PASSES = ("generate", "demo", "serve", "bench", "profile", "train-draft", "export-draft", "choose-path")
 
 
 class UsageError(SpecdecError):

@@ -75,6 +75,8 @@ def decode_rows(report: dict) -> list[str]:
     for name, e in models.items():
         s, lp, f = e["specdec"]["plain"], e["llamacpp"]["plain"], e["floor_tokens_per_s"]
         ratio = s["decode_tokens_per_s"] / lp["decode_tokens_per_s"] if lp["decode_tokens_per_s"] else None
+        path = e["specdec"].get("precision")
+        name = name if path in (None, "gguf-q16") else f"{name} ({path})"  # a path choose-path remembered
         rows.append(f"| {name} | {gb(e['file_bytes'])} | {f:.2f} | {rate(s['decode_tokens_per_s'], f)} | "
                     f"{rate(lp['decode_tokens_per_s'], f)} | {f'{ratio:.2f}x' if ratio else '-'} | "
                     f"{num(s.get('itl_tokens_per_s'))} / {num(lp.get('itl_tokens_per_s'))} | "

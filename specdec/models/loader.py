@@ -48,8 +48,9 @@ def resolve_model_dir(spec: str, lean: bool = False) -> Path:
 
 
 def default_precision(path: Path, spec: str | None, device: str, model_type: str | None) -> str:
-    """bf16 on CUDA; on CPU, for a llama-family or Gemma 3 GGUF whose blocks the kernels read, gguf-q16: the fastest
-    path whose top-1 agreement with the fp32 model is >= 0.999 (docs/results/quality-gguf.md); else fp16."""
+    """bf16 on CUDA; on CPU, for a GGUF whose blocks the kernels read, the integer path `specdec choose-path`
+    measured fastest for this file on this CPU (models/path_choice.py), else gguf-q16: the fastest path whose top-1
+    agreement with the fp32 model is >= 0.999 (docs/results/quality-gguf.md); else fp16."""
     if device == "cuda":
         return "bf16"
     if model_type in SUPPORTED_TYPES + GEMMA_TYPES:
@@ -62,7 +63,14 @@ def default_precision(path: Path, spec: str | None, device: str, model_type: str
         runnable = (for_model_type(model_type) or ARCHS["llama"]).runnable
         source = gguf_source(path, spec)
         if source is not None and runnable(source) and decode_kernels() is not None:
-            return "gguf-q16"
+            from specdec.models.path_choice import remembered
+
+            choice = remembered(source)
+            if choice is None:
+                return "gguf-q16"
+            print(f"specdec: {choice.precision}, the path `specdec choose-path` measured fastest for this file here "
+                  f"({choice.measured}; --precision overrides)", file=sys.stderr)
+            return choice.precision
         if source is not None and model_type not in GEMMA_TYPES:  # say what the fp16 fallback costs, never silently
             from specdec.models.gguf_weights import fallback_note
 

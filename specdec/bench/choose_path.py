@@ -1,0 +1,90 @@
+"""`specdec choose-path --model FILE`: time gguf-q16 and gguf-q8 on a GGUF's own matrices here, say what each costs
+in agreement with llama.cpp, and remember the faster as the file's default on this CPU (models/path_choice.py).
+
+Both paths are loaded once and their passes alternated (a 1-row pass and a verify pass of --rows rows after
+--context cached tokens, --reps times each, the fastest kept: other load only ever adds time). The rule: the lower
+sum of the two, a plain step and a verify step weighing alike. Agreement: top-1 of each path's logits against
+llama.cpp's on the same file and tokens (where llama.cpp is installed: `make llamacpp`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from specdec.errors import SpecdecError
+from specdec.inputs import AT_LEAST_1
+
+TEXT = ("Speculative decoding drafts a few tokens cheaply and lets the target model check them all in one pass. "
+        "The output is exactly what the target would have written alone; only the time it takes changes.")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("choose-path", help="time gguf-q16 and gguf-q8 on a GGUF here and remember the faster")
+    p.add_argument("--model", required=True, help="a .gguf file")
+    p.add_argument("--rows", type=int, default=6, action=AT_LEAST_1,
+                   help="the verify pass timed beside a 1-row pass (default 6: five drafts)")
+    p.add_argument("--context", type=int, default=256, action=AT_LEAST_1, help="cached tokens before the passes")
+    p.add_argument("--reps", type=int, default=6, action=AT_LEAST_1)
+    p.add_argument("--remember", action=argparse.BooleanOptionalAction, default=True,
+                   help="make the faster path this file's default here (--no-remember: only report)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from specdec.bench.profile import primed, timed
+    from specdec.models.gguf_weights import runnable
+    from specdec.models.loader import load_model
+    from specdec.models.path_choice import PATHS, PathChoice, remember
+    from specdec.provenance import cpu_name
+
+    path = Path(args.model).expanduser()
+    if path.suffix.lower() != ".gguf" or not path.is_file():
+        raise SpecdecError(f"{args.model}: choose-path takes a .gguf file")
+    if not runnable(path):
+        raise SpecdecError(f"{path}: some matrix is in a type the integer paths do not read: there is no choice")
+    rows = [1, args.rows] if args.rows > 1 else [1]
+    models = {p: load_model(str(path), p).model for p in PATHS}
+    runs = {p: primed(m, args.context, rows) for p, m in models.items()}
+    best = {p: {n: float("inf") for n in rows} for p in PATHS}
+    for rep in range(args.reps):
+        for p in PATHS if rep % 2 == 0 else tuple(reversed(PATHS)):
+            for n in rows:
+                best[p][n] = min(best[p][n], timed(runs[p][n]))
+    del runs, models
+    score = {p: sum(best[p].values()) for p in PATHS}
+    chosen = min(PATHS, key=score.get)
+    agreement = llamacpp_agreement(path)
+    choice = PathChoice(chosen, {p: {str(n): round(1e3 * t, 3) for n, t in best[p].items()} for p in PATHS},
+                        f"the lower sum of a 1-row and a {rows[-1]}-row pass, fastest of {args.reps} alternated",
+                        agreement, f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {cpu_name()}")
+    print(f"{'path':<9} {'1 row ms':>9} {f'{rows[-1]} rows ms':>10} {'ratio':>6}  top-1 vs llama.cpp")
+    for p in PATHS:
+        one, many = best[p][1], best[p][rows[-1]]
+        top1 = f"{agreement[p]:.3f}" if agreement else "not measured (make llamacpp)"
+        print(f"{p:<9} {1e3 * one:9.2f} {1e3 * many:10.2f} {many / one:6.2f}  {top1}")
+    print(f"faster here: {chosen} ({choice.rule})")
+    if args.remember:
+        store = remember(path, choice)
+        print(f"remembered in {store}: {chosen} is this file's default on this CPU (--precision overrides)")
+    return 0
+
+
+def llamacpp_agreement(path: Path) -> dict[str, float] | None:
+    """Top-1 agreement of each path's logits with llama.cpp's on the file, over TEXT's tokens (None without
+    llama.cpp)."""
+    from specdec.bench import llamacpp_oracle as oracle
+    from specdec.models.loader import load_model
+    from specdec.models.path_choice import PATHS
+
+    if oracle.missing() is not None:
+        print(f"specdec: no llama.cpp here, agreement not measured ({oracle.missing().split(';')[0]})", file=sys.stderr)
+        return None
+    ids = load_model(str(path), PATHS[0]).tokenizer.encode(TEXT)
+    try:
+        theirs = oracle.logits(path, ids)
+        return {p: oracle.distance(oracle.specdec_logits(path, ids, p)[0], theirs)["top1"] for p in PATHS}
+    finally:
+        oracle.close(path)
