@@ -304,28 +304,26 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
   rms_norm_rows(xp, norm2.data_ptr<float>(), hp, R, H, float(eps));
   if (variant.moe) {  // the experts each row is routed to, in place of the MLP
     variant.moe(hp, o, R);
-    if (variant.post_ff_norm) rms_norm_rows(o, variant.post_ff_norm, o, R, H, float(eps));
-    over_rows(R, add_residual);
-    return;
+  } else {
+    lin(GATE_UP, hp, gp, R);
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    // GELU's tanh form is gate * sigmoid(2u), u = sqrt(2 / pi) (gate + 0.044715 gate^3): the sigmoid of SiLU's
+    // loop at gate (c1 + c3 gate^2) instead of gate
+    const __m256 c1 = _mm256_set1_ps(1.5957691216057308f), c3 = _mm256_set1_ps(0.07135481627260025f);
+    const bool gelu = variant.gelu;
+    const int64_t vecs = inter / 8;  // an item is 8 of a row's values
+    over_items(R * vecs, 2 * vecs, [&](int64_t i0, int64_t i1) {
+      for (int64_t v = i0; v < i1; ++v) {  // silu(gate) * up, or gelu(gate) * up
+        const int64_t r = v / vecs, i = v % vecs * 8;
+        const __m256 gate = _mm256_loadu_ps(gp + r * 2 * inter + i);
+        const __m256 up = _mm256_loadu_ps(gp + r * 2 * inter + inter + i);
+        const __m256 arg = gelu ? _mm256_mul_ps(gate, _mm256_fmadd_ps(c3, _mm256_mul_ps(gate, gate), c1)) : gate;
+        const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, arg))));
+        _mm256_storeu_ps(actp + r * inter + i, _mm256_mul_ps(_mm256_mul_ps(gate, sig), up));
+      }
+    });
+    lin(DOWN, actp, o, R);
   }
-  lin(GATE_UP, hp, gp, R);
-  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
-  // GELU's tanh form is gate * sigmoid(2u), u = sqrt(2 / pi) (gate + 0.044715 gate^3): the sigmoid of SiLU's
-  // loop at gate (c1 + c3 gate^2) instead of gate
-  const __m256 c1 = _mm256_set1_ps(1.5957691216057308f), c3 = _mm256_set1_ps(0.07135481627260025f);
-  const bool gelu = variant.gelu;
-  const int64_t vecs = inter / 8;  // an item is 8 of a row's values
-  over_items(R * vecs, 2 * vecs, [&](int64_t i0, int64_t i1) {
-    for (int64_t v = i0; v < i1; ++v) {  // silu(gate) * up, or gelu(gate) * up
-      const int64_t r = v / vecs, i = v % vecs * 8;
-      const __m256 gate = _mm256_loadu_ps(gp + r * 2 * inter + i);
-      const __m256 up = _mm256_loadu_ps(gp + r * 2 * inter + inter + i);
-      const __m256 arg = gelu ? _mm256_mul_ps(gate, _mm256_fmadd_ps(c3, _mm256_mul_ps(gate, gate), c1)) : gate;
-      const __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp256(_mm256_sub_ps(zero, arg))));
-      _mm256_storeu_ps(actp + r * inter + i, _mm256_mul_ps(_mm256_mul_ps(gate, sig), up));
-    }
-  });
-  lin(DOWN, actp, o, R);
   if (variant.post_ff_norm) rms_norm_rows(o, variant.post_ff_norm, o, R, H, float(eps));
   over_rows(R, add_residual);
 }
