@@ -695,8 +695,10 @@ void specdec::register_gguf(pybind11::module& m) {
       .def_readonly("scales", &QMatrix::scales)
       .def_property_readonly("stacked", [](const QMatrix& w) { return int64_t(w.parts.size()); })
       .def_property_readonly("nbytes", &QMatrix::nbytes);
-  m.def("kq_pack", &kq_pack, "kq_pack(kind, blocks, N, K, paired) -> [q, d, m, hb, sc]: gguf_kq.inc's planes "
-        "of a matrix's blocks as stored (see gguf_pack.inc)");
+  m.def("kq_pack", &kq_pack, "kq_pack(kind, parts, N, K, paired, zeroed=[]) -> [q, d, m, hb, sc]: gguf_kq.inc's "
+        "planes of a matrix's blocks as stored, its parts stacked by rows (see gguf_pack.inc)",
+        pybind11::arg("kind"), pybind11::arg("parts"), pybind11::arg("N"), pybind11::arg("K"), pybind11::arg("paired"),
+        pybind11::arg("zeroed") = std::vector<c10::optional<torch::Tensor>>());
   m.def("gemm_gguf", &gemm_gguf, "y [M, N] = x [M, K] . W^T on GGUF blocks (row layout: exact; interleaved: q8)");
   m.def("decode_block_gguf", &decode_block_gguf, "one decoder block on GGUF blocks, in place",
         pybind11::arg("x"), pybind11::arg("slot"), pybind11::arg("pos"), pybind11::arg("norm1"), pybind11::arg("qkv"),

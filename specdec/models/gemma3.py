@@ -174,9 +174,9 @@ class Gemma3Block:
                  "o": [att + "o_proj.weight"], "gate_up": [mlp + "gate_proj.weight", mlp + "up_proj.weight"],
                  "down": [mlp + "down_proj.weight"]}
         if gguf is not None:  # fused as the torch path fuses them; qmatrix stacks parts of different types
-            quantized, kernels, put = gguf
+            quantized, kernels, arena = gguf
             self.qkv, self.o, self.gate_up, self.down = (
-                GgufLinear([quantized[n] for n in names[key]], precision, kernels, put) for key in names)
+                GgufLinear([quantized[n] for n in names[key]], precision, kernels, arena) for key in names)
         else:
             qkv_b = None
             if cfg.attention_bias:
@@ -276,7 +276,7 @@ class Gemma3(Transformer):
 
     @staticmethod
     def _gguf(precision: str, device: str, quantized: dict | None):
-        """(quantized, kernels, put) for GgufLinear at a GGUF-block precision; None at a torch one."""
+        """(quantized, kernels, arena) for GgufLinear at a GGUF-block precision; None at a torch one."""
         if precision in TORCH_PRECISIONS:
             return None
         if precision not in GGUF_BLOCK_PRECISIONS:
@@ -292,7 +292,7 @@ class Gemma3(Transformer):
         kernels = decode_kernels()
         if kernels is None:  # decode_kernels() has said why on stderr
             raise SpecdecError(f"--precision {precision} needs the native kernels; use fp16")
-        return quantized, kernels, Arena().put  # the planes on huge pages, as Transformer's
+        return quantized, kernels, Arena()  # the planes on huge pages, as Transformer's
 
     @classmethod
     def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu",

@@ -168,10 +168,11 @@ def planes(parts: list[QTensor], interleave: bool, act_bits: int = 8, paired: bo
 
 
 def qmatrix(kernels, parts: list[QTensor], interleave: bool, act_bits: int = 8, paired: bool = False,
-            put=lambda t: t):
+            put=lambda t: t, zeros=None):
     """A kernels.QMatrix of `parts` stacked by rows, each tensor passed through `put` (an arena's, say). Parts of one
     kind (or Q4_0/Q4_1 together) make one matrix; mixed kinds (a Q4_K_M file's [q; k; v] with v in Q6_K) a stacked
-    matrix whose parts each run on their own kernel."""
+    matrix whose parts each run on their own kernel. `zeros(shape, dtype)` (an arena's): where the native packer
+    writes K-quant planes directly, so that loading writes them once, not into new memory and then into `put`'s."""
     kinds = {p.kind for p in parts}
     if not interleave and not kinds <= set(BLOCK_BYTES):
         odd = ", ".join(sorted(kinds - set(BLOCK_BYTES)))
@@ -185,25 +186,44 @@ def qmatrix(kernels, parts: list[QTensor], interleave: bool, act_bits: int = 8, 
                 runs[-1].append(p)
             else:
                 runs.append([p])
-        return kernels.QMatrix([qmatrix(kernels, run, interleave, act_bits, paired, put) for run in runs])
-    legacy = kinds <= set(BLOCK_BYTES)
-    args = planes(parts, interleave, act_bits, paired) if legacy else kq_planes(parts, act_bits, paired, kernels)
+        return kernels.QMatrix([qmatrix(kernels, run, interleave, act_bits, paired, put, zeros) for run in runs])
+    if kinds <= set(BLOCK_BYTES):
+        args = planes(parts, interleave, act_bits, paired)
+    elif zeros is not None and hasattr(kernels, "kq_pack"):
+        return kernels.QMatrix(*kq_planes(parts, act_bits, paired, kernels, zeros))  # written in place
+    else:
+        args = kq_planes(parts, act_bits, paired, kernels)
     return kernels.QMatrix(*(put(a) if isinstance(a, torch.Tensor) else a for a in args))
 
 
-def kq_planes(parts: list[QTensor], act_bits: int, paired: bool = False, kernels=None) -> tuple:
+def kq_plane_sizes(kind: str, n: int, k: int, paired: bool) -> list[tuple[int, torch.dtype] | tuple[None, None]]:
+    """(values, dtype) of each plane kq_pack writes, (q, d, m, hb, sc); (None, None) where the kind has none."""
+    groups = -(-n // 8)
+    stored = groups + groups % 2 if paired else groups
+    blocks, k_quant = k // 32, kind in ("Q4_K", "Q5_K", "Q6_K")
+    scales = k // 256 if k_quant else blocks  # a row's
+    planes = {"Q4_K": 0, "Q6_K": 2}.get(kind, 1)  # high-bit planes: Q5_0, Q5_1, Q5_K one
+    sizes = [(stored * blocks * 128, torch.uint8), (stored * scales * 8, torch.float16),
+             (stored * scales * 8, torch.float16) if kind != "Q6_K" else (None, None),
+             (stored * blocks * 32 * planes, torch.uint8) if planes else (None, None),
+             (stored * blocks * 16, torch.uint8) if k_quant else (None, None)]
+    return sizes
+
+
+def kq_planes(parts: list[QTensor], act_bits: int, paired: bool = False, kernels=None, zeros=None) -> tuple:
     """gguf_kq.inc's planes of same-kind matrices stacked by rows: (bits, N, K, q, d, m, rows, act_bits, paired, hb,
     sc, scales), rows in groups of 8 (zero rows pad the last); `paired`: groups in pairs, as the VNNI build reads them
     fastest. See gguf_kq.inc for each plane's layout. This numpy version is the definition; with `kernels` the same
     planes come from kernels.kq_pack in one pass over the file's bytes (the tests check they are equal)."""
     kind = parts[0].kind
     if kernels is not None and hasattr(kernels, "kq_pack"):
-        blocks = np.concatenate([p.blocks for p in parts]) if len(parts) > 1 else parts[0].blocks
-        n, k = blocks.shape[0], parts[0].cols
+        n, k = sum(p.rows for p in parts), parts[0].cols
         with warnings.catch_warnings():  # the file's pages are read-only; kq_pack only reads them
             warnings.simplefilter("ignore", UserWarning)
-            raw = torch.from_numpy(np.ascontiguousarray(blocks))
-        q, d, m, hb, sc = kernels.kq_pack(kind, raw, n, k, paired)
+            raw = [torch.from_numpy(np.ascontiguousarray(p.blocks)) for p in parts]  # the file's pages, not copies
+        out = [] if zeros is None else [None if size is None else zeros((size,), dtype)
+                                        for size, dtype in kq_plane_sizes(kind, n, k, paired)]
+        q, d, m, hb, sc = kernels.kq_pack(kind, raw, n, k, paired, out)
         bits, scales = gguf_blocks.BITS[kind], {"Q4_K": 1, "Q5_K": 1, "Q6_K": 2}.get(kind, 0)
         return bits, n, k, q, d, m, False, act_bits, paired, hb, sc, scales
     x = [gguf_blocks.decode(p.kind, p.blocks, p.rows, p.cols) for p in parts]

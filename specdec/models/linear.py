@@ -85,9 +85,9 @@ class Linear:
 
 class GgufLinear:
     """y = x W^T for x [rows, in_features], W the matrices `parts` (gguf_weights.QTensor) stacked by rows, as stored
-    in the file. `put` places the kernel's planes (an Arena's, for huge pages)."""
+    in the file. `arena` (hugepages.Arena) holds the kernel's planes, on huge pages."""
 
-    def __init__(self, parts: list, precision: str, kernels, put=lambda t: t):
+    def __init__(self, parts: list, precision: str, kernels, arena=None):
         from specdec.kernels import pairs_layout
         from specdec.models.gguf_weights import qmatrix
 
@@ -95,7 +95,8 @@ class GgufLinear:
             raise SpecdecError(f"GgufLinear takes {', '.join(ACT_BITS)}, not {precision!r}")
         self.precision, self.kernels = precision, kernels
         self.out_features, self.in_features = sum(p.rows for p in parts), parts[0].cols
-        self.qm = qmatrix(kernels, parts, True, ACT_BITS[precision], pairs_layout(kernels), put)
+        put, zeros = (arena.put, arena.zeros) if arena is not None else (lambda t: t, None)
+        self.qm = qmatrix(kernels, parts, True, ACT_BITS[precision], pairs_layout(kernels), put, zeros)
 
     @property
     def nbytes(self) -> int:

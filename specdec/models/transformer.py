@@ -136,7 +136,7 @@ class Block:
             paired = pairs_layout(kernels)
 
             def make(parts):
-                return qmatrix(kernels, parts, integer, ACT_BITS.get(precision, 8), paired, arena.put)
+                return qmatrix(kernels, parts, integer, ACT_BITS.get(precision, 8), paired, arena.put, arena.zeros)
 
             qkv, o = (make([quantized[n] for n in names]) for names in (qkv_names, [att + "o_proj.weight"]))
             if cfg.moe:  # the experts replace the MLP; the stack takes expert 0's matrices for the block's sizes
@@ -262,7 +262,7 @@ class Transformer:
             head_q = quantized.get(name, quantized["model.embed_tokens.weight"])
             integer = self.act_bits is not None
             self.lm_head_q = qmatrix(self.kernels, [head_q], integer, self.act_bits or 8,
-                                     integer and pairs_layout(self.kernels), arena.put)
+                                     integer and pairs_layout(self.kernels), arena.put, arena.zeros)
         else:
             self.lm_head = Linear(head, None, precision)
             self.lm_head_half = arena.put(head.half()) if native else None
