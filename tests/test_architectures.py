@@ -195,6 +195,13 @@ def test_what_is_not_covered_is_refused_in_one_line(tmp_path):
     with pytest.raises(SpecdecError, match="sliding_window must be an integer"):
         ModelConfig.from_hf({**base, "sliding_window": "wide"})
     assert ModelConfig.from_hf({**base, "sliding_window": 2047}).sliding_window == 2047
+    moe = {**base, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 8}
+    assert ModelConfig.from_hf(moe).moe
+    for change, fragment in (({"num_experts_per_tok": 5}, "more than the 4 experts"),
+                             ({"mlp_only_layers": [0]}, "dense layers among the sparse ones"),
+                             ({"moe_intermediate_size": 0}, "moe_intermediate_size must be an integer")):
+        with pytest.raises(SpecdecError, match=fragment):
+            ModelConfig.from_hf({**moe, **change})
     with pytest.raises(SpecdecError) as e:
         arch_of({"general.architecture": "falcon"}, tmp_path / "f.gguf")
     assert "'falcon' is not supported" in str(e.value) and all(a in str(e.value) for a in ARCHS)

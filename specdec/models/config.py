@@ -220,10 +220,10 @@ def _experts(cfg: dict, mt: str) -> dict:
     """ModelConfig's expert fields from a Qwen3MoeConfig's or MixtralConfig's config.json ({} for a dense model)."""
     if mt not in ("qwen3_moe", "mixtral"):
         return {}
-    count = cfg.get("num_experts" if mt == "qwen3_moe" else "num_local_experts")
-    used = cfg.get("num_experts_per_tok")
-    size = cfg.get("moe_intermediate_size") if mt == "qwen3_moe" else cfg.get("intermediate_size")
-    for key, value in (("experts", count), ("num_experts_per_tok", used), ("expert size", size)):
+    keys = ("num_experts", "num_experts_per_tok", "moe_intermediate_size") if mt == "qwen3_moe" else (
+        "num_local_experts", "num_experts_per_tok", "intermediate_size")
+    count, used, size = (cfg.get(key) for key in keys)
+    for key, value in zip(keys, (count, used, size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise SpecdecError(f"config.json: {key} must be an integer >= 1, got {json.dumps(value)[:40]}")
     if used > count:

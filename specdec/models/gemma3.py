@@ -57,7 +57,7 @@ from specdec.models.transformer import (
 )
 
 MODEL_TYPE = "gemma3_text"
-GEMMA2 = "gemma2"  # Gemma 2 runs here too: no q/k norms, soft-capped scores and logits (Gemma3Config.caps)
+GEMMA2 = "gemma2"  # Gemma 2 runs here too: no q/k norms, soft-capped scores and logits (attn_softcap, ...)
 SLIDING, FULL = "sliding_attention", "full_attention"
 TORCH_PRECISIONS = ("fp32", "fp16", "int8", "bf16")  # Linear's
 GGUF_BLOCK_PRECISIONS = tuple(ACT_BITS)  # GgufLinear's: gguf-q16, gguf-q8 (the exact "gguf" reads no K-quant)
