@@ -71,6 +71,8 @@ def test_a_shape_at_two_depths_projects_to_its_full_depth():
     assert rows[2].endswith("| - |")  # no n-gram projection: the run computes it (real_models.add_depths)
     assert "(48 layers, from 8, 16)" in rows[2] and "2:1.10 3:1.20" in rows[2]
     assert depth_rows({"shapes": {"qwen3-30b-a3b/8": shapes["qwen3-30b-a3b/8"]}}) == []  # one depth: no line
+    noisy = {"qwen3-30b-a3b/8": _depth(8, 0.030, 0.034), "qwen3-30b-a3b/16": _depth(16, 0.028, 0.058)}
+    assert "not projected" in depth_rows({"shapes": noisy})[2]  # passes that did not grow with depth
 
 
 def test_a_mixture_shows_the_experts_its_passes_read():

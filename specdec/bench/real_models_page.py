@@ -198,9 +198,11 @@ def depths(shapes: dict) -> dict[str, dict]:
         lc = at_full({d: 1 / e["llamacpp"]["plain"]["decode_tokens_per_s"] for d, e in by_depth.items()})
         times = {n: at_full({d: e["specdec"]["verify"]["times_s"][n] for d, e in by_depth.items()})
                  for n in next(iter(by_depth.values()))["specdec"]["verify"]["times_s"]}
+        one = {d: e["specdec"]["verify"]["times_s"]["1"] for d, e in by_depth.items()}
+        grows = all(one[a] < one[b] for a, b in zip(sorted(one), sorted(one)[1:]))  # else the fit is noise
         out[base] = {"layers": SHAPES[base].layers, "from": sorted(by_depth), "specdec_tokens_per_s": 1 / sd,
                      "llamacpp_tokens_per_s": 1 / lc, "times_s": times, "step_s": times["1"],
-                     "cost": {n: t / times["1"] for n, t in times.items()}}
+                     "cost": {n: t / times["1"] for n, t in times.items()}, "passes_grow": grows}
     return out
 
 
@@ -211,7 +213,9 @@ def depth_rows(report: dict) -> list[str]:
     rows = []
     for base, d in found.items():
         curve = " ".join(f"{n}:{c:.2f}" for n, c in d["cost"].items() if n != "1")
-        ngram = d.get("projections", {}).get("ngram", {}).get("overall")
+        if not d.get("passes_grow", True):
+            curve = "not projected: a 1-row pass did not take longer at more layers (noise)"
+        ngram = d.get("projections", {}).get("ngram", {}).get("overall") if d.get("passes_grow", True) else None
         rows.append(f"| {base} ({d['layers']} layers, from {', '.join(map(str, d['from']))}) | "
                     f"{d['specdec_tokens_per_s']:.2f} | {d['llamacpp_tokens_per_s']:.2f} | "
                     f"{d['specdec_tokens_per_s'] / d['llamacpp_tokens_per_s']:.2f}x | {curve} | "
@@ -264,12 +268,13 @@ def write_page(report: dict, path: Path) -> None:
         f"- raw JSON: `{cfg['out']}/real-models.json` (and one file per model beside it)",
         "",
         "The shapes are **random-weight** GGUFs from `specdec synth-gguf` with llama.cpp's Q4_K_M type mix: their "
-        "speed is real, their output is noise. specdec runs them lean on the GGUF's blocks (gguf-q16); both engines "
-        "get the same prompt token ids (the first Spec-Bench writing prompt). specdec ignores the eos token (random "
+        "speed is real, their output is noise. specdec runs them lean on the GGUF's blocks (gguf-q16, or the path "
+        "`specdec choose-path` remembered for the file, named beside it); both engines get the same prompt token "
+        "ids (the first Spec-Bench writing prompt). specdec ignores the eos token (random "
         "weights emit it by chance); llama.cpp's worker cannot, so its token count is shown. Rates are decode rates: "
         "tokens after the first over the time after the first; 1/median ITL (inter-token latency) is less "
         "sensitive to bursts of other load. The floor is file bytes / read bandwidth (every "
-        "weight byte read once per token).",
+        "weight byte read once per token; a mixture of experts: the bytes a token reads).",
         "",
     ]
     if names:
