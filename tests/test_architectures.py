@@ -21,7 +21,7 @@ from tests.conftest import divergence_message, greedy_reference
 from tests.test_engine_model import mismatch_report, ours_prefill_then_decode, verify_vs_one_token
 from tests.test_gguf_kernels import kernels  # noqa: F401 (fixture)
 
-SHAPES = ["tiny-qwen3", "tiny-gemma2", "tiny-phi3", "tiny-qwen3moe", "tiny-mixtral"]
+SHAPES = ["tiny-qwen3", "tiny-gemma2", "tiny-phi3", "tiny-phi3-longrope", "tiny-qwen3moe", "tiny-mixtral"]
 VOCAB = 49152  # the tiny shapes' (the bundled tokenizer's)
 
 
@@ -178,16 +178,34 @@ def test_speculative_greedy_equals_plain_greedy(files, kernels, shape, k):  # no
     assert 0 < accepted <= drafted, (accepted, drafted)
 
 
+def test_longrope_runs_within_its_original_context_and_says_so(files, capsys):
+    """A LongRoPE file (Phi-3 128k, Phi-3.5) runs on its short factors and attention factor within its original
+    context (transformers and llama.cpp agree there: test_torch_path_agrees_with_transformers, the llama.cpp
+    matrix); its context is capped there, said at load, and a longer prompt is refused in one line."""
+    from specdec.errors import SpecdecError
+    from specdec.models.synth_gguf import longrope_attn_factor, longrope_factors
+
+    shape = SYNTH["tiny-phi3-longrope"]
+    loaded = load_model(str(files["tiny-phi3-longrope"]), "gguf-q16")
+    cfg = loaded.model.cfg
+    assert (cfg.max_position_embeddings, cfg.long_context) == (shape.longrope, shape.context)
+    assert cfg.rope_freq_factors == pytest.approx(longrope_factors(shape, long=False).tolist())
+    assert cfg.rope_attn_factor == pytest.approx(longrope_attn_factor(shape)) and cfg.rope_attn_factor > 1.05
+    assert "uses LongRoPE" in capsys.readouterr().err
+    with pytest.raises(SpecdecError, match="4096"):
+        Engine(loaded.model, loaded.tokenizer).generate([[5] * (shape.longrope + 1)], GenerationConfig(max_new_tokens=1))
+
+
 def test_what_is_not_covered_is_refused_in_one_line(tmp_path):
-    """LongRoPE files (Phi-3 128k, Phi-3.5) and partial rotary embeddings (Phi-4-mini) are refused by name; so is an
-    architecture specdec does not run, with the list of those it does."""
+    """A LongRoPE file without its original context, and partial rotary embeddings (Phi-4-mini), are refused by
+    name; so is an architecture specdec does not run, with the list of those it does."""
     from specdec.errors import SpecdecError
     from specdec.models.config import ModelConfig
     from specdec.models.gguf_arch import ARCHS, arch_of
-    from specdec.models.gguf_llama import hf_name
+    from specdec.models.gguf_llama import longrope
 
-    with pytest.raises(SpecdecError, match="LongRoPE scaling.*not supported"):
-        hf_name("rope_factors_long.weight", tmp_path / "phi.gguf", "phi3")
+    with pytest.raises(SpecdecError, match="LongRoPE needs.*original_context_length"):
+        longrope({}, tmp_path / "phi.gguf", {"rope_factors_short": [1.0], "rope_factors_long": [1.0]}, 2, 1e4)
     base = {"model_type": "phi3", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1,
             "num_attention_heads": 2}
     with pytest.raises(SpecdecError, match="partial rotary"):

@@ -8,7 +8,9 @@ tiny-qwen2 (q, k and v biases), tiny-mistral (arch "llama", as llama.cpp's conve
 positions and a global sixth; gguf-q16 only: the exact path reads no Gemma), tiny-qwen3 (Qwen3: an RMSNorm on
 each query and key head, weights random around 1; heads wider than hidden / heads; untied), tiny-gemma2 (Gemma
 2: no q/k norms, scores and logits soft-capped at 1.5 and 2.0, small enough to bend them, two of four layers
-sliding over 16 positions), tiny-phi3 (Phi-3: fused [q; k; v] and [gate; up], heads of 96, untied), tiny-qwen3moe
+sliding over 16 positions), tiny-phi3 (Phi-3: fused [q; k; v] and [gate; up], heads of 96, untied),
+tiny-phi3-longrope (Phi-3.5's LongRoPE within its original context: short factors up to 2.7 and an attention factor
+of 1.08, which llama.cpp applies at the context its oracle asks for), tiny-qwen3moe
 and tiny-mixtral (a mixture of 8 experts, 2 a token: Qwen3-MoE's layout, and Mixtral's, a llama file with experts).
 Quants: the eight block types uniformly (`llama-quantize --pure`), and the Q4_K_M mix.
 Tokens: 96 fixed pseudo-random ids of the bundled vocabulary, fed from position 0.
@@ -46,7 +48,7 @@ from specdec.models.synth_gguf import write
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(oracle.missing() is not None, reason=str(oracle.missing()))]
 
 SHAPES = ("tiny-llama", "tiny-llama-untied", "tiny-llama3", "tiny-qwen2", "tiny-mistral", "tiny-gemma3", "tiny-qwen3",
-          "tiny-gemma2", "tiny-phi3", "tiny-qwen3moe", "tiny-mixtral")
+          "tiny-gemma2", "tiny-phi3", "tiny-phi3-longrope", "tiny-qwen3moe", "tiny-mixtral")
 QUANTS = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M")
 EXACT = ("Q4_0", "Q4_1", "Q8_0")  # the types `--precision gguf` reads; the others run on the integer paths only
 ALL = [(s, q, p) for s in SHAPES for q in QUANTS
@@ -128,6 +130,8 @@ SLIPS = {  # what a loader could get wrong in each file: the file as it would th
     # Phi-3's ffn_up is [gate; up]: a loader that took it as [up; gate]
     "tiny-phi3": lambda gguf: lambda name, v: np.concatenate(np.split(v, 2)[::-1]) if name.endswith("ffn_up.weight")
     else v,
+    # LongRoPE ignored: short factors of one and no attention factor (DROPS)
+    "tiny-phi3-longrope": lambda gguf: lambda name, v: np.ones_like(v) if name.startswith("rope_factors_") else v,
     # a mixture's router rows in reverse: a loader that numbered the experts backwards
     "tiny-qwen3moe": lambda gguf: lambda name, v: v[::-1].copy() if name.endswith("ffn_gate_inp.weight") else v,
     "tiny-mixtral": lambda gguf: lambda name, v: v[::-1].copy() if name.endswith("ffn_gate_inp.weight") else v,
@@ -136,7 +140,8 @@ SLIPS = {  # what a loader could get wrong in each file: the file as it would th
 }
 
 
-DROPS = {"tiny-gemma2": ("gemma2.attn_logit_softcapping", "gemma2.final_logit_softcapping")}  # metadata left out
+DROPS = {"tiny-gemma2": ("gemma2.attn_logit_softcapping", "gemma2.final_logit_softcapping"),  # metadata left out
+         "tiny-phi3-longrope": ("phi3.rope.scaling.attn_factor",)}
 
 
 @pytest.mark.parametrize("shape", list(SLIPS))

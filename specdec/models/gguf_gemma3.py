@@ -134,10 +134,10 @@ def runnable(path: Path) -> bool:
 
 
 def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
-           factors: list[float] | None = None) -> dict[str, Any]:
+           rope: dict[str, list[float]] | None = None) -> dict[str, Any]:
     """Gemma3TextConfig (Gemma2Config) fields (transformers 5's rope_parameters, and the 4.x rope_theta /
-    rope_local_base_freq); `shapes`: every tensor's shape by Hugging Face name; `factors` (a rope_freqs tensor)
-    never applies to Gemma."""
+    rope_local_base_freq); `shapes`: every tensor's shape by Hugging Face name; `rope` (rope_freqs and such
+    vectors) never applies to Gemma."""
     arch = meta.get("general.architecture", ARCH)
     gemma2 = arch == GEMMA2
 

@@ -60,9 +60,6 @@ def hf_name(name: str, src: Path, arch: str = "llama") -> str:
     names = {**_LAYER_NAMES, **_PHI3_NAMES} if arch == "phi3" else _LAYER_NAMES
     if m and m.group(2) in names:
         return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
-    if name.startswith("rope_factors_"):
-        raise SpecdecError(f"{src}: LongRoPE scaling ({name}: Phi-3 128k, Phi-3.5, Phi-4) is not supported; "
-                           "Phi-3 files without it (4k context) are")
     stem, _, kind = name.rpartition(".")
     if stem in _TOP_NAMES and kind in ("weight", "bias"):
         return f"{_TOP_NAMES[stem]}.{kind}"
@@ -91,10 +88,10 @@ def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
-           factors: list[float] | None) -> dict[str, Any]:
-    """LlamaConfig (Qwen2Config, Qwen3Config) fields, written with both the 4.x `rope_theta` and the 5.x
-    `rope_parameters` spellings; `shapes`: every tensor's shape by Hugging Face name; `factors`: the rope_freqs
-    tensor's values."""
+           rope: dict[str, list[float]]) -> dict[str, Any]:
+    """LlamaConfig (Qwen2Config, Qwen3Config, Phi3Config) fields, written with both the 4.x `rope_theta` and the
+    5.x `rope_parameters` spellings; `shapes`: every tensor's shape by Hugging Face name; `rope`: the file's rope
+    vectors by name (rope_freqs: Llama 3's scaling; rope_factors_short and _long: LongRoPE's)."""
     arch = meta["general.architecture"]
     hidden = need_int(meta, src, "embedding_length")
     n_heads = need_int(meta, src, "attention.head_count")
@@ -139,12 +136,35 @@ def config(meta: dict[str, Any], src: Path, shapes: dict[str, tuple[int, ...]],
         config["sliding_window"] = meta.get("phi3.attention.sliding_window")
         config["original_max_position_embeddings"] = config["max_position_embeddings"]
         config["partial_rotary_factor"] = 1.0
+        if rope.keys() & {"rope_factors_short", "rope_factors_long"}:
+            config.update(longrope(meta, src, rope, head_dim, rope_theta))
+    factors = rope.get("rope_freqs")
     if factors is not None:
         if len(factors) != head_dim // 2:
             raise SpecdecError(f"{src}: rope_freqs has {len(factors)} values; head size {head_dim} needs "
                                f"{head_dim // 2}")
         config[FREQ_FACTORS] = factors
     return config
+
+
+def longrope(meta: dict[str, Any], src: Path, rope: dict[str, list[float]], head_dim: int,
+             theta: float) -> dict[str, Any]:
+    """Phi3Config's LongRoPE fields from a file's rope_factors_short and rope_factors_long (a divisor per rotary
+    frequency each), its original context and its attention factor (cos and sin scaled by it), as llama.cpp's
+    converter writes them from Hugging Face's rope_scaling."""
+    orig = meta.get("phi3.rope.scaling.original_context_length")
+    if not {"rope_factors_short", "rope_factors_long"} <= rope.keys() or not isinstance(orig, int) or orig < 1:
+        raise SpecdecError(f"{src}: LongRoPE needs rope_factors_short, rope_factors_long and "
+                           "phi3.rope.scaling.original_context_length; this file lacks one of them")
+    for name in ("rope_factors_short", "rope_factors_long"):
+        if len(rope[name]) != head_dim // 2:
+            raise SpecdecError(f"{src}: {name} has {len(rope[name])} values; head size {head_dim} needs "
+                               f"{head_dim // 2}")
+    params = {"rope_type": "longrope", "rope_theta": theta, "short_factor": rope["rope_factors_short"],
+              "long_factor": rope["rope_factors_long"], "original_max_position_embeddings": orig,
+              "attention_factor": float(meta.get("phi3.rope.scaling.attn_factor", 1.0))}
+    return {"original_max_position_embeddings": orig, "rope_parameters": params,
+            "rope_scaling": {**params, "type": "longrope"}}
 
 
 def build_tokenizer(meta: dict[str, Any]):

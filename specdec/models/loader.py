@@ -134,6 +134,11 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
 
                 gguf = gguf_source(path, spec)
             model = Transformer.from_dir(path, precision, device, gguf)
+            if model.cfg.long_context:
+                print(f"specdec: {name} uses LongRoPE: it runs within its original context of "
+                      f"{model.cfg.max_position_embeddings} positions (the short factors, as llama.cpp and "
+                      f"transformers there); the long factors, for its {model.cfg.long_context}, are not implemented",
+                      file=sys.stderr)
             return LoadedModel(model, tokenizer, name, path, "specdec")
         from specdec.models.hf_adapter import HFAdapter
 

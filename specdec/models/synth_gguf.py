@@ -91,6 +91,7 @@ class Shape:
     experts: int = 0  # a mixture of experts: this many in each layer (0: a dense MLP of `ffn`)
     experts_used: int = 0  # experts each token is routed to
     expert_ffn: int = 0  # an expert's intermediate size (expert_feed_forward_length; Mixtral's is `ffn`)
+    longrope: int = 0  # Phi-3 128k, Phi-3.5: LongRoPE from this original context to `context` (0: none)
 
 
 _LLAMA_3 = dict(arch="llama", vocab=128256, context=131072, rope_theta=500000.0, rms_eps=1e-5)
@@ -115,6 +116,9 @@ SHAPES: dict[str, Shape] = {  # the published config.json of each model
     "phi-3-mini": Shape(arch="phi3", hidden=3072, layers=32, heads=32, kv_heads=32, head_dim=96, ffn=8192,
                         vocab=32064, context=4096, rope_theta=10000.0, rms_eps=1e-5, tied=False, sliding_window=2047,
                         spm=True),
+    "phi-3.5-mini": Shape(arch="phi3", hidden=3072, layers=32, heads=32, kv_heads=32, head_dim=96, ffn=8192,
+                          vocab=32064, context=131072, rope_theta=10000.0, rms_eps=1e-5, tied=False,
+                          sliding_window=262144, spm=True, longrope=4096),
     # Gemma 2: Gemma 3's block without q/k norms, soft-capped scores and logits, every other layer sliding
     "gemma-2-2b": Shape(arch="gemma2", hidden=2304, layers=26, heads=8, kv_heads=4, head_dim=256, ffn=9216,
                         vocab=256000, context=8192, rope_theta=10000.0, rms_eps=1e-6, tied=True, sliding_window=4096,
@@ -156,6 +160,11 @@ SHAPES: dict[str, Shape] = {  # the published config.json of each model
     "tiny-phi3": Shape(arch="phi3", hidden=384, layers=2, heads=4, kv_heads=2, head_dim=96, ffn=512,
                        vocab=BUNDLED_VOCAB + 64, context=4096, rope_theta=10000.0, rms_eps=1e-5, tied=False,
                        sliding_window=2047),
+    # Phi-3.5 (and Phi-3 128k): LongRoPE, its original context past what llama.cpp's oracle asks for (2048), so
+    # that both engines apply the short factors and the attention factor
+    "tiny-phi3-longrope": Shape(arch="phi3", hidden=384, layers=2, heads=4, kv_heads=2, head_dim=96, ffn=512,
+                                vocab=BUNDLED_VOCAB + 64, context=16384, rope_theta=10000.0, rms_eps=1e-5,
+                                tied=False, sliding_window=262144, longrope=4096),
     # Gemma 2: four layers, two sliding over 16 positions. Random weights give scores and logits of std about 1,
     # which Gemma 2's caps (50 and 30) would not touch: these caps are small enough to bend them
     "tiny-gemma2": Shape(arch="gemma2", hidden=256, layers=4, heads=4, kv_heads=2, head_dim=64, ffn=512,
@@ -205,6 +214,8 @@ def tensor_specs(s: Shape) -> list[TensorSpec]:
         top["output.weight"] = (s.vocab, s.hidden)
     if s.llama3_rope:
         top["rope_freqs.weight"] = (s.head_dim // 2,)
+    if s.longrope:  # as llama.cpp's converter writes LongRoPE's two factor lists
+        top["rope_factors_long.weight"] = top["rope_factors_short.weight"] = (s.head_dim // 2,)
     block = {"attn_norm.weight": (s.hidden,), "attn_q.weight": (q, s.hidden), "attn_k.weight": (kv, s.hidden),
              "attn_v.weight": (kv, s.hidden), "attn_output.weight": (s.hidden, q), "ffn_norm.weight": (s.hidden,),
              "ffn_gate.weight": (s.ffn, s.hidden), "ffn_up.weight": (s.ffn, s.hidden),
@@ -307,6 +318,18 @@ def _quant(quant: str) -> str:
     return quant.upper()
 
 
+def longrope_factors(s: Shape, long: bool) -> np.ndarray:
+    """float32 [head_dim / 2]: LongRoPE's divisor of each rotary frequency, rising from 1 for the fastest as
+    Phi-3.5's do (its short ones to about 2.7, its long ones to about 60; these are smooth stand-ins)."""
+    x = np.linspace(0.0, 1.0, s.head_dim // 2, dtype=np.float32)
+    return (1 + 59 * x ** 3 if long else 1 + 1.7 * x ** 2).astype(np.float32)
+
+
+def longrope_attn_factor(s: Shape) -> float:
+    """The attention factor llama.cpp's converter writes for LongRoPE: from the ratio of the contexts."""
+    return float(np.sqrt(1 + np.log(s.context / s.longrope) / np.log(s.longrope)))
+
+
 def llama3_rope_factors(s: Shape) -> np.ndarray:
     """float32 [head_dim / 2]: how much each rotary frequency's wavelength is stretched (llama.cpp divides the
     frequency by it). Short wavelengths keep theirs, long ones are stretched by `factor`, and those between blend
@@ -332,6 +355,8 @@ def _data(t: TensorSpec, qtype: GGMLQuantizationType, s: Shape, rng: np.random.G
         v = np.ones(t.shape, np.float32)
     elif t.name == "rope_freqs.weight":
         v = llama3_rope_factors(s)
+    elif t.name.startswith("rope_factors_"):
+        v = longrope_factors(s, long=t.name.startswith("rope_factors_long"))
     else:
         v = rng.standard_normal(t.shape, dtype=np.float32) * np.float32(BIAS_STD)
     return v.view(np.uint8)
@@ -405,6 +430,9 @@ def _metadata(w: GGUFWriter, s: Shape, name: str, quant: str, seed: int) -> None
         w.add_sliding_window(s.sliding_window)
     if s.arch == "phi3":  # Phi3MiniModel writes the rotary width and the original context
         w.add_rope_dimension_count(s.head_dim)
+        if s.longrope:
+            w.add_rope_scaling_orig_ctx_len(s.longrope)
+            w.add_rope_scaling_attn_factors(longrope_attn_factor(s))
     if s.attn_softcap:
         w.add_attn_logit_softcapping(s.attn_softcap)
     if s.final_softcap:

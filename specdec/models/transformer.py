@@ -186,10 +186,12 @@ class RopeTable:
     """cos and sin [positions, head_dim] of one RoPE base (rotate-half layout: each angle twice), built ROPE_BLOCK
     positions at a time, up to what the caches made so far can hold (new_cache). Blocks are appended, never
     recomputed, so a position's angles stay the ones every earlier pass used and cached keys stay exact. A whole
-    table of 131,072 positions at a head_dim of 256 is 256 MB (cos and sin); for 4k-token caches it is 8 MB."""
+    table of 131,072 positions at a head_dim of 256 is 256 MB (cos and sin); for 4k-token caches it is 8 MB.
+    `scale` multiplies both (LongRoPE's attention factor, as llama.cpp and transformers apply it)."""
 
-    def __init__(self, inv_freq: torch.Tensor, limit: int, device: torch.device):
+    def __init__(self, inv_freq: torch.Tensor, limit: int, device: torch.device, scale: float = 1.0):
         self.inv_freq, self.limit, self.device = inv_freq, limit, device  # [d/2]; the model's positions
+        self.scale = scale
         self.cos = self.sin = torch.empty(0, 2 * inv_freq.numel(), device=device)
 
     def cover(self, positions: int) -> bool:
@@ -202,8 +204,8 @@ class RopeTable:
         for a in range(have, want, ROPE_BLOCK):
             angles = torch.arange(a, min(want, a + ROPE_BLOCK)).float()[:, None] * self.inv_freq[None, :]
             angles = torch.cat([angles, angles], dim=-1).to(self.device)  # [block, d]
-            cos.append(angles.cos())
-            sin.append(angles.sin())
+            cos.append(angles.cos() * self.scale if self.scale != 1.0 else angles.cos())
+            sin.append(angles.sin() * self.scale if self.scale != 1.0 else angles.sin())
         self.cos, self.sin = torch.cat(cos), torch.cat(sin)
         return True
 
@@ -270,9 +272,9 @@ class Transformer:
             release_pages(quantized.values())  # the kernels hold their own planes now
         d = cfg.head_dim
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-        if cfg.rope_freq_factors is not None:  # Llama 3's scaling, as llama.cpp applies rope_freqs
+        if cfg.rope_freq_factors is not None:  # Llama 3's scaling as llama.cpp applies rope_freqs; LongRoPE's
             inv_freq = inv_freq / torch.tensor(cfg.rope_freq_factors, dtype=torch.float32)
-        self._rope = RopeTable(inv_freq, cfg.max_position_embeddings, self.device)  # grown by new_cache
+        self._rope = RopeTable(inv_freq, cfg.max_position_embeddings, self.device, cfg.rope_attn_factor)
 
     @property
     def cos(self) -> torch.Tensor:
