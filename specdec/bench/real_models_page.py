@@ -295,7 +295,8 @@ def write_page(report: dict, path: Path) -> None:
                      *depth_rows(report), ""] if depth_rows(report) else []),
                   f"## Time to first token ({cfg['ttft_tokens']}-token prompt), load time, resident memory after load",
                   "", *resource_rows(report), "",
-                  "RSS from /proc/PID/status: RssAnon (heap) and RssFile (mapped file pages).", "",
+                  "RSS from /proc/PID/status: RssAnon (heap) and RssFile (mapped file pages). Each engine loads the "
+                  "file just after it was read once (from the page cache, not the disk: real_models.warm).", "",
                   "## PROJECTED speedups of the decode phase (not measured on these models)", "",
                   f"n-gram acceptance: measured by the bundled SmolLM2-135M on Spec-Bench, read from "
                   f"`{proj['acceptance']}` (65 prompts, 5 per category, 128 tokens). Random weights make acceptance "
