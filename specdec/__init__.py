@@ -15,7 +15,12 @@ def __getattr__(name: str):  # keep `import specdec` light: torch loads on first
         from specdec.sampling import verify as _v
 
         return getattr(_v, name)
+    if name in ("load", "generate", "Generator"):  # the one-import entry point (specdec/api.py)
+        from specdec import api as _api
+
+        return getattr(_api, name)
     raise AttributeError(name)
 
 
-__all__ = ["SpecdecError", "verify", "verify_greedy", "VerifyOutput", "__version__"]
+__all__ = ["SpecdecError", "load", "generate", "Generator", "verify", "verify_greedy", "VerifyOutput",
+           "__version__"]

@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime", ("runtime",)),
     ("engine", ("engine",)),
     ("applications", ("train", "bench", "audit", "serve", "explain", "integrations")),
-    ("entry points", (ROOT, "cli")),
+    ("entry points", (ROOT, "api", "cli")),
 )
 LEVEL = {unit: i for i, (_, units) in enumerate(LAYERS) for unit in units}
 BEGIN, END = "<!-- layers:begin (python -m specdec.layers --write docs/architecture.md) -->", "<!-- layers:end -->"

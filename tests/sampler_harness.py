@@ -9,7 +9,9 @@ import numpy as np
 import torch
 from scipy import stats
 
-from specdec.sampling.verify import VerifyOutput, _assemble, draw_random, rejection_sample
+from specdec.sampling.rounds import RowRule, draft_lengths, verify_rows
+from specdec.sampling.verify import PAD, VerifyOutput, _assemble, _check_shapes, draw_random, rejection_sample
+from specdec.sampling.warp import SamplingConfig
 
 
 def random_config(seed: int, vocab: int, k: int, far: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,3 +135,49 @@ def broken_swapped_ratio(draft_tokens, draft_probs, target_probs, accept_u, samp
     w = torch.where((num_accepted == k).unsqueeze(1) | (residual.sum(1, keepdim=True) <= 0), p_at, residual)
     final = (w / sample_noise).argmax(dim=1)
     return VerifyOutput(_assemble(draft_tokens, num_accepted, final), num_accepted)
+
+
+def verify_round(
+    tokens: torch.Tensor,  # [B, k] long, PAD-padded drafts
+    draft_probs: torch.Tensor | None,  # [B, k, vocab] the drafter's warped q, or None (q one-hot)
+    logits: torch.Tensor,  # [B, k+1, vocab] the target's logits over the last token and the drafts
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+    lossy_typical: bool = False,
+) -> VerifyOutput:
+    """Rows with one set of sampling settings and one random stream (drawn for all rows at once): greedy, exact
+    rejection sampling against the warped target, or (opt-in, LOSSY) typical acceptance."""
+    b, k = tokens.shape
+    rule = RowRule(sampling, lossy_typical)
+    accept_u = noise = None
+    if lossy_typical:
+        _, noise = draw_random(b, 0, logits.shape[-1], generator, logits.device)
+    elif not sampling.greedy:
+        accept_u, noise = draw_random(b, k, logits.shape[-1], generator, logits.device)
+    live = torch.arange(k + 1, device=tokens.device)[None, :] <= draft_lengths(tokens)[:, None]  # [B, k+1]
+    return verify_rows(tokens, draft_probs, logits[live], [rule] * b, accept_u, noise)  # logits flat
+
+
+def rejection_sample_reference(draft_tokens, draft_probs, target_probs, accept_u, sample_noise) -> VerifyOutput:
+    """The slow, obviously correct loop that `rejection_sample` must equal, token for token."""
+    b, k, vocab = _check_shapes(draft_tokens, draft_probs, target_probs)
+    tokens = torch.full((b, k + 1), PAD, dtype=torch.long)
+    num_accepted = torch.zeros(b, dtype=torch.long)
+    for r in range(b):
+        drafted = [int(t) for t in draft_tokens[r] if t >= 0]
+        for i, x in enumerate(drafted):
+            p = target_probs[r, i]
+            q = draft_probs[r, i] if draft_probs is not None else torch.nn.functional.one_hot(
+                torch.tensor(x), vocab).to(p.dtype)
+            if accept_u[r, i] * q[x] < p[x]:
+                tokens[r, i] = x
+                num_accepted[r] += 1
+                continue
+            residual = torch.clamp(p - q, min=0.0)
+            w = residual if residual.sum() > 0 else p
+            tokens[r, i] = int(torch.argmax(w / sample_noise[r]))
+            break
+        else:
+            n = len(drafted)
+            tokens[r, n] = int(torch.argmax(target_probs[r, n] / sample_noise[r]))
+    return VerifyOutput(tokens=tokens, num_accepted=num_accepted)

@@ -193,7 +193,8 @@ def test_longrope_runs_within_its_original_context_and_says_so(files, capsys):
     assert cfg.rope_attn_factor == pytest.approx(longrope_attn_factor(shape)) and cfg.rope_attn_factor > 1.05
     assert "uses LongRoPE" in capsys.readouterr().err
     with pytest.raises(SpecdecError, match="4096"):
-        Engine(loaded.model, loaded.tokenizer).generate([[5] * (shape.longrope + 1)], GenerationConfig(max_new_tokens=1))
+        Engine(loaded.model, loaded.tokenizer).generate([[5] * (shape.longrope + 1)],
+                                                        GenerationConfig(max_new_tokens=1))
 
 
 def test_what_is_not_covered_is_refused_in_one_line(tmp_path):

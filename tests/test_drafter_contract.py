@@ -33,11 +33,10 @@ from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.heads.eagle import HeadConfig, default_taps
-from specdec.sampling.rounds import verify_round
 from specdec.sampling.verify import PAD
 from specdec.sampling.warp import SamplingConfig, warp_rows
 from specdec.train.distill import init_head
-from tests.sampler_harness import chi_square_pvalue, conditional_pvalues, pooled_chi_square
+from tests.sampler_harness import chi_square_pvalue, conditional_pvalues, pooled_chi_square, verify_round
 from tests.warp_oracle import reference_warp_rows
 
 VOCAB = 10

@@ -210,7 +210,7 @@ def test_json_and_trace(capsys, tmp_path, reuse_bundled):
     assert code == 0, err
     report = json.loads(out)
     for key in ("text", "token_ids", "alpha", "mean_tokens_per_round", "rounds", "tokens_per_s", "ttft_s",
-                "per_position_acceptance"):
+                "survival_by_position"):
         assert key in report, key
     ids = report["token_ids"]
     assert 0 < len(ids) <= 16 and isinstance(report["text"], str) and report["text"]

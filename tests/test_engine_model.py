@@ -180,7 +180,8 @@ def test_rope_tables_grow_by_blocks_as_caches_need_them(tiny_dir):
     """The RoPE tables start empty and cover what the caches made so far can hold, in whole blocks up to the model's
     positions; growing appends, so a model whose caches grew gives the logits of one that began with the large
     cache, bit for bit, and positions already cached keep their angles."""
-    from specdec.models.transformer import ROPE_BLOCK, Transformer
+    from specdec.models.attention import ROPE_BLOCK
+    from specdec.models.transformer import Transformer
 
     folder = tiny_dir(max_pos=3 * ROPE_BLOCK - 100)  # the last block is a part one
     grown, fresh = Transformer.from_dir(folder, "fp16"), Transformer.from_dir(folder, "fp16")

@@ -132,19 +132,19 @@ def test_request_stats():
     assert (st.drafted, st.accepted) == (10, 6)
     assert st.alpha == pytest.approx(0.6)
     assert st.mean_tokens_per_round == pytest.approx(10 / 4)
-    assert st.per_position_acceptance() == pytest.approx([2 / 3, 2 / 3, 1 / 2, 1 / 2])
+    assert st.survival_by_position() == pytest.approx([2 / 3, 2 / 3, 1 / 2, 1 / 2])
     assert st.inter_token_latencies() == pytest.approx([0.1, 0, 0, 0.1, 0, 0, 0, 0, 0.15, 0.05])
     assert st.tokens_per_s == pytest.approx(22.0)
     assert st.decode_tokens_per_s == pytest.approx(10 / 0.4)  # 10 tokens after the first, in 0.4 s
     assert (st.draft_s, st.verify_s) == (pytest.approx(0.025), pytest.approx(0.08))
     summary = st.summary()
     assert summary["alpha"] == pytest.approx(0.6) and summary["rounds"] == 4 and summary["generated_tokens"] == 11
-    assert set(summary) >= {"alpha", "mean_tokens_per_round", "per_position_acceptance", "tokens_per_s", "ttft_s"}
+    assert set(summary) >= {"alpha", "mean_tokens_per_round", "survival_by_position", "tokens_per_s", "ttft_s"}
 
 
 def test_empty_stats():
     st = RequestStats()
-    assert st.alpha is None and st.mean_tokens_per_round == 0.0 and st.per_position_acceptance() == []
+    assert st.alpha is None and st.mean_tokens_per_round == 0.0 and st.survival_by_position() == []
     assert st.inter_token_latencies() == [] and st.tokens_per_s == 0.0
 
 
@@ -154,8 +154,8 @@ def test_acceptance_meter():
     assert meter.alpha is None and meter.ema is None
     meter.update(4, 4)
     assert meter.ema == 1.0
-    meter.update(4, 0)  # one half-life of new evidence at rate 0
-    assert meter.ema == pytest.approx(0.5) and meter.alpha == pytest.approx(0.5)
+    meter.update(4, 0)  # one half-life of new evidence at rate 0: the old 4 weigh 2, so 2 of 6
+    assert meter.ema == pytest.approx(2 / 6) and meter.alpha == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize("budget", [7, 13, 30])

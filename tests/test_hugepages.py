@@ -49,7 +49,7 @@ def test_a_kv_pool_is_resident_only_where_written(blocked, hugepages, monkeypatc
     """A server's pool is sized for the model's whole context (Gemma 3 270M: 4.5 GiB at 8 slots of 32k); it must
     not take that memory before sequences fill it, and what was never written reads as zeros."""
     from specdec.models.config import ModelConfig
-    from specdec.models.transformer import KVCache
+    from specdec.models.kv_cache import KVCache
 
     cfg = ModelConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=4, num_heads=4,
                       num_kv_heads=2, head_dim=16, max_position_embeddings=1 << 16)
@@ -70,7 +70,7 @@ def test_a_servers_pool_maps_little_for_a_fresh_slots_first_positions():
     fresh slot of the bundled model at --context 8192, where 4 KB pages took 1 MB (scripts/kv_pages_bench.py)."""
     from specdec.engine.scheduler import SchedulerConfig
     from specdec.models.config import ModelConfig
-    from specdec.models.transformer import CHUNK, KVCache
+    from specdec.models.kv_cache import CHUNK, KVCache
 
     assert SchedulerConfig().kv_huge_pages is False
     cfg = ModelConfig(vocab_size=64, hidden_size=128, intermediate_size=128, num_layers=4, num_heads=4,

@@ -73,14 +73,14 @@ def test_the_last_minute_forgets_and_paying_is_measured_over_plain():
 
 def test_a_batch_width_never_run_plain_is_read_off_the_measured_passes():
     """Without a policy curve, a plain pass's cost at a width the server never ran comes from the measured ones:
-    linear between neighbours, in proportion past the widest, the narrowest's below it (so paying is never null
-    once a pass was measured)."""
+    by theory/cost.py's rule: linear between neighbours and past the widest (the last two's line), the
+    narrowest's below it (so paying is never null once a pass was measured)."""
     m, live, clock = make()
     feed(live, m, [0], [0], [1], draft_s=0.0, verify_s=0.010)  # one row: 10 ms
     feed(live, m, [0, 0, 0], [0, 0, 0], [1, 1, 1], draft_s=0.0, verify_s=0.014)  # three rows: 14 ms
     cost = {1: 0.010, 3: 0.014}
     assert live._plain_cost(2, cost) == pytest.approx(0.012)
-    assert live._plain_cost(6, cost) == pytest.approx(0.028)
+    assert live._plain_cost(6, cost) == pytest.approx(0.020)
     assert live._plain_cost(1, {3: 0.014}) == 0.014 and live._plain_cost(2, {}) is None
     feed(live, m, [2, 2], [1, 2], [2, 3], draft_s=0.001, verify_s=0.020)  # two speculating rows: never run plain
     r = live.snapshot(1, 0)["recent"]

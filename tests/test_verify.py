@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from specdec.sampling.lossy import LossyAcceptanceWarning, verify_typical_lossy
-from specdec.sampling.rounds import RowRule, draw_rows, verify_round, verify_rows
+from specdec.sampling.rounds import RowRule, draw_rows, verify_rows
 from specdec.sampling.verify import (
     PAD,
     draw_random,
     rejection_sample,
-    rejection_sample_reference,
     verify,
     verify_greedy,
 )
@@ -23,7 +22,9 @@ from tests.sampler_harness import (
     broken_swapped_ratio,
     position_pvalues,
     random_config,
+    rejection_sample_reference,
     run_rounds,
+    verify_round,
 )
 
 ROUNDS = 100_000

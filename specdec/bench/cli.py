@@ -111,7 +111,7 @@ def run_bench(args) -> int:
     from specdec.engine.generate import Engine
     from specdec.engine.policy import Auto, PassCost
     from specdec.runtime import ModelSpec, build
-    from specdec.theory.cli import load_profile
+    from specdec.theory.profile import load_profile
 
     k = parse_k(args.k)
     check_outputs(args)

@@ -59,7 +59,7 @@ class Drafter(Protocol):
     def reserve(self, slots: int, capacity: int, huge_pages: bool = True) -> int:
         """Room for `slots` sequences at once, each never longer than `capacity` tokens. Returns the length it
         can serve (less when, say, a draft model's own context is shorter). huge_pages: whether a KV cache it
-        keeps goes on 2 MB pages (models/transformer.py KVCache says when)."""
+        keeps goes on 2 MB pages (models/kv_cache.py KVCache says when)."""
         ...
 
     def open(self, slot: int, prompt: Sequence[int], sampling: SamplingConfig) -> None:

@@ -76,7 +76,7 @@ def make_policy(name: str, k: int, model, max_batch: int, profile: str | None, f
     if name == "always":
         return FixedK(k)
     if profile:
-        from specdec.theory.cli import load_profile
+        from specdec.theory.profile import load_profile
 
         cost = PassCost.from_profile(load_profile(profile))
     elif learned:

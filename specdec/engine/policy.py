@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -31,6 +31,7 @@ from specdec.drafters.base import Drafter
 from specdec.engine.sequence import Evidence
 from specdec.errors import SpecdecError
 from specdec.sampling.verify import PAD
+from specdec.theory.cost import read_cost
 from specdec.theory.economics import check_k
 
 POLICIES = ("auto", "always", "never")
@@ -51,6 +52,8 @@ class Policy(Protocol):
 
     max_k: int  # the most drafts a row verifies in a round
     trims: bool
+    cost: Callable[[int], float] | None  # seconds of a target pass over n rows, where the policy prices them
+
 
     def plan(self, rows: Sequence[RowView]) -> list[int]:
         """Each row's k before drafting, up to its cap."""
@@ -80,6 +83,7 @@ class FixedK:
 
     k: int
     trims = False
+    cost = None  # a fixed k prices nothing
 
     def __post_init__(self) -> None:
         check_k(self.k)
@@ -110,6 +114,7 @@ class Never:
 
     max_k: int = 0
     trims = False
+    cost = None
 
     def plan(self, rows: Sequence[RowView]) -> list[int]:
         return [0] * len(rows)
@@ -129,8 +134,9 @@ class Never:
 
 @dataclass
 class PassCost:
-    """Seconds of one target pass over n token-rows: measured points, linear between them and beyond the last
-    two. `scale` follows what passes really take (longer contexts cost more attention)."""
+    """Seconds of one target pass over n token-rows: measured points read by theory/cost.py's rule (linear
+    between them and beyond the last two). `scale` follows what passes really take (longer contexts cost more
+    attention)."""
 
     points: tuple[tuple[int, float], ...]  # sorted (rows, seconds)
     scale: float = 1.0
@@ -150,15 +156,7 @@ class PassCost:
         return cls(tuple(pts))
 
     def __call__(self, n: int) -> float:
-        xs = [p[0] for p in self.points]
-        i = bisect.bisect_left(xs, n)
-        if i < len(xs) and xs[i] == n:
-            return self.points[i][1] * self.scale
-        if len(xs) == 1:
-            return self.points[0][1] * n * self.scale
-        lo, hi = (self.points[-2], self.points[-1]) if i >= len(xs) else (self.points[i - 1], self.points[i])
-        t = lo[1] + (hi[1] - lo[1]) * (n - lo[0]) / (hi[0] - lo[0])
-        return max(t, self.points[0][1]) * self.scale
+        return read_cost(self.points, n) * self.scale
 
     def observe(self, n: int, seconds: float, weight: float = 0.1) -> None:
         predicted = self(n) / self.scale

@@ -55,6 +55,7 @@ class SchedulerConfig:
     # the KV pool on 2 MB pages: only for a pool sized to its prompts (Engine.generate); a server's pool holds
     # `context` positions a slot, mostly unused, and on 2 MB pages each slot's first request stalls (see KVCache)
     kv_huge_pages: bool = False
+    prefix_cache: int = 0  # finished prompts whose keys and values the scheduler keeps for reuse (0: none)
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -106,7 +107,11 @@ class Scheduler:
         if served is not None and served < self.context:  # a draft model with a shorter context bounds it
             self.context = served
         self.cache = model.new_cache(self.cfg.max_batch, self.context, huge_pages=self.cfg.kv_huge_pages)
-        self.prefix = prefix_cache  # finished sequences' keys and values, reused by prompts that share them
+        # finished sequences' keys and values, reused by prompts that share them: a caller's own (an Engine keeps
+        # one across its runs), else the scheduler's, where the target reuses keys exactly
+        if prefix_cache is None and self.cfg.prefix_cache and self.target.exact_kv_reuse:
+            prefix_cache = PrefixCache(model, self.cfg.prefix_cache, self.context)
+        self.prefix = prefix_cache
         self.slots: list[Sequence | None] = [None] * self.cfg.max_batch
         self.waiting: deque[Sequence] = deque()
         self.eos = set(tokenizer.eos_token_ids) if tokenizer is not None else set()

@@ -58,8 +58,10 @@ class RequestStats:
     def tokens_per_s(self) -> float:
         return rate(self.generated_tokens, self.total_s)
 
-    def per_position_acceptance(self) -> list[float]:
-        """For each draft position i: of the rounds that drafted a token there, the share that accepted it."""
+    def survival_by_position(self) -> list[float]:
+        """For each draft position i: of the rounds that drafted a token there, the share that accepted it (the
+        draft survived to i + 1 tokens). Not the conditional per-position acceptance a_i of the theory
+        (theory/economics.py conditional_acceptance), which counts only rounds that accepted every earlier one."""
         depth = max((len(r.drafted) for r in self.rounds), default=0)
         out = []
         for i in range(depth):
@@ -93,7 +95,7 @@ class RequestStats:
             "accepted": self.accepted,
             "alpha": self.alpha,
             "mean_tokens_per_round": self.mean_tokens_per_round,
-            "per_position_acceptance": self.per_position_acceptance(),
+            "survival_by_position": self.survival_by_position(),
             "tokens_per_s": self.tokens_per_s,
             "ttft_s": self.ttft_s,
             "total_s": self.total_s,
@@ -102,23 +104,46 @@ class RequestStats:
         }
 
 
+class DecayedRate:
+    """Acceptance rate as an exponential moving average over drafted tokens (each one a 0/1 observation): the one
+    moving average of acceptance in specdec (AcceptanceMeter's, and the server's exported gauge and drift).
+
+    Kept as decayed sums of accepted and drafted tokens, so there is no start-up bias toward an initial value:
+    evidence `half_life` drafted tokens old weighs half. Tokens of one round count as simultaneous."""
+
+    def __init__(self, half_life: float):
+        self.half_life = half_life
+        self.accepted = 0.0
+        self.drafted = 0.0
+
+    def update(self, accepted: int, drafted: int) -> None:
+        decay = 0.5 ** (drafted / self.half_life)
+        self.accepted = self.accepted * decay + accepted
+        self.drafted = self.drafted * decay + drafted
+
+    @property
+    def value(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted > 0 else None
+
+
 class AcceptanceMeter:
-    """The running acceptance-rate estimate a server exports: totals and an exponential moving average."""
+    """An engine's running acceptance across its requests (benchmarks report it): totals and a DecayedRate."""
 
     def __init__(self, halflife_tokens: float = 500.0):
         self.drafted = 0
         self.accepted = 0
-        self.ema: float | None = None
-        self._decay = 0.5 ** (1.0 / halflife_tokens)
+        self._rate = DecayedRate(halflife_tokens)
 
     def update(self, drafted: int, accepted: int) -> None:
         if drafted <= 0:
             return
         self.drafted += drafted
         self.accepted += accepted
-        w = self._decay ** drafted
-        rate = accepted / drafted
-        self.ema = rate if self.ema is None else w * self.ema + (1 - w) * rate
+        self._rate.update(accepted, drafted)
+
+    @property
+    def ema(self) -> float | None:
+        return self._rate.value
 
     @property
     def alpha(self) -> float | None:

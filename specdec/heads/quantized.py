@@ -18,7 +18,7 @@ import torch
 from specdec.heads.eagle import EagleHead
 from specdec.kernels import pairs_layout
 from specdec.models.gguf_weights import QTensor, planes
-from specdec.models.transformer import CHUNK
+from specdec.models.kv_cache import CHUNK
 
 
 def q8_0(w: torch.Tensor) -> QTensor:

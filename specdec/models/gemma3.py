@@ -25,7 +25,7 @@ kernels, as a Llama model's do (Transformer.forward_ragged): the products on the
 Gemma parts in C++ (kernels/common.h, BlockVariant: q/k norms, the two post-norms, GELU, the scale, the window in
 kernels/attention.cpp, and each layer's own RoPE table). Its rows are batch-invariant, so a verify pass equals
 one-token passes bit for bit and a prefix cache is exact (exact_kv_reuse). At fp32/fp16/int8/bf16, the torch path
-(kernels = None): decode and verify passes use the chunked, batch-invariant attention of transformer.attend_decode
+(kernels = None): decode and verify passes use the chunked, batch-invariant attention of attention.attend_decode
 with the window added to its mask; prefill uses torch's fused attention; exact_kv_reuse is False. Both caches keep
 every position, sliding layers included (a ring of `window` positions would save memory, not reads).
 """
@@ -40,21 +40,13 @@ import torch.nn.functional as F
 
 from specdec.errors import SpecdecError
 from specdec.inputs import number
+from specdec.models.attention import RopeTable, attend_decode, attend_prefill, rms_norm, rotate
 from specdec.models.config import ACT_BITS, ModelConfig, check_sizes
 from specdec.models.gguf_weights import RowLookup, release_pages
 from specdec.models.hugepages import Arena
+from specdec.models.kv_cache import slot_picker, write_kv
 from specdec.models.linear import GgufLinear, Linear
-from specdec.models.transformer import (
-    RopeTable,
-    Transformer,
-    _slot_picker,
-    _tap,
-    attend_decode,
-    attend_prefill,
-    rms_norm,
-    rotate,
-    write_kv,
-)
+from specdec.models.transformer import Transformer, tap
 
 MODEL_TYPE = "gemma3_text"
 GEMMA2 = "gemma2"  # Gemma 2 runs here too: no q/k norms, soft-capped scores and logits (attn_softcap, ...)
@@ -241,7 +233,7 @@ class Gemma3(Transformer):
         if gguf is not None:
             release_pages(quantized.values())  # the kernels hold their own planes now
         self.norm = (1.0 + weights["model.norm.weight"].float()).contiguous()
-        # RoPE tables [positions, head_dim] per base, grown by new_cache (transformer.RopeTable)
+        # RoPE tables [positions, head_dim] per base, grown by new_cache (attention.RopeTable)
         d = cfg.head_dim
         self.tables = {}  # sliding layer? -> RopeTable
         for sliding, theta in ((False, cfg.rope_theta), (True, cfg.rope_local_theta)):
@@ -329,9 +321,9 @@ class Gemma3(Transformer):
         hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         scale = cfg.query_pre_attn_scalar ** -0.5
         rope = {sliding: self._angles(sliding, pos) for sliding in self.tables}
-        pick = None if rows is None else _slot_picker(rows)
+        pick = None if rows is None else slot_picker(rows)
         for layer, blk in enumerate(self.blocks):
-            _tap(feats, 0, x, taps, layer)
+            tap(feats, 0, x, taps, layer)
             h = rms_norm(x, blk.input_norm, eps)
             qkv = blk.qkv(h).view(b, n, hq + 2 * hk, d)  # [B, n, heads, d]
             cos, sin = rope[blk.sliding]
@@ -352,6 +344,6 @@ class Gemma3(Transformer):
             h = rms_norm(x, blk.pre_ff_norm, eps)
             gate, up = blk.gate_up(h).chunk(2, dim=-1)
             x = x + rms_norm(blk.down(F.gelu(gate, approximate="tanh") * up), blk.post_ff_norm, eps)
-        _tap(feats, 0, x, taps, cfg.num_layers)
+        tap(feats, 0, x, taps, cfg.num_layers)
         x = x.view(b, n, cfg.hidden_size)
         return (x, feats.view(b, n, -1)) if taps else x

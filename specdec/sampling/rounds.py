@@ -115,27 +115,6 @@ def _warped(logits: torch.Tensor, starts: list[int], lengths: list[int], k: int,
     return out
 
 
-def verify_round(
-    tokens: torch.Tensor,  # [B, k] long, PAD-padded drafts
-    draft_probs: torch.Tensor | None,  # [B, k, vocab] the drafter's warped q, or None (q one-hot)
-    logits: torch.Tensor,  # [B, k+1, vocab] the target's logits over the last token and the drafts
-    sampling: SamplingConfig,
-    generator: torch.Generator,
-    lossy_typical: bool = False,
-) -> VerifyOutput:
-    """Rows with one set of sampling settings and one random stream (drawn for all rows at once): greedy, exact
-    rejection sampling against the warped target, or (opt-in, LOSSY) typical acceptance."""
-    b, k = tokens.shape
-    rule = RowRule(sampling, lossy_typical)
-    accept_u = noise = None
-    if lossy_typical:
-        _, noise = draw_random(b, 0, logits.shape[-1], generator, logits.device)
-    elif not sampling.greedy:
-        accept_u, noise = draw_random(b, k, logits.shape[-1], generator, logits.device)
-    live = torch.arange(k + 1, device=tokens.device)[None, :] <= draft_lengths(tokens)[:, None]  # [B, k+1]
-    return verify_rows(tokens, draft_probs, logits[live], [rule] * b, accept_u, noise)  # logits flat
-
-
 def sample_plain(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator) -> int:
     """One token from the (warped) target distribution. logits [vocab]."""
     if sampling.greedy:

@@ -150,28 +150,3 @@ def verify_greedy(
     dev = draft_tokens.device
     return VerifyOutput(tokens=torch.tensor(tokens, dtype=torch.long, device=dev).view(b, k + 1),
                         num_accepted=torch.tensor(accepted, dtype=torch.long, device=dev))
-
-
-def rejection_sample_reference(draft_tokens, draft_probs, target_probs, accept_u, sample_noise) -> VerifyOutput:
-    """The slow, obviously correct loop that `rejection_sample` must equal, token for token."""
-    b, k, vocab = _check_shapes(draft_tokens, draft_probs, target_probs)
-    tokens = torch.full((b, k + 1), PAD, dtype=torch.long)
-    num_accepted = torch.zeros(b, dtype=torch.long)
-    for r in range(b):
-        drafted = [int(t) for t in draft_tokens[r] if t >= 0]
-        for i, x in enumerate(drafted):
-            p = target_probs[r, i]
-            q = draft_probs[r, i] if draft_probs is not None else torch.nn.functional.one_hot(
-                torch.tensor(x), vocab).to(p.dtype)
-            if accept_u[r, i] * q[x] < p[x]:
-                tokens[r, i] = x
-                num_accepted[r] += 1
-                continue
-            residual = torch.clamp(p - q, min=0.0)
-            w = residual if residual.sum() > 0 else p
-            tokens[r, i] = int(torch.argmax(w / sample_noise[r]))
-            break
-        else:
-            n = len(drafted)
-            tokens[r, n] = int(torch.argmax(target_probs[r, n] / sample_noise[r]))
-    return VerifyOutput(tokens=tokens, num_accepted=num_accepted)

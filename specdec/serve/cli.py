@@ -110,21 +110,21 @@ def run_serve(args) -> int:
     import uvicorn
 
     from specdec.engine.calibrate import make_policy
-    from specdec.engine.prefix import PrefixCache
     from specdec.engine.scheduler import Scheduler, SchedulerConfig
     from specdec.runtime import ModelSpec, build
     from specdec.serve.app import ServeConfig, create_app
     from specdec.serve.live import LiveInfo, LiveStats
     from specdec.serve.metrics import ServerMetrics
     from specdec.serve.worker import EngineWorker
-    from specdec.theory.cli import load_profile
+    from specdec.theory.profile import load_profile
 
     if args.profile:
         load_profile(args.profile)  # its shape checked before the model loads
     if args.lossy_typical_acceptance:
         print("specdec: warning: --lossy-typical-acceptance is LOSSY: responses are not the model's own "
               "distribution", file=sys.stderr)
-    sched_cfg = SchedulerConfig(args.max_batch, args.max_queue, args.context, args.prefill_chunk or None)
+    sched_cfg = SchedulerConfig(args.max_batch, args.max_queue, args.context, args.prefill_chunk or None,
+                                prefix_cache=args.prefix_cache or 0)
     spec = ModelSpec.from_args(args)
     check_bindable(args.host, args.port)  # before the model loads: a taken port is found in a second
     target, drafter = build(spec)
@@ -132,15 +132,14 @@ def run_serve(args) -> int:
                          args.max_batch, args.profile, drafter.free, row_floor=args.row_floor)
     sched = Scheduler(target.model, target.tokenizer, drafter, policy, sched_cfg)
     prefix = "off"
-    if args.prefix_cache and sched.target.exact_kv_reuse:
-        sched.prefix = PrefixCache(target.model, args.prefix_cache, sched.context)
+    if sched.prefix is not None:
         prefix = f"{args.prefix_cache} x {sched.prefix.capacity} positions ({sched.prefix.nbytes / 2**30:.1f} GiB)"
     elif args.prefix_cache:
         prefix = "off (it needs the native kernels to be exact)"
     name = args.served_model_name or target.name
     policy_name = args.policy if spec.drafter != "none" else "never"
     metrics = ServerMetrics(max(policy.max_k, 1))
-    live = LiveStats(metrics, LiveInfo(name, drafter.name, policy_name, policy.max_k), getattr(policy, "cost", None))
+    live = LiveStats(metrics, LiveInfo(name, drafter.name, policy_name, policy.max_k), policy.cost)
     worker = EngineWorker(sched, metrics, live)
     aliases = tuple({args.model, target.name} - {name})  # a client may also name the model as it was given
     app = create_app(worker, target.tokenizer, ServeConfig(name, args.api_key, args.max_body_bytes,

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from specdec.engine.scheduler import RoundReport
 from specdec.serve.metrics import ServerMetrics
-from specdec.theory.economics import batch_ratio, expected_tokens_positional
+from specdec.theory.cost import read_cost
+from specdec.theory.economics import batch_ratio, expected_tokens_positional, position_counts, rates
 
 WINDOW_S = 60.0  # "recent": the last minute
 MAX_SAMPLES = 20_000  # latency samples and rounds kept for the window, whatever the traffic
@@ -69,22 +70,6 @@ def fit_knee(points: list[tuple[int, float]]) -> float | None:
     return best[1]
 
 
-def _conditional(judged: list[int], accepted: list[int]) -> list[float | None]:
-    return [a / j if j else None for j, a in zip(judged, accepted)]
-
-
-def _judged(ks: tuple[int, ...], accepted: tuple[int, ...], depth: int) -> tuple[list[int], list[int]]:
-    """Per draft position: rows whose draft reached it with every earlier draft accepted (judged there), and rows
-    whose draft was accepted there."""
-    judged, hits = [0] * depth, [0] * depth
-    for k, a in zip(ks, accepted):
-        for i in range(min(k, a + 1, depth)):
-            judged[i] += 1
-        for i in range(min(a, depth)):
-            hits[i] += 1
-    return judged, hits
-
-
 class LiveStats:
     def __init__(self, metrics: ServerMetrics, info: LiveInfo, policy_cost: Callable[[int], float] | None = None,
                  clock: Callable[[], float] = time.monotonic):
@@ -105,7 +90,7 @@ class LiveStats:
     def on_round(self, r: RoundReport) -> None:
         rec = _Round(self.clock(), tuple(r.drafted), tuple(r.accepted), sum(r.emitted), r.width, r.draft_s,
                      r.verify_s)
-        judged, hits = _judged(rec.ks, rec.accepted, self.depth)
+        judged, hits = position_counts(rec.ks, rec.accepted, self.depth)
         with self._lock:
             self._rounds.append(rec)
             self._last = rec
@@ -138,10 +123,10 @@ class LiveStats:
         uptime = now - self.t0
         recent_j, recent_h = [0] * self.depth, [0] * self.depth
         for r in rounds:
-            j, h = _judged(r.ks, r.accepted, self.depth)
+            j, h = position_counts(r.ks, r.accepted, self.depth)
             recent_j = [x + y for x, y in zip(recent_j, j)]
             recent_h = [x + y for x, y in zip(recent_h, h)]
-        rate_pos, recent_pos = _conditional(judged, hits), _conditional(recent_j, recent_h)
+        rate_pos, recent_pos = rates(judged, hits), rates(recent_j, recent_h)
         drafted, accepted = m.value("specdec:spec_decode_num_draft_tokens_total"), \
             m.value("specdec:spec_decode_num_accepted_tokens_total")
         tpr_n = m.value("specdec:tokens_per_round_count")
@@ -235,21 +220,13 @@ class LiveStats:
 
     def _plain_cost(self, rows: int, cost: dict[int, float]) -> float | None:
         """Seconds of a plain pass over `rows` rows: measured where the server ran one, else the policy's curve,
-        else read off the measured passes (linear between the nearest widths measured; past the widest, in
-        proportion to its rows, an upper bound; below the narrowest, the narrowest's cost). None with no pass yet:
-        a batch width the server happened not to run never leaves the page without a figure."""
+        else read off the measured passes (theory/cost.py's rule). None with no pass yet: a batch width the server
+        happened not to run never leaves the page without a figure."""
         if rows in cost:
             return cost[rows]
         if self.policy_cost is not None:
             return self.policy_cost(rows)
-        below = [n for n in cost if n < rows]
-        above = [n for n in cost if n > rows]
-        if below and above:
-            lo, hi = max(below), min(above)
-            return cost[lo] + (cost[hi] - cost[lo]) * (rows - lo) / (hi - lo)
-        if below:
-            return cost[max(below)] * rows / max(below)
-        return cost[min(above)] if above else None
+        return read_cost(tuple(sorted(cost.items())), rows) if cost else None
 
 
 def _finite(x: float) -> float | None:

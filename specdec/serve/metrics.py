@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from specdec.engine.stats import DecayedRate
+
 RATE_HALF_LIFE = 500.0  # drafted tokens: the acceptance-rate gauge forgets half its weight over this many
 DRIFT_HALF_LIFE = 100.0  # drafted tokens: the "recent" side of the drift gauge
 
@@ -27,27 +29,6 @@ TOKENS_PER_ROUND_BUCKETS = tuple(range(1, 18))
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
-class _Ema:
-    """Acceptance rate as an exponential moving average over drafted tokens (each one a 0/1 observation).
-
-    Kept as decayed sums of accepted and drafted tokens, so there is no start-up bias toward the initial value.
-    Tokens of one round count as simultaneous."""
-
-    def __init__(self, half_life: float):
-        self.half_life = half_life
-        self.accepted = 0.0
-        self.drafted = 0.0
-
-    def update(self, accepted: int, drafted: int) -> None:
-        decay = 0.5 ** (drafted / self.half_life)
-        self.accepted = self.accepted * decay + accepted
-        self.drafted = self.drafted * decay + drafted
-
-    @property
-    def value(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted > 0 else None
-
-
 class ServerMetrics:
     """The server's Prometheus metrics, fed by a few calls (on_round, on_first_token, ...); render() exposes them."""
 
@@ -57,8 +38,8 @@ class ServerMetrics:
         self.max_k = max_k
         self.registry = CollectorRegistry()
         self._lock = threading.Lock()  # guards the moving averages and totals below
-        self._rate = _Ema(RATE_HALF_LIFE)
-        self._recent = _Ema(DRIFT_HALF_LIFE)
+        self._rate = DecayedRate(RATE_HALF_LIFE)
+        self._recent = DecayedRate(DRIFT_HALF_LIFE)
         self._drafted = 0  # since start: the long-run rate of the drift gauge
         self._accepted = 0
         r = self.registry

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specdec.errors import SpecdecError
+from specdec.theory.cost import PassCurve, check_points
 
 CostFn = Callable[[int], float]
 
@@ -59,20 +60,14 @@ def unit_verify_cost(n: int) -> float:
 
 
 @dataclass(frozen=True)
-class CostCurve:
-    """A measured verify cost curve: cost of a target pass over n rows relative to a 1-row pass.
-
-    Points are interpolated linearly; the curve is only trusted inside its measured range.
-    """
+class CostCurve(PassCurve):
+    """A measured verify cost curve: cost of a target pass over n rows relative to a 1-row pass, read by
+    theory/cost.py's rule; the planner trusts it only inside its measured range (plan() stops there)."""
 
     points: tuple[tuple[int, float], ...]  # sorted (n, relative cost), n >= 1
 
     def __post_init__(self) -> None:
-        if not self.points:
-            raise SpecdecError("verify cost curve is empty")
-        for n, cost in self.points:
-            if n < 1 or not (cost > 0) or math.isinf(cost):
-                raise SpecdecError(f"verify cost curve: bad point {n}:{cost} (need n >= 1 and cost > 0)")
+        check_points(self.points, "verify cost curve")
 
     @classmethod
     def from_mapping(cls, mapping: dict) -> CostCurve:
@@ -101,19 +96,6 @@ class CostCurve:
             except ValueError:
                 raise SpecdecError(f"verify cost curve: expected n:cost numbers, got {item!r}") from None
         return cls.from_mapping(mapping)
-
-    @property
-    def max_rows(self) -> int:
-        return self.points[-1][0]
-
-    def __call__(self, n: int) -> float:
-        pts = self.points
-        if n <= pts[0][0]:
-            return pts[0][1]
-        for (n0, c0), (n1, c1) in zip(pts, pts[1:]):
-            if n <= n1:
-                return c0 + (c1 - c0) * (n - n0) / (n1 - n0)
-        return pts[-1][1]
 
 
 def speedup(a: float, k: int, c: float, verify_cost: CostFn = unit_verify_cost) -> float:
@@ -248,17 +230,33 @@ __all__: Sequence[str] = [
 # measured, with the measured draft length of every round.
 
 
+def position_counts(drafted: Sequence[int], accepted: Sequence[int], depth: int | None = None
+                    ) -> tuple[list[int], list[int]]:
+    """(reached, kept) per draft position i < depth (default: the deepest draft), from rounds that drafted
+    drafted[r] tokens and kept accepted[r] of them: reached[i] counts the rounds that drafted position i and
+    accepted every position before it (the draft was judged there), kept[i] those that accepted it too. The one
+    count of per-position acceptance in specdec: conditional_acceptance is kept / reached, and the server's live
+    page sums these counts over its rounds."""
+    depth = max(drafted, default=0) if depth is None else depth
+    reached, kept = [0] * depth, [0] * depth
+    for d, n in zip(drafted, accepted):
+        for i in range(min(d, n + 1, depth)):
+            reached[i] += 1
+        for i in range(min(n, d, depth)):
+            kept[i] += 1
+    return reached, kept
+
+
 def conditional_acceptance(drafted: Sequence[int], accepted: Sequence[int]) -> list[float | None]:
-    """a_i for draft positions i = 0..max(drafted)-1, from rounds that drafted drafted[r] tokens and kept
-    accepted[r] of them: of the rounds that drafted position i and accepted every position before it, the
-    share that accepted position i too. None where no round reached position i."""
-    depth = max(drafted, default=0)
-    out: list[float | None] = []
-    for i in range(depth):
-        reached = sum(1 for d, n in zip(drafted, accepted) if d > i and n >= i)
-        kept = sum(1 for d, n in zip(drafted, accepted) if d > i and n > i)
-        out.append(kept / reached if reached else None)
-    return out
+    """a_i for draft positions i = 0..max(drafted)-1: of the rounds that drafted position i and accepted every
+    position before it, the share that accepted position i too (position_counts). None where no round reached
+    position i."""
+    return rates(*position_counts(drafted, accepted))
+
+
+def rates(reached: Sequence[int], kept: Sequence[int]) -> list[float | None]:
+    """kept / reached per position; None where nothing reached it."""
+    return [k / r if r else None for r, k in zip(reached, kept)]
 
 
 def expected_tokens_positional(a_pos: Sequence[float | None], d: int) -> float:

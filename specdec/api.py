@@ -1,0 +1,71 @@
+"""specdec in one import. `specdec.load` builds the target model and the drafter once and returns a `Generator`,
+which turns prompts into text; `specdec.generate` does both in one call (it loads each time: keep a Generator for
+more than one call).
+
+    import specdec
+    gen = specdec.load("default", drafter="ngram")  # the bundled SmolLM2-135M, prompt lookup
+    result = gen("Repeat this sentence exactly: The quick brown fox.", max_new_tokens=64)
+    print(result.text, result.stats.summary()["alpha"])
+
+Output is the target's own: greedy by default (identical to plain decoding), and with a temperature distributed
+exactly as the target samples. Everything here is a thin layer over runtime.build, engine.Engine and
+engine.calibrate.policy_for, which the command line uses too."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec.errors import SpecdecError
+
+
+@dataclass
+class Generator:
+    """A loaded target model and drafter. Call it with a prompt (a list of prompts for a batch)."""
+
+    target: Any  # models.loader.LoadedModel
+    drafter: Any  # drafters.base.Drafter
+    _engine: Any = field(default=None, repr=False)
+    _auto: Any = field(default=None, repr=False)  # the planner behind k="auto", measured on first use
+
+    def __call__(self, prompt: str | list[str], max_new_tokens: int = 128, k: int | str = "auto",
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                 stop: tuple[str, ...] = (), chat: bool = True):
+        """GenerationResult (text, token_ids, finish_reason, stats) of one prompt, or a list of them for a list.
+        `k`: draft length, an integer or "auto" (the planner: drafts only where they pay); `chat`: through the
+        model's chat template when it has one."""
+        from specdec.engine.calibrate import policy_for
+        from specdec.engine.generate import Engine
+        from specdec.engine.sequence import GenerationConfig
+        from specdec.runtime import encode_prompt
+        from specdec.sampling.warp import SamplingConfig
+
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        if not prompts or not all(isinstance(p, str) for p in prompts):
+            raise SpecdecError("prompt: a string, or a non-empty list of strings")
+        if not (k == "auto" or (isinstance(k, int) and not isinstance(k, bool) and k >= 0)):
+            raise SpecdecError(f"k: an integer >= 0 or 'auto', got {k!r}")
+        cfg = GenerationConfig(max_new_tokens, SamplingConfig(temperature, top_k, top_p, seed), tuple(stop))
+        if self._engine is None:
+            self._engine = Engine(self.target.model, self.target.tokenizer)
+        if k == "auto" and self._auto is None:
+            self._auto = policy_for("auto", self.target.model, self.drafter)
+        ids = [encode_prompt(self.target.tokenizer, p, chat) for p in prompts]
+        results = self._engine.generate(ids, cfg, self.drafter, self._auto if k == "auto" else k)
+        return results[0] if isinstance(prompt, str) else results
+
+
+def load(model: str = "default", drafter: str = "ngram", precision: str | None = None, device: str = "cpu",
+         draft_model: str | None = None) -> Generator:
+    """A Generator for `model` ('default': the bundled SmolLM2-135M; a Hugging Face folder; a .gguf) drafting with
+    `drafter` (ngram, suffix, eagle, draft-model with `draft_model`, none, or a cascade such as "ngram,eagle")."""
+    from specdec.runtime import ModelSpec, build
+
+    target, drafter_ = build(ModelSpec(model=model, drafter=drafter, draft_model=draft_model, precision=precision,
+                                       device=device))
+    return Generator(target, drafter_)
+
+
+def generate(prompt: str | list[str], model: str = "default", drafter: str = "ngram", **options):
+    """load(model, drafter) called once on `prompt`; `options` as Generator's (max_new_tokens, k, temperature, ...)."""
+    return load(model, drafter)(prompt, **options)
