@@ -36,6 +36,7 @@ class Generator:
         model's chat template when it has one."""
         from specdec.engine.calibrate import policy_for
         from specdec.engine.generate import Engine
+        from specdec.engine.policy import Never
         from specdec.engine.sequence import GenerationConfig
         from specdec.runtime import encode_prompt
         from specdec.sampling.warp import SamplingConfig
@@ -51,7 +52,8 @@ class Generator:
         if k == "auto" and self._auto is None:
             self._auto = policy_for("auto", self.target.model, self.drafter)
         ids = [encode_prompt(self.target.tokenizer, p, chat) for p in prompts]
-        results = self._engine.generate(ids, cfg, self.drafter, self._auto if k == "auto" else k)
+        policy = self._auto if k == "auto" else Never() if k == 0 else k  # k = 0: plain decoding
+        results = self._engine.generate(ids, cfg, self.drafter, policy)
         return results[0] if isinstance(prompt, str) else results
 
 
