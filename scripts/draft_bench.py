@@ -19,7 +19,7 @@ import time
 import torch
 
 from specdec.atomic import write_text_atomic
-from specdec.bench.profile import measure_bandwidth
+from specdec.bench.hardware.profile import measure_bandwidth
 from specdec.bench.prompts import load_prompts, select
 from specdec.bench.render import markdown
 from specdec.bench.report import build_report
@@ -34,7 +34,7 @@ from specdec.train.data import HOLDOUT
 
 def head_cost(target, drafter, reps: int = 30) -> dict:
     """Milliseconds of one drafting step of the head and of one one-row target pass, at a 256-token context."""
-    from specdec.bench.profile import time_head
+    from specdec.bench.hardware.profile import time_head
 
     head = next(m for m in getattr(drafter, "members", [drafter]) if m.name == "eagle")
     model = target.model

@@ -54,7 +54,7 @@ def decode_rate(result) -> float:
 
 
 def llamacpp_worker(gguf: Path, threads: int):
-    from specdec.bench.llamacpp_compare import LlamaCppWorker, worker_command
+    from specdec.bench.engines.llamacpp_compare import LlamaCppWorker, worker_command
     from specdec.errors import SpecdecError
 
     try:
@@ -193,7 +193,7 @@ def main() -> None:
         spec["llama.cpp lookup k=5"] = {"median": statistics.median(lookup), "best": max(lookup)}
         worker.close()
     split = {p: min((time_split(m, ids, 32) for _ in range(3)), key=lambda t: t["pass"]) for p, m in models.items()}
-    from specdec.bench.profile import measure_bandwidth
+    from specdec.bench.hardware.profile import measure_bandwidth
 
     bandwidth = measure_bandwidth(256 << 20, 7)["read_GBps_best"] * 1e9
     floor = {p: round(m.weight_bytes_per_token / bandwidth * 1e3, 2) for p, m in models.items()}

@@ -22,8 +22,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdec.bench.profile import measure_bandwidth  # noqa: E402
-from specdec.bench.real_models import proc_rss  # noqa: E402
+from specdec.bench.engines.real_models import proc_rss  # noqa: E402
+from specdec.bench.hardware.profile import measure_bandwidth  # noqa: E402
 from specdec.models.kv_cache import KVCache  # noqa: E402
 from specdec.provenance import cpu_name, git_revision  # noqa: E402
 from specdec.runtime import ModelSpec, build  # noqa: E402

@@ -27,8 +27,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdec.bench.serve_bench import prompt_sets  # noqa: E402
-from specdec.bench.servers import LocalServer  # noqa: E402
+from specdec.bench.serving.serve_bench import prompt_sets  # noqa: E402
+from specdec.bench.serving.servers import LocalServer  # noqa: E402
 from specdec.client import prometheus_series  # noqa: E402
 from specdec.engine.scheduler import PREFILL_CHUNK  # noqa: E402
 
@@ -147,7 +147,7 @@ def main() -> int:
                     help="the server's --prefill-chunk (default: its own): what a newcomer's prefill costs the "
                          "streams already running")
     args = ap.parse_args()
-    from specdec.bench.profile import measure_bandwidth
+    from specdec.bench.hardware.profile import measure_bandwidth
 
     args.bandwidth = measure_bandwidth(1 << 30, 5)  # before the server starts: the machine's, not the server's share
     sets = prompt_sets(args.prompts, 2, 2)

@@ -39,9 +39,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdec.bench.load_types import LoadConfig  # noqa: E402
-from specdec.bench.loadtest import run_level  # noqa: E402
-from specdec.bench.servers import LocalServer, say  # noqa: E402
+from specdec.bench.serving.load_types import LoadConfig  # noqa: E402
+from specdec.bench.serving.loadtest import run_level  # noqa: E402
+from specdec.bench.serving.servers import LocalServer, say  # noqa: E402
 from specdec.provenance import provenance  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,7 +150,7 @@ def audit_arm(tree: Path | None, label: str, args, log_dir: Path) -> dict[str, d
 
 CURVE = """
 import json, statistics, sys
-from specdec.bench.profile import time_passes
+from specdec.bench.hardware.profile import time_passes
 from specdec.runtime import ModelSpec, build
 target, _ = build(ModelSpec("default", "none"))
 t = time_passes(target.model, 256, list(range(1, 10)), 20)

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdec.bench.profile import measure_bandwidth  # noqa: E402
+from specdec.bench.hardware.profile import measure_bandwidth  # noqa: E402
 from specdec.engine.calibrate import make_policy  # noqa: E402
 from specdec.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from specdec.engine.sequence import GenerationConfig  # noqa: E402

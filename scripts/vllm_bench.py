@@ -40,10 +40,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specdec.bench.endpoint import run_block  # noqa: E402
-from specdec.bench.load_types import LoadConfig  # noqa: E402
 from specdec.bench.prompts import load_prompts, select  # noqa: E402
-from specdec.bench.servers import LocalServer, VllmServer, say  # noqa: E402
+from specdec.bench.serving.endpoint import run_block  # noqa: E402
+from specdec.bench.serving.load_types import LoadConfig  # noqa: E402
+from specdec.bench.serving.servers import LocalServer, VllmServer, say  # noqa: E402
 from specdec.client import run_async  # noqa: E402
 from specdec.models.gguf_convert import bundled_model_dir  # noqa: E402
 from specdec.provenance import provenance  # noqa: E402

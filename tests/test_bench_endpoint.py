@@ -198,8 +198,8 @@ def test_llama_server_timings_and_text_that_differs(prompts, tmp_path, stubs, ca
 
 
 def test_a_round_cost_that_chunks_cannot_give_says_why_or_is_clamped():
-    from specdec.bench.endpoint import round_cost
     from specdec.bench.runner import Sample
+    from specdec.bench.serving.endpoint import round_cost
 
     def turns(method: str, times: list[float]) -> Sample:
         return Sample("1", "coding", method, [SimpleNamespace(token_times=times)])  # type: ignore[list-item]

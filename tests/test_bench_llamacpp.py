@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from specdec.bench import llamacpp_compare as lc
-from specdec.bench.llamacpp_compare import LlamaCppWorker, llamacpp_method, llamacpp_methods, turn_from_reply
+from specdec.bench.engines import llamacpp_compare as lc
+from specdec.bench.engines.llamacpp_compare import LlamaCppWorker, llamacpp_method, llamacpp_methods, turn_from_reply
 from specdec.bench.prompts import Prompt
 from specdec.bench.records import OVERALL
 from specdec.bench.render import leaderboard, markdown

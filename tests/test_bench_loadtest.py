@@ -16,10 +16,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from specdec.bench.load_types import MAX_ERRORS, LevelResult, LoadConfig, RequestResult
-from specdec.bench.loadtest import run, run_level, summarize
-from specdec.bench.loadtest_cli import register
-from specdec.bench.loadtest_report import markdown, markdown_series, plot_series, to_json
+from specdec.bench.serving.load_types import MAX_ERRORS, LevelResult, LoadConfig, RequestResult
+from specdec.bench.serving.loadtest import run, run_level, summarize
+from specdec.bench.serving.loadtest_cli import register
+from specdec.bench.serving.loadtest_report import markdown, markdown_series, plot_series, to_json
 from specdec.client import run_async
 from specdec.errors import SpecdecError
 from specdec.measure import percentile
@@ -412,8 +412,8 @@ def test_cli_servers_mode_refuses_before_starting_anything(tmp_path, argv, messa
 
 
 def test_serve_bench_goals_and_counter_deltas():
-    from specdec.bench.serve_bench import counter_deltas
-    from specdec.bench.serve_report import goal_lines, goals, report
+    from specdec.bench.serving.serve_bench import counter_deltas
+    from specdec.bench.serving.serve_report import goal_lines, goals, report
 
     before = {"specdec:spec_decode_num_draft_tokens_total": 10, "specdec:spec_decode_num_accepted_tokens_total": 5,
               "specdec:generation_tokens_total": 100, "specdec:batch_size_count": 10, "specdec:batch_size_sum": 20}
@@ -449,7 +449,7 @@ def test_serve_bench_goals_and_counter_deltas():
 def test_the_chunked_prefill_table_says_when_the_streams_ended_before_the_window():
     """Once the server decoded 4x faster, 200-token background streams ended before the long prompt's first token
     and the section measured nothing without saying so."""
-    from specdec.bench.serve_report import prefill_table
+    from specdec.bench.serving.serve_report import prefill_table
 
     def pre(through):
         trial = {"long_prompt_tokens": 1490, "streams_through_window": through, "stream_tokens": [1500] * 4}

@@ -226,7 +226,7 @@ def counted_passes(monkeypatch):
     """Make the profile's timer count work instead of seconds: a pass "takes" its token-rows times its model's
     layers. The cost ratios the profile computes are then exact, whatever else runs on the machine; timed, the
     tiny model's c (a ratio of two sub-millisecond passes) read 7.31 with another test worker running."""
-    from specdec.bench import profile
+    from specdec.bench.hardware import profile
     from specdec.models.transformer import Transformer
 
     work, forward = [0], Transformer.forward

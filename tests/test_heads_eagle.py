@@ -168,7 +168,7 @@ def test_sampled_rows_are_planned_before_the_head_drafts(trained):
 def test_the_head_cost_times_every_drafting_step(trained):
     """time_head divides by the tokens actually drafted: a head that stops early (min_confidence) must not look
     cheaper per token than it is."""
-    from specdec.bench.profile import time_head
+    from specdec.bench.hardware.profile import time_head
 
     model, *_ = trained
     torch.manual_seed(0)  # an untrained head, never that sure of a draft: it would stop before its first token

@@ -42,7 +42,7 @@ import os
 import numpy as np
 import pytest
 
-from specdec.bench import llamacpp_oracle as oracle
+from specdec.bench.engines import llamacpp_oracle as oracle
 from specdec.models.synth_gguf import write
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(oracle.missing() is not None, reason=str(oracle.missing()))]

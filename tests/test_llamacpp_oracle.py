@@ -1,5 +1,5 @@
-"""specdec against llama.cpp (node-llama-cpp's CPU build, `make llamacpp`; specdec/bench/llamacpp_oracle.py) on the
-same GGUF files: the token ids of a few hundred strings, and the logits at every position of a real prompt. Skipped,
+"""specdec against llama.cpp (node-llama-cpp's CPU build, `make llamacpp`; specdec/bench/engines/llamacpp_oracle.py) on
+the same GGUF files: the token ids of a few hundred strings, and the logits at every position of a real prompt. Skipped,
 with the reason, where llama.cpp is not installed.
 
 Logits: Spec-Bench question 404 (PROMPT) through each model's chat template, or as raw text after <bos> where the
@@ -36,7 +36,7 @@ import importlib.util
 
 import pytest
 
-from specdec.bench import llamacpp_oracle as oracle
+from specdec.bench.engines import llamacpp_oracle as oracle
 from specdec.errors import SpecdecError
 
 needs_llamacpp = pytest.mark.skipif(oracle.missing() is not None, reason=str(oracle.missing()))

@@ -67,7 +67,7 @@ def test_bench_json_carries_the_machine():
 def test_profile_carries_the_machine_and_its_measured_bandwidth(tiny_model):
     from types import SimpleNamespace
 
-    from specdec.bench.profile import profile
+    from specdec.bench.hardware.profile import profile
     from specdec.drafters.ngram import NgramDrafter
 
     loaded = SimpleNamespace(model=tiny_model("fp32"), name="tiny", backend="specdec", tokenizer=None)

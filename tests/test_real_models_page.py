@@ -1,12 +1,12 @@
-"""`specdec real-models`' projections (bench/real_models_page.py): the rounds model on a measured verify-cost curve,
-from the bundled model's fixed-k and `--k auto` Spec-Bench runs. Fast: no model runs."""
+"""`specdec real-models`' projections (bench/engines/real_models_page.py): the rounds model on a measured
+verify-cost curve, from the bundled model's fixed-k and `--k auto` Spec-Bench runs. Fast: no model runs."""
 
 from __future__ import annotations
 
 import pytest
 
-from specdec.bench.real_models import ACCEPTANCE_AUTO, ACCEPTANCE_JSON, ACCEPTANCE_METHOD
-from specdec.bench.real_models_page import ngram_rows, projections
+from specdec.bench.engines.real_models import ACCEPTANCE_AUTO, ACCEPTANCE_JSON, ACCEPTANCE_METHOD
+from specdec.bench.engines.real_models_page import ngram_rows, projections
 
 
 def _sd(cost_of_rows) -> dict:
@@ -60,7 +60,7 @@ def _depth(layers: int, sd_s: float, lc_s: float) -> dict:
 def test_a_shape_at_two_depths_projects_to_its_full_depth():
     """Times a token that grow linearly with the layers are read at the full depth (48 for qwen3-30b-a3b): here
     0.01 s + 0.002 s a layer for specdec and 0.003 s a layer for llama.cpp, measured at 8 and 16 layers."""
-    from specdec.bench.real_models_page import depth_rows
+    from specdec.bench.engines.real_models_page import depth_rows
 
     shapes = {"qwen3-30b-a3b/8": _depth(8, 0.026, 0.034), "qwen3-30b-a3b/16": _depth(16, 0.042, 0.058),
               "llama-3.2-1b": _depth(16, 0.05, 0.05)}
@@ -76,7 +76,7 @@ def test_a_shape_at_two_depths_projects_to_its_full_depth():
 
 
 def test_a_mixture_shows_the_experts_its_passes_read():
-    from specdec.bench.real_models_page import expert_rows
+    from specdec.bench.engines.real_models_page import expert_rows
 
     moe = {"specdec": {"experts": {"per_layer": 128, "per_token": 8, "touched": {"1": 8.0, "2": 15.5}}}}
     rows = expert_rows({"shapes": {"qwen3-30b-a3b/8": moe, "llama-3.2-1b": {"specdec": {}}}})

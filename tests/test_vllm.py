@@ -30,10 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench.endpoint import run_block
-from specdec.bench.load_types import LoadConfig
 from specdec.bench.prompts import load_prompts, select
-from specdec.bench.servers import VllmServer, client, vllm_python
+from specdec.bench.serving.endpoint import run_block
+from specdec.bench.serving.load_types import LoadConfig
+from specdec.bench.serving.servers import VllmServer, client, vllm_python
 from specdec.cli import main
 from specdec.client import run_async
 from specdec.models.gguf_convert import bundled_model_dir

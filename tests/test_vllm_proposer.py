@@ -317,7 +317,7 @@ def test_drafters_that_need_a_model_and_a_k_beyond_vllms_are_refused():
 
 
 def test_vllm_servers_listen_on_loopback_and_send_no_usage_reports(tmp_path, monkeypatch):
-    from specdec.bench.servers import VllmServer, cpu_range
+    from specdec.bench.serving.servers import VllmServer, cpu_range
 
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     s = VllmServer("x", tmp_path / "model", tmp_path, {"method": "ngram", "num_speculative_tokens": 5},

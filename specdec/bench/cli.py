@@ -75,7 +75,7 @@ def register(sub) -> None:
 
 
 def run_profile(args) -> int:
-    from specdec.bench.profile import profile
+    from specdec.bench.hardware.profile import profile
     from specdec.bench.render import render_profile
     from specdec.runtime import ModelSpec, build
 
@@ -119,7 +119,7 @@ def run_bench(args) -> int:
     if args.llamacpp_k is not None and args.compare != "llama.cpp":
         raise SpecdecError("--llamacpp-k needs --compare llama.cpp")
     if args.compare == "llama.cpp":  # before loading anything: the GGUF and the install are checked first
-        from specdec.bench.llamacpp_compare import gguf_path, worker_command
+        from specdec.bench.engines.llamacpp_compare import gguf_path, worker_command
 
         llamacpp_cmd = worker_command(gguf_path(args.model), torch.get_num_threads())
     prof = load_profile(args.profile) if args.profile else None
@@ -131,7 +131,7 @@ def run_bench(args) -> int:
         print(f"specdec: warning: the profile was measured for {prof.get('model')} ({prof.get('precision')}), "
               f"not {target.name} ({target.model.precision})", file=sys.stderr)
     if k == "auto" and prof is None:
-        from specdec.bench.profile import quick_profile
+        from specdec.bench.hardware.profile import quick_profile
 
         print("specdec: --k auto without --profile: measuring a quick profile first", file=sys.stderr)
         prof, source = quick_profile(target, drafter, progress=not args.quiet), "quick built-in profile"
@@ -146,14 +146,14 @@ def run_bench(args) -> int:
     for kk in sorted(set(AUTO_FIXED_KS) | {default_k}) if k == "auto" else [k]:
         methods.append(engine_method(f"{drafter.name} k={kk}", engine(), drafter, kk, "plain", kk))
     if args.compare == "hf":
-        from specdec.bench.hf_compare import hf_methods
+        from specdec.bench.engines.hf_compare import hf_methods
         from specdec.models.loader import resolve_model_dir
 
         draft_path = resolve_model_dir(args.draft_model) if args.drafter == "draft-model" else None
         methods += hf_methods(target.path, target.tokenizer, default_k, args.ngram_max, draft_path)
     llamacpp = None
     if args.compare == "llama.cpp":
-        from specdec.bench.llamacpp_compare import LlamaCppWorker, llamacpp_methods
+        from specdec.bench.engines.llamacpp_compare import LlamaCppWorker, llamacpp_methods
 
         worker = LlamaCppWorker(llamacpp_cmd, timeout_s=args.timeout)  # stopped at exit
         extra, llamacpp = llamacpp_methods(worker, target.tokenizer, args.llamacpp_k or default_k, args.ngram_min,
@@ -177,8 +177,8 @@ def run_bench(args) -> int:
 def write_report(report, args, title: str | None = None) -> None:
     """The report's Markdown to stdout (and --markdown), its JSON to --json, its plot to --plot; each file is
     written whole or not at all (specdec.atomic). An endpoint report has its own Markdown layout."""
-    from specdec.bench.endpoint_report import markdown as endpoint_markdown
     from specdec.bench.render import markdown, plot
+    from specdec.bench.serving.endpoint_report import markdown as endpoint_markdown
 
     text = endpoint_markdown(report) if report.endpoint else markdown(report)
     print(text)
@@ -186,11 +186,11 @@ def write_report(report, args, title: str | None = None) -> None:
 
 
 def run_endpoint_bench(args) -> int:
-    from specdec.bench.endpoint import round_cost, run_endpoints
-    from specdec.bench.load_types import LoadConfig
     from specdec.bench.prompts import load_prompts, parse_categories, select
     from specdec.bench.report import build_report
     from specdec.bench.runner import mark_identity
+    from specdec.bench.serving.endpoint import round_cost, run_endpoints
+    from specdec.bench.serving.load_types import LoadConfig
 
     if not args.endpoint:
         raise SpecdecError("--baseline needs --endpoint (the server with speculation on)")

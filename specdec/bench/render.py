@@ -167,9 +167,9 @@ def prediction_errors(report: BenchReport) -> list[str]:
 
 
 def markdown(report: BenchReport) -> str:
-    """The local bench's report. An endpoint report has a layout of its own: specdec.bench.endpoint_report."""
+    """The local bench's report. An endpoint report has a layout of its own: specdec.bench.serving.endpoint_report."""
     if report.endpoint:
-        raise ValueError("an endpoint report: render it with specdec.bench.endpoint_report.markdown")
+        raise ValueError("an endpoint report: render it with specdec.bench.serving.endpoint_report.markdown")
     cfg = report.config
     out = [f"# specdec bench: {cfg['model']} ({cfg['precision']}), drafter {cfg['drafter']}, "
            f"{cfg['max_new_tokens']} new tokens, greedy, batch 1",

@@ -72,13 +72,13 @@ def resolve_suite_args(args) -> None:
 
 def run_suite(args) -> int:
     if args.suite == "kernels":
-        from specdec.bench.kernels_bench import run_kernels_bench
+        from specdec.bench.hardware.kernels_bench import run_kernels_bench
 
         return run_kernels_bench(args)
     if args.suite == "long_context":
-        from specdec.bench.long_context import run_long_context
+        from specdec.bench.hardware.long_context import run_long_context
 
         return run_long_context(args)
-    from specdec.bench.endpoint_check import run_endpoint_check
+    from specdec.bench.serving.endpoint_check import run_endpoint_check
 
     return run_endpoint_check(args)

@@ -1,6 +1,6 @@
-"""A `specdec profile` file (bench/profile.py writes it): the target's pass-cost curve over row counts, its one-row
-step, the draft cost, the knee, and per-context curves. Read here, its shape checked, by everything that uses it:
-the planner, the engine's auto policy, the bench's predictions and the server."""
+"""A `specdec profile` file (bench/hardware/profile.py writes it): the target's pass-cost curve over row counts, its
+one-row step, the draft cost, the knee, and per-context curves. Read here, its shape checked, by everything that uses
+it: the planner, the engine's auto policy, the bench's predictions and the server."""
 
 from __future__ import annotations
 

@@ -6,8 +6,8 @@ against the memory floor (file bytes / measured read bandwidth); specdec's verif
 engines' time to first token on a long prompt; load time and resident memory; and PROJECTED speedups: n-gram
 speculation with the acceptance measured on Spec-Bench by the bundled model (random weights accept nothing
 meaningful), and a draft model costing the bundled 135M model's pass, at assumed acceptance rates.
-Each model is measured by specdec in a child process (specdec.bench.real_models_child) and by llama.cpp in its
-worker (llamacpp_worker.mjs), one after the other, never at once. The page: specdec.bench.real_models_page.
+Each model is measured by specdec in a child process (specdec.bench.engines.real_models_child) and by llama.cpp in its
+worker (llamacpp_worker.mjs), one after the other, never at once. The page: specdec.bench.engines.real_models_page.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def warm(path: Path) -> float:
 
 def child(model: str, out: Path, args, *extra: str) -> dict:
     """specdec's measurements of one model, in a process of its own."""
-    cmd = [sys.executable, "-m", "specdec.bench.real_models_child", "--model", model, "--json", str(out),
+    cmd = [sys.executable, "-m", "specdec.bench.engines.real_models_child", "--model", model, "--json", str(out),
            "--threads", str(team_size(args)), "--reps", str(args.reps), *extra]
     if subprocess.run(cmd).returncode != 0:
         raise SpecdecError(f"measuring {model} failed (see above); command: {' '.join(cmd)}")
@@ -94,7 +94,7 @@ def proc_rss(pid: int) -> dict:
 def llamacpp(path: Path, ids: list[int], new_tokens: int, ttft_ids: list[int] | None, threads: int) -> dict:
     """llama.cpp plain greedy decoding of the same token ids (it stops at an end-of-generation token: its worker
     cannot ignore one), and its time to first token on ttft_ids."""
-    from specdec.bench.llamacpp_compare import LlamaCppWorker, worker_command
+    from specdec.bench.engines.llamacpp_compare import LlamaCppWorker, worker_command
 
     t0 = time.perf_counter()
     w = LlamaCppWorker(worker_command(path, threads), timeout_s=1800, load_timeout_s=900)
@@ -143,7 +143,7 @@ def ensure_file(shape: str, files_dir: Path) -> Path:
 def spec_bench_prompt(category: str) -> str:
     from specdec.bench.prompts import load_prompts
 
-    path = Path(__file__).resolve().parents[3] / "shared/data/spec_bench/question.jsonl"
+    path = Path(__file__).resolve().parents[4] / "shared/data/spec_bench/question.jsonl"
     try:
         return next(p for p in load_prompts(path) if p.category == category).turns[0]
     except (OSError, StopIteration, SpecdecError):
@@ -151,11 +151,11 @@ def spec_bench_prompt(category: str) -> str:
 
 
 def run(args) -> int:
-    from specdec.bench.profile import measure_bandwidth
-    from specdec.bench.real_models_page import projections
+    from specdec.bench.engines.real_models_page import projections
+    from specdec.bench.hardware.profile import measure_bandwidth
 
     if args.render:
-        from specdec.bench.real_models_page import write_page
+        from specdec.bench.engines.real_models_page import write_page
 
         report = json.loads(Path(args.render).read_text())
         if "depths" not in report:  # a run from before projections to full depth
@@ -225,7 +225,7 @@ def run(args) -> int:
 def add_depths(report: dict, args) -> None:
     """Shapes cut to a few depths, projected to their own (real_models_page.depths), with the n-gram projections
     on each projected curve."""
-    from specdec.bench.real_models_page import depths, projections
+    from specdec.bench.engines.real_models_page import depths, projections
 
     report["depths"] = depths(report["shapes"])
     for d in report["depths"].values():
@@ -235,7 +235,7 @@ def add_depths(report: dict, args) -> None:
 
 
 def save(report: dict, out_dir: Path, page: str) -> None:
-    from specdec.bench.real_models_page import write_page
+    from specdec.bench.engines.real_models_page import write_page
 
     report["machine"]["load_end"] = os.getloadavg()
     (out_dir / "real-models.json").write_text(json.dumps(report, indent=1))

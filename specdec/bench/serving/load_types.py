@@ -1,6 +1,7 @@
-"""The data of `specdec loadtest`: a run's configuration (LoadConfig), one request's record (RequestResult) and
-one level's summary (LevelResult). The runner (specdec.bench.loadtest), its report (specdec.bench.loadtest_report),
-the endpoint bench and the serving benchmark all read them; none of those imports another for them."""
+"""The data of `specdec loadtest`: a run's configuration (LoadConfig), one request's record (RequestResult) and one
+level's summary (LevelResult). The runner (specdec.bench.serving.loadtest), its report
+(specdec.bench.serving.loadtest_report), the endpoint bench and the serving benchmark all read them; none of those
+imports another for them."""
 
 from __future__ import annotations
 

@@ -12,12 +12,12 @@ shares one machine state (`--quick`: contexts 512 and 3072, fewer repetitions).
    identical.
 5. Prefix caching: a second question about the same document, time to first token against the first's.
 6. llama.cpp on the same GGUF and the long summarization prompt (when node-llama-cpp is installed: the worker of
-   specdec.bench.llamacpp_compare): time to first token and plain decoding.
+   specdec.bench.engines.llamacpp_compare): time to first token and plain decoding.
 
 Goals (issue 13): at 3k >= 80% of the speed at 512; 6 rows <= 1.3 one-row passes at 3k; n-gram >= 1.5x in the
 decode phase at 3k with identical output; TTFT within 1.5x of the compute floor and >= 2x faster than llama.cpp;
 the second question's TTFT <= 10% of the first's. Writes OUT/long-context.json (with the machine's provenance) and
-.md (specdec.bench.long_context_report); prints the report.
+.md (specdec.bench.hardware.long_context_report); prints the report.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from specdec.bench.llamacpp_compare import plain_and_lookup
-from specdec.bench.long_context_report import ROWS
-from specdec.bench.profile import compute_floor, measure_bandwidth, time_passes
+from specdec.bench.engines.llamacpp_compare import plain_and_lookup
+from specdec.bench.hardware.long_context_report import ROWS
+from specdec.bench.hardware.profile import compute_floor, measure_bandwidth, time_passes
 from specdec.bench.prompts import load_prompts, select
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import Engine, GenerationConfig
@@ -63,7 +63,7 @@ def prefill_floor(model, rates: tuple[float, float], n: int) -> float:
 def file_edit_prompt(tokenizer, target: int) -> str:
     """A copy-heavy user message of about `target` tokens once the chat template is applied: rename a class in
     a source file of this package, and output the whole file."""
-    lines = (Path(__file__).resolve().parents[1] / "engine" / "scheduler.py").read_text().splitlines()
+    lines = (Path(__file__).resolve().parents[2] / "engine" / "scheduler.py").read_text().splitlines()
     head = "Rename the class `Scheduler` to `StepLoop` in this Python module and output the whole module:\n\n"
     while len(encode_prompt(tokenizer, head + "\n".join(lines), chat=True)) > target:
         lines = lines[:-10]
@@ -135,7 +135,7 @@ def measure_prefix(model, tokenizer, document: str) -> dict:
 def run_long_context(args) -> int:
     """args: prompts (Spec-Bench question.jsonl), out (a folder), max_new_tokens, quick."""
     from specdec.atomic import write_text_atomic
-    from specdec.bench.long_context_report import render
+    from specdec.bench.hardware.long_context_report import render
     from specdec.models.gguf_convert import bundled_gguf_path
     from specdec.provenance import provenance
     from specdec.runtime import ModelSpec, build

@@ -1,6 +1,6 @@
 """The serving benchmark's report (`specdec loadtest --servers`): per prompt set a table of every policy at every
 level with the server's own counters, the throughput ratios, the goals' PASS/FAIL lines and the chunked-prefill
-table. Pure functions of the result dict that specdec.bench.serve_bench writes as JSON."""
+table. Pure functions of the result dict that specdec.bench.serving.serve_bench writes as JSON."""
 
 from __future__ import annotations
 

@@ -24,11 +24,11 @@ import time
 from pathlib import Path
 
 from specdec.atomic import write_text_atomic
+from specdec.bench.hardware.profile import measure_bandwidth
 from specdec.bench.options import parse_ints
-from specdec.bench.profile import measure_bandwidth
 from specdec.bench.prompts import load_prompts, parse_categories, select
-from specdec.bench.servers import BenchError, LocalServer
-from specdec.bench.servers import say as _say
+from specdec.bench.serving.servers import BenchError, LocalServer
+from specdec.bench.serving.servers import say as _say
 from specdec.provenance import provenance
 
 

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from specdec.bench import render
-from specdec.bench.load_types import LevelResult, LoadConfig
+from specdec.bench.serving.load_types import LevelResult, LoadConfig
 
 # ---- reports ---------------------------------------------------------------------------------------------------
 

@@ -1,14 +1,14 @@
-"""`specdec loadtest`'s command line: --url measures one server (specdec.bench.loadtest runs the levels,
-specdec.bench.loadtest_report writes the table, plot and JSON); --servers runs the serving benchmark
-(specdec.bench.serve_bench). This module sits on top and imports them; none of them imports it back."""
+"""`specdec loadtest`'s command line: --url measures one server (specdec.bench.serving.loadtest runs the levels,
+specdec.bench.serving.loadtest_report writes the table, plot and JSON); --servers runs the serving benchmark
+(specdec.bench.serving.serve_bench). This module sits on top and imports them; none of them imports it back."""
 
 from __future__ import annotations
 
 import sys
 from dataclasses import replace
 
-from specdec.bench.load_types import ENDPOINTS, LoadConfig
 from specdec.bench.options import check_outputs, parse_ints, write_outputs
+from specdec.bench.serving.load_types import ENDPOINTS, LoadConfig
 from specdec.client import run_async
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, POSITIVE, SEED
@@ -98,14 +98,14 @@ def check_mode(args) -> None:
 
 
 def run_cli(args) -> int:
-    from specdec.bench.loadtest import resolve_model, run
-    from specdec.bench.loadtest_report import markdown, plot, to_json
     from specdec.bench.prompts import load_prompts
+    from specdec.bench.serving.loadtest import resolve_model, run
+    from specdec.bench.serving.loadtest_report import markdown, plot, to_json
     from specdec.provenance import provenance
 
     check_mode(args)
     if args.servers is not None:
-        from specdec.bench.serve_bench import run_serve_bench
+        from specdec.bench.serving.serve_bench import run_serve_bench
 
         return run_serve_bench(args)
     concurrency = tuple(parse_ints(args.concurrency, "--concurrency"))

@@ -165,7 +165,7 @@ VLLM_VENV = ".venv-vllm"  # `make vllm`: vLLM's CPU build in a venv of its own, 
 
 def vllm_python(root: Path | None = None) -> Path:
     """The Python of `make vllm`'s venv (in the checkout at `root`, default this one's)."""
-    root = root or Path(__file__).resolve().parents[2]
+    root = root or Path(__file__).resolve().parents[3]
     return root / VLLM_VENV / "bin" / "python"
 
 

@@ -1,6 +1,6 @@
 """`specdec loadtest --servers never,always,auto`: the serving benchmark, in one run so that its ratios share one
 machine state: this machine's read bandwidth, then `specdec serve` under each policy (same model, n-gram drafter,
-k, max batch) driven by loadtest's levels, then the chunked-prefill experiment (specdec.bench.prefill_bench).
+k, max batch) driven by loadtest's levels, then the chunked-prefill experiment (specdec.bench.hardware.prefill_bench).
 
 Per policy, one server (127.0.0.1, a free port) serves two prompt sets, greedy and streamed:
   mixed  Spec-Bench first turns, a few each of coding, extraction, writing, translation, summarization and rag,
@@ -34,12 +34,12 @@ from pathlib import Path
 import httpx
 
 from specdec.atomic import write_text_atomic
-from specdec.bench import loadtest
-from specdec.bench.load_types import LevelResult, LoadConfig
 from specdec.bench.options import check_outputs, parse_ints, write_outputs
-from specdec.bench.serve_report import POLICIES
-from specdec.bench.servers import BenchError, LocalServer
-from specdec.bench.servers import say as _say
+from specdec.bench.serving import loadtest
+from specdec.bench.serving.load_types import LevelResult, LoadConfig
+from specdec.bench.serving.serve_report import POLICIES
+from specdec.bench.serving.servers import BenchError, LocalServer
+from specdec.bench.serving.servers import say as _say
 from specdec.client import run_async
 from specdec.errors import SpecdecError
 
@@ -182,11 +182,11 @@ def resolve_args(args) -> None:
 
 
 def run_serve_bench(args) -> int:
-    from specdec.bench.loadtest_report import plot_series
-    from specdec.bench.prefill_bench import bench_prefill
-    from specdec.bench.profile import measure_bandwidth
+    from specdec.bench.hardware.prefill_bench import bench_prefill
+    from specdec.bench.hardware.profile import measure_bandwidth
     from specdec.bench.prompts import load_prompts, select
-    from specdec.bench.serve_report import goals, report
+    from specdec.bench.serving.loadtest_report import plot_series
+    from specdec.bench.serving.serve_report import goals, report
     from specdec.provenance import provenance
 
     resolve_args(args)

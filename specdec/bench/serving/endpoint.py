@@ -23,10 +23,10 @@ from dataclasses import asdict, replace
 
 import httpx
 
-from specdec.bench import loadtest
-from specdec.bench.load_types import ENDPOINTS, LoadConfig, RequestResult
 from specdec.bench.prompts import Prompt
 from specdec.bench.runner import Method, Sample, Turn
+from specdec.bench.serving import loadtest
+from specdec.bench.serving.load_types import ENDPOINTS, LoadConfig, RequestResult
 from specdec.client import counted, parse_prometheus, run_async
 from specdec.client import scrape as scrape_text
 from specdec.errors import SpecdecError

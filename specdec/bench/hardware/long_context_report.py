@@ -1,4 +1,4 @@
-"""The report of `specdec bench --long-context` (specdec.bench.long_context): tables of the decode pass against
+"""The report of `specdec bench --long-context` (specdec.bench.hardware.long_context): tables of the decode pass against
 its floors per context, time to first token, n-gram on long prompts, the prefix cache and llama.cpp, then each
 goal's PASS/FAIL line."""
 

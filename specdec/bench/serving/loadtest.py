@@ -15,8 +15,8 @@ a stream without usage counts its text chunks instead, a non-streamed response w
 Percentiles interpolate linearly between order statistics (numpy's default), None where there is no data.
 Proxy settings from the environment are ignored (trust_env=False): the server is measured directly.
 
-This module runs the levels. The data it fills is in specdec.bench.load_types, the tables and plot in
-specdec.bench.loadtest_report, the command line (which calls both) in specdec.bench.loadtest_cli.
+This module runs the levels. The data it fills is in specdec.bench.serving.load_types, the tables and plot in
+specdec.bench.serving.loadtest_report, the command line (which calls both) in specdec.bench.serving.loadtest_cli.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import replace
 
 import httpx
 
-from specdec.bench.load_types import ENDPOINTS, MAX_ERRORS, LevelResult, LoadConfig, RequestResult
+from specdec.bench.serving.load_types import ENDPOINTS, MAX_ERRORS, LevelResult, LoadConfig, RequestResult
 from specdec.client import RequestFailed, Unreachable, async_client, complete, first_model, run_async
 from specdec.errors import SpecdecError
 from specdec.measure import inter_token_latencies, mean, percentile, time_per_output_token, tokens_per_s

@@ -1,12 +1,12 @@
 """The Markdown of `specdec bench --endpoint`: the Spec-Bench tables per level (specdec.bench.render), then each
-level's load figures (specdec.bench.loadtest_report) and the acceptance the servers exposed. The run itself is
-specdec.bench.endpoint; `bench`'s command line (specdec.bench.cli) calls both."""
+level's load figures (specdec.bench.serving.loadtest_report) and the acceptance the servers exposed. The run itself is
+specdec.bench.serving.endpoint; `bench`'s command line (specdec.bench.cli) calls both."""
 
 from __future__ import annotations
 
 from specdec.bench import render
-from specdec.bench.load_types import LevelResult
-from specdec.bench.loadtest_report import markdown_series
+from specdec.bench.serving.load_types import LevelResult
+from specdec.bench.serving.loadtest_report import markdown_series
 
 
 def markdown(report) -> str:

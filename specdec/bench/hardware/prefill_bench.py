@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from specdec.bench.servers import BenchError, LocalServer, client, say
+from specdec.bench.serving.servers import BenchError, LocalServer, client, say
 from specdec.client import Completion, complete, run_async
 from specdec.errors import SpecdecError
 from specdec.measure import percentile

@@ -34,7 +34,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from specdec.bench.profile import primed, timed
+    from specdec.bench.hardware.profile import primed, timed
     from specdec.models.gguf_weights import runnable
     from specdec.models.loader import load_model
     from specdec.models.path_choice import PATHS, PathChoice, remember
@@ -75,7 +75,7 @@ def run(args) -> int:
 def llamacpp_agreement(path: Path) -> dict[str, float] | None:
     """Top-1 agreement of each path's logits with llama.cpp's on the file, over TEXT's tokens (None without
     llama.cpp)."""
-    from specdec.bench import llamacpp_oracle as oracle
+    from specdec.bench.engines import llamacpp_oracle as oracle
     from specdec.models.loader import load_model
     from specdec.models.path_choice import PATHS
 

@@ -1,4 +1,4 @@
-"""The report of `specdec bench --kernels` (specdec.bench.kernels_bench): per precision path its floors,
+"""The report of `specdec bench --kernels` (specdec.bench.hardware.kernels_bench): per precision path its floors,
 decode and n-gram speeds, verify cost and time to first token; against fp16; huge pages; the integer kernel's
 ISA builds; llama.cpp on the same GGUF."""
 

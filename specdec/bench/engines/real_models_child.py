@@ -2,7 +2,7 @@
 memory, plain greedy decoding (and n-gram decoding on request), the verify-cost curve, time to first token on a
 long prompt. `specdec real-models` runs it once per file and reads the JSON it writes.
 
-    python -m specdec.bench.real_models_child --model FILE.gguf --new-tokens 64 --json OUT.json
+    python -m specdec.bench.engines.real_models_child --model FILE.gguf --new-tokens 64 --json OUT.json
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def experts_touched(model, layers, context: int, rows: list[int]) -> dict[str, f
     """Rows -> the distinct experts a verify pass of that many rows read, per layer on average: passes of random
     tokens after `context` cached ones (random weights route as random text would not: read it as the shape of the
     curve between k and the experts a layer has)."""
-    from specdec.bench.profile import primed, timed
+    from specdec.bench.hardware.profile import primed, timed
 
     run, out = primed(model, context, rows), {}  # the context's prefill is not counted
     for n in rows:
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.kernels.cores import configure
 
     configure(args.threads)  # a fixed team: the one llama.cpp is given
-    from specdec.bench.profile import time_passes
+    from specdec.bench.hardware.profile import time_passes
     from specdec.drafters.ngram import NgramDrafter
     from specdec.engine.generate import Engine
     from specdec.models.loader import load_model
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         out["ttft"] = {"prompt_tokens": len(long_ids), "ttft_s": r["ttft_s"], "wall_s": r["wall_s"]}
         say(f"TTFT {len(long_ids)} tokens: {r['ttft_s']:.2f} s")
     if args.lookup_cost:
-        from specdec.bench.profile import demo_context, time_ngram
+        from specdec.bench.hardware.profile import demo_context, time_ngram
 
         out["lookup"] = time_ngram(NgramDrafter(4, 1), demo_context(tok, args.context * 2), 5)
     out["rss_end"] = rss()

@@ -1,6 +1,6 @@
 """`specdec bench --kernels`: the forward pass on the GGUF's own blocks against the fp16 path and llama.cpp, in
 one run (issue 10). Writes OUT/gguf-kernels.json (with the machine's provenance) and .md
-(specdec.bench.kernels_report).
+(specdec.bench.hardware.kernels_report).
 
 Per precision path (fp16, gguf, gguf-q16, gguf-q8) on the bundled SmolLM2-135M Q4_1 GGUF: bytes of weights read per
 token, the memory floor at this machine's read bandwidth (the weights alone, and with the KV cache a step reads at the
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from specdec.bench.kernels_report import PATHS
-from specdec.bench.long_context import decode_rate, file_edit_prompt, log
-from specdec.bench.profile import measure_bandwidth, time_passes
+from specdec.bench.hardware.kernels_report import PATHS
+from specdec.bench.hardware.long_context import decode_rate, file_edit_prompt, log
+from specdec.bench.hardware.profile import measure_bandwidth, time_passes
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.calibrate import policy_for
 from specdec.engine.generate import Engine, GenerationConfig
@@ -155,8 +155,8 @@ def run_kernels_bench(args) -> int:
     """args: out (a folder: gguf-kernels.json and .md go there), max_new_tokens, quick (a smoke test: fp16 and
     gguf-q16 only, fewer repetitions)."""
     from specdec.atomic import write_text_atomic
-    from specdec.bench.kernels_report import render
-    from specdec.bench.llamacpp_compare import plain_and_lookup
+    from specdec.bench.engines.llamacpp_compare import plain_and_lookup
+    from specdec.bench.hardware.kernels_report import render
     from specdec.kernels import decode_kernels
     from specdec.models.gguf_convert import bundled_gguf_path
     from specdec.provenance import provenance

@@ -14,7 +14,7 @@ its distance from llama.cpp on the quantized file against llama.cpp's own distan
 
 llama.cpp is node-llama-cpp's prebuilt CPU build, driven by the bench's worker (llamacpp_worker.mjs, whose "logits"
 and "tokenize" requests serve this module), pinned in llamacpp_compare.VERSION and installed by `make llamacpp`
-(`python -m specdec.bench.llamacpp_oracle install`). One worker per GGUF file, started on first use with THREADS
+(`python -m specdec.bench.engines.llamacpp_oracle install`). One worker per GGUF file, started on first use with THREADS
 threads and kept until close(): its CPU results do not depend on timing (the same tokens twice give the same logits
 to the bit, and so do the same tokens fed one by one).
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.bench import llamacpp_compare as lc
+from specdec.bench.engines import llamacpp_compare as lc
 from specdec.errors import SpecdecError
 
 THREADS = 2
@@ -199,7 +199,7 @@ def install(directory: Path | None = None) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["install"]:
-        sys.exit("usage: python -m specdec.bench.llamacpp_oracle install")
+        sys.exit("usage: python -m specdec.bench.engines.llamacpp_oracle install")
     try:
         install()
     except (SpecdecError, subprocess.CalledProcessError) as e:
