@@ -26,7 +26,7 @@ import torch
 import specdec.kernels as kernels_pkg
 import specdec.models.transformer as transformer
 from specdec.errors import SpecdecError
-from specdec.models.gguf_convert import cache_root
+from specdec.models.gguf.convert import cache_root
 from specdec.models.loader import load_model
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -45,7 +45,7 @@ from specdec.bench.serving.endpoint import run_block  # noqa: E402
 from specdec.bench.serving.load_types import LoadConfig  # noqa: E402
 from specdec.bench.serving.servers import LocalServer, VllmServer, say  # noqa: E402
 from specdec.client import run_async  # noqa: E402
-from specdec.models.gguf_convert import bundled_model_dir  # noqa: E402
+from specdec.models.gguf.convert import bundled_model_dir  # noqa: E402
 from specdec.provenance import provenance  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -96,7 +96,7 @@ def write_word_tokenizer(path: Path, words: list[str]) -> None:
 @pytest.fixture(scope="session")
 def bundled_path() -> Path:
     """The converted bundled model (converted into the default cache on first use)."""
-    from specdec.models.gguf_convert import bundled_model_dir
+    from specdec.models.gguf.convert import bundled_model_dir
 
     return bundled_model_dir()
 

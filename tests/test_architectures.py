@@ -14,9 +14,9 @@ import torch
 
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import Engine, GenerationConfig
+from specdec.models.gguf.synth import SHAPES as SYNTH
+from specdec.models.gguf.synth import write
 from specdec.models.loader import load_model
-from specdec.models.synth_gguf import SHAPES as SYNTH
-from specdec.models.synth_gguf import write
 from tests.conftest import divergence_message, greedy_reference
 from tests.test_engine_model import mismatch_report, ours_prefill_then_decode, verify_vs_one_token
 from tests.test_gguf_kernels import kernels  # noqa: F401 (fixture)
@@ -183,7 +183,7 @@ def test_longrope_runs_within_its_original_context_and_says_so(files, capsys):
     context (transformers and llama.cpp agree there: test_torch_path_agrees_with_transformers, the llama.cpp
     matrix); its context is capped there, said at load, and a longer prompt is refused in one line."""
     from specdec.errors import SpecdecError
-    from specdec.models.synth_gguf import longrope_attn_factor, longrope_factors
+    from specdec.models.gguf.synth import longrope_attn_factor, longrope_factors
 
     shape = SYNTH["tiny-phi3-longrope"]
     loaded = load_model(str(files["tiny-phi3-longrope"]), "gguf-q16")
@@ -202,8 +202,8 @@ def test_what_is_not_covered_is_refused_in_one_line(tmp_path):
     name; so is an architecture specdec does not run, with the list of those it does."""
     from specdec.errors import SpecdecError
     from specdec.models.config import ModelConfig
-    from specdec.models.gguf_arch import ARCHS, arch_of
-    from specdec.models.gguf_llama import longrope
+    from specdec.models.gguf.arch import ARCHS, arch_of
+    from specdec.models.gguf.llama import longrope
 
     with pytest.raises(SpecdecError, match="LongRoPE needs.*original_context_length"):
         longrope({}, tmp_path / "phi.gguf", {"rope_factors_short": [1.0], "rope_factors_long": [1.0]}, 2, 1e4)

@@ -314,7 +314,7 @@ def _real_worker_missing() -> str | None:
 @pytest.mark.skipif(_real_worker_missing() is not None, reason=str(_real_worker_missing()))
 def test_the_real_worker_on_the_bundled_gguf():
     from specdec.bench.runner import encode_turns
-    from specdec.models.gguf_convert import bundled_model_dir
+    from specdec.models.gguf.convert import bundled_model_dir
     from specdec.models.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(bundled_model_dir())

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-import specdec.models.gguf_convert as gc
+import specdec.models.gguf.convert as gc
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.errors import SpecdecError
@@ -377,7 +377,7 @@ def test_gguf_config(converted):
 
 def test_gguf_metadata_defaults_follow_llama_cpp(tmp_path):
     """Without a pattern in the file every 6th layer is global; attention.scale and rope.freq_base_swa win."""
-    from specdec.models import gguf_gemma3
+    from specdec.models.gguf import gemma3 as gguf_gemma3
 
     meta = {"gemma3.block_count": 12, "gemma3.embedding_length": 64, "gemma3.attention.head_count": 2,
             "gemma3.attention.key_length": 32, "gemma3.feed_forward_length": 96, "gemma3.context_length": 128,

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-import specdec.models.gguf_convert as gc
+import specdec.models.gguf.convert as gc
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.errors import SpecdecError
-from specdec.models import gguf_gemma3
 from specdec.models.gemma3 import Gemma3
-from specdec.models.gguf_file import open_gguf
-from specdec.models.gguf_weights import dequantize
+from specdec.models.gguf import gemma3 as gguf_gemma3
+from specdec.models.gguf.file import open_gguf
+from specdec.models.gguf.weights import dequantize
 from specdec.models.linear import GgufLinear, Linear
 from specdec.models.loader import load_model
 from tests.conftest import divergence_message, greedy_reference
@@ -170,7 +170,7 @@ def test_loader_picks_gguf_q16_silently_and_lean(tiny, kernels, tmp_path, monkey
     embedding rows come from the file), and prints nothing once converted; its logits are the full folder's bit for
     bit. --precision fp16 stays the torch path on a full folder; a file with an F16 matrix defaults to fp16."""
     from specdec.models.gemma3 import ScaledRows
-    from specdec.models.gguf_convert import is_lean
+    from specdec.models.gguf.convert import is_lean
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     path = str(tiny[0])

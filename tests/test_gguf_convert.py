@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-import specdec.models.gguf_convert as gc
+import specdec.models.gguf.convert as gc
 from specdec.errors import SpecdecError
 from specdec.models.tokenizer import IncrementalDecoder, Tokenizer
 
@@ -357,7 +357,7 @@ def test_unreadable_gguf(tiny, tmp_path, monkeypatch):
                 raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(file))
             return open(file, *args, **kwargs)
 
-        from specdec.models import gguf_file  # the module that opens GGUF files
+        from specdec.models.gguf import file as gguf_file  # the module that opens GGUF files
 
         monkeypatch.setattr(gguf_file, "open", refuse, raising=False)  # the module's name `open` shadows the builtin
     with pytest.raises(SpecdecError, match=rf"^{re.escape(str(path))}: cannot read \(Permission denied\)$"):

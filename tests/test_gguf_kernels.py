@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.models.gguf_weights import QTensor, dequantize, planes
+from specdec.models.gguf.weights import QTensor, dequantize, planes
 from tests.test_gguf_convert import write_tiny_gguf
 
 

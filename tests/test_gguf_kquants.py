@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.models import gguf_blocks
-from specdec.models.gguf_weights import QTensor, dequantize, qmatrix
+from specdec.models.gguf import blocks as gguf_blocks
+from specdec.models.gguf.weights import QTensor, dequantize, qmatrix
 from tests.test_gguf_kernels import (  # noqa: F401 (fixtures)
     amx_gives_vnnis_bits,
     computes_the_definition,
@@ -72,7 +72,7 @@ def test_a_broken_high_bit_plane_fails_the_definition_check(kernels, kind):  # n
     x = np.random.default_rng(2).standard_normal((3, 256)).astype(np.float32)
     ref = int_reference(x, [part], 16)
     assert np.abs(kernels.gemm_gguf(torch.from_numpy(x), good).double().numpy() - ref).max() <= 1e-5 * np.abs(ref).max()
-    from specdec.models.gguf_weights import kq_planes
+    from specdec.models.gguf.weights import kq_planes
 
     args = list(kq_planes([part], 16))
     if kind == "Q4_K":
@@ -160,7 +160,7 @@ def test_the_exact_path_names_what_it_reads(kernels):  # noqa: F811
 def synth_files(tmp_path_factory):
     """Tiny llama and qwen2 files in llama.cpp's Q4_K_M mix (Q4_K, Q6_K for some attn_v / ffn_down, the tied
     embedding in Q6_K), and one in Q5_0: random weights, real block types."""
-    from specdec.models.synth_gguf import write
+    from specdec.models.gguf.synth import write
 
     folder = tmp_path_factory.mktemp("synth")
     out = {}
@@ -175,7 +175,7 @@ def synth_files(tmp_path_factory):
 def test_a_k_quant_file_runs_lean_on_its_own_blocks(kernels, synth_files, case, tmp_path, monkeypatch):  # noqa: F811
     """The default load of a K-quant llama or qwen2 file is gguf-q16 from a lean folder (no dequantized matrices):
     close to the fp32 model on the same weights, and a verify pass or prefill gives the one-token passes' bits."""
-    from specdec.models.gguf_convert import is_lean
+    from specdec.models.gguf.convert import is_lean
     from specdec.models.loader import load_model
     from tests.test_gguf_kernels import logits_of
 
@@ -218,7 +218,7 @@ def test_llama3_rope_scaling_is_transformers(tmp_path):
 def test_the_native_packer_writes_the_numpy_definitions_planes(kernels, kind, paired):  # noqa: F811
     """kernels.kq_pack (one pass over the file's bytes, for loading) writes exactly kq_planes' numpy planes, with
     rows that fill no whole group or pair (21: 3 groups)."""
-    from specdec.models.gguf_weights import kq_planes
+    from specdec.models.gguf.weights import kq_planes
 
     parts = [random_blocks(kind, 13, 512, seed=40), random_blocks(kind, 8, 512, seed=41)]
     want = kq_planes(parts, 16, paired)
@@ -233,8 +233,8 @@ def test_the_native_packer_writes_the_numpy_definitions_planes(kernels, kind, pa
 def test_a_file_the_kernels_cannot_read_says_what_its_fallback_costs(kernels, tmp_path, monkeypatch, capsys):  # noqa: F811
     """Never a silent fp16 fallback: an F16 GGUF runs dequantized, and says which types, what the kernels read and
     the bytes a token it costs."""
+    from specdec.models.gguf.synth import write
     from specdec.models.loader import load_model
-    from specdec.models.synth_gguf import write
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "tiny-f16.gguf"

@@ -1,4 +1,4 @@
-"""specdec's GGUF reader (models/gguf_reader.py) reads what gguf-py's GGUFReader reads: every field's types and
+"""specdec's GGUF reader (models/gguf/reader.py) reads what gguf-py's GGUFReader reads: every field's types and
 contents and every tensor's type, shape, offset and bytes, on the bundled model (Q4_1, Q8_0), on a random-weight
 Q4_K_M file, and on a file with every metadata value type and F32, F16 and I32 tensors. Malformed files are refused
 with one line."""
@@ -13,9 +13,9 @@ import pytest
 from gguf import GGUFValueType
 
 from specdec.errors import SpecdecError
-from specdec.models.gguf_file import open_gguf
-from specdec.models.gguf_reader import GgufReader
-from specdec.models.synth_gguf import write
+from specdec.models.gguf.file import open_gguf
+from specdec.models.gguf.reader import GgufReader
+from specdec.models.gguf.synth import write
 
 
 def same_as_gguf_py(path: Path) -> GgufReader:
@@ -35,7 +35,7 @@ def same_as_gguf_py(path: Path) -> GgufReader:
 
 
 def test_the_bundled_model_reads_as_gguf_py_reads_it():
-    from specdec.models.gguf_convert import bundled_gguf_path
+    from specdec.models.gguf.convert import bundled_gguf_path
 
     r = same_as_gguf_py(Path(bundled_gguf_path()))
     assert len(r.fields["tokenizer.ggml.tokens"].contents()) == 49152

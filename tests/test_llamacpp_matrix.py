@@ -1,4 +1,4 @@
-"""specdec against llama.cpp on random-weight GGUFs (specdec/models/synth_gguf.py) of every llama-family architecture
+"""specdec against llama.cpp on random-weight GGUFs (specdec/models/gguf/synth.py) of every llama-family architecture
 specdec runs natively, in every block type it reads: the logits at 96 positions of the same file and tokens.
 
 Architectures (SHAPES): tiny-llama (llama with tied embeddings, as SmolLM2 and Llama 3.2 1B/3B), tiny-llama-untied
@@ -43,7 +43,7 @@ import numpy as np
 import pytest
 
 from specdec.bench.engines import llamacpp_oracle as oracle
-from specdec.models.synth_gguf import write
+from specdec.models.gguf.synth import write
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(oracle.missing() is not None, reason=str(oracle.missing()))]
 

@@ -52,7 +52,7 @@ PROMPT = ("Jim has a 20 pack of gum.  He chews 1 piece of gum for every 2 hours 
 
 
 def bundled_gguf():
-    from specdec.models.gguf_convert import bundled_gguf_path
+    from specdec.models.gguf.convert import bundled_gguf_path
 
     return bundled_gguf_path()
 
@@ -244,14 +244,14 @@ def test_qwen2_pretokenizer_matches_llamacpp(special, tmp_path, monkeypatch):
     """Qwen2's and Qwen3's pre-tokenizer ("qwen2": digits one at a time, Llama 3's regex otherwise), on the bundled
     vocabulary as a synthetic Qwen3 file names it: every string gives the same ids. That vocabulary has no tokens
     of several digits, so the digits rule is checked on the pre-tokenizer itself."""
-    from specdec.models.gguf_tokenizer import _pre_tokenizer
+    from specdec.models.gguf.tokenizer import _pre_tokenizer
 
     def words(pre: str) -> list[str]:
         return [w for w, _ in _pre_tokenizer(pre).pre_tokenize_str("x 12345 it's")]
 
     assert words("qwen2") == ["x", "Ġ", "1", "2", "3", "4", "5", "Ġit", "'s"]
     assert words("llama3") == ["x", "Ġ", "123", "45", "Ġit", "'s"]
-    from specdec.models.synth_gguf import write
+    from specdec.models.gguf.synth import write
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     gguf = write(tmp_path / "tiny-qwen3.gguf", "tiny-qwen3", "Q8_0").path
@@ -271,7 +271,7 @@ def llama_spm(tmp_path_factory):
     and Phi-3's five control tokens after it."""
     import gguf as gg
 
-    from specdec.models.synth_gguf import write
+    from specdec.models.gguf.synth import write
     from tests.spm_vocab import gguf_fields
 
     folder = tmp_path_factory.mktemp("llama-spm")

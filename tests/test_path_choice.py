@@ -9,9 +9,9 @@ import os
 import pytest
 
 from specdec.cli import main
+from specdec.models.gguf.synth import write
 from specdec.models.loader import load_model
 from specdec.models.path_choice import PathChoice, key, remember, remembered
-from specdec.models.synth_gguf import write
 from tests.test_gguf_kernels import kernels  # noqa: F401 (fixture)
 
 

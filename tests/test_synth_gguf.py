@@ -1,4 +1,4 @@
-"""`specdec synth-gguf`: random-weight GGUFs with real shapes and llama.cpp's Q4_K_M mix (specdec/models/synth_gguf.py,
+"""`specdec synth-gguf`: random-weight GGUFs with real shapes and llama.cpp's Q4_K_M mix (specdec/models/gguf/synth.py,
 synth_blocks.py). The mixes of the real shapes are checked against counts worked out by hand from
 llama.cpp's src/llama-quant.cpp (no big file is written); the blocks against gguf-py's dequantization; the tiny
 files by reading them back and by generating from them on specdec's native kernels."""
@@ -17,9 +17,9 @@ from gguf.quants import Q4_K, dequantize
 
 from specdec.cli import main
 from specdec.errors import SpecdecError
-from specdec.models import synth_gguf
-from specdec.models.synth_blocks import TYPES, _pack_scales_mins, random_matrix
-from specdec.models.synth_gguf import SHAPES, llama3_rope_factors, mix_bytes, type_mix, use_more_bits, write
+from specdec.models.gguf import synth as synth_gguf
+from specdec.models.gguf.synth import SHAPES, llama3_rope_factors, mix_bytes, type_mix, use_more_bits, write
+from specdec.models.gguf.synth_blocks import TYPES, _pack_scales_mins, random_matrix
 
 T = GGMLQuantizationType
 

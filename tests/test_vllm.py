@@ -36,7 +36,7 @@ from specdec.bench.serving.load_types import LoadConfig
 from specdec.bench.serving.servers import VllmServer, client, vllm_python
 from specdec.cli import main
 from specdec.client import run_async
-from specdec.models.gguf_convert import bundled_model_dir
+from specdec.models.gguf.convert import bundled_model_dir
 from tests.test_grafana_dashboard import VLLM_EXPORTED, exported_names, load, vllm_problems
 
 pytestmark = pytest.mark.slow

@@ -17,7 +17,7 @@ import torch
 
 from specdec.heads.eagle import EagleHead
 from specdec.kernels import pairs_layout
-from specdec.models.gguf_weights import QTensor, planes
+from specdec.models.gguf.weights import QTensor, planes
 from specdec.models.kv_cache import CHUNK
 
 

@@ -29,7 +29,7 @@ constexpr int64_t QB = 32;  // weights per block
 //          than on its own layout. Both builds compute either layout, with the same results;
 //   8-bit: q int8 [N/8, K/32, 8, 32], d fp16 [N/8, K/32, 8]; w = d q. `paired` as for 4-bit: q [G/2, K/32, 8, 2, 32]
 //          (a pair's block 512 bytes, chunk c register c of both groups), d [G/2, K/32, 2, 8].
-// models/gguf_weights.py writes these planes from the file's blocks.
+// models/gguf/weights.py writes these planes from the file's blocks.
 // QView is the matrix as the kernels read it; gguf.cpp's QMatrix holds its tensors.
 struct QView {
   int64_t bits, N, K, G, B;  // G groups of 8 rows, B blocks a row; bits 4, 5, 6 or 8

@@ -51,7 +51,7 @@ def shard_files(path: Path) -> list[Path]:
 def check_weights(weights: dict, cfg, path: Path, matrices: bool = True) -> None:
     """Every tensor config.json implies is there with its shape (lm_head.weight may be absent); without `matrices`
     (a lean conversion, gguf_convert) only the vectors and routers."""
-    from specdec.models.gguf_llama import ROUTER
+    from specdec.models.gguf.llama import ROUTER
 
     for name, shape in cfg.weight_shapes().items():
         if not matrices and len(shape) >= 2 and not name.endswith(ROUTER):

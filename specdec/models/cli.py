@@ -1,5 +1,5 @@
 """`specdec synth-gguf`: write a random-weight GGUF with a real model's shapes and llama.cpp's quantization mix
-(specdec/models/synth_gguf.py), and say how big it is, what types it holds and how long it took."""
+(specdec/models/gguf/synth.py), and say how big it is, what types it holds and how long it took."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from specdec.inputs import SEED
 
 
 def register(sub) -> None:
-    from specdec.models.synth_gguf import QUANTS, SHAPES
+    from specdec.models.gguf.synth import QUANTS, SHAPES
 
     p = sub.add_parser("synth-gguf", help="write a random-weight GGUF with a real model's shapes and quant mix")
     p.add_argument("--shape", required=True, type=_shape_arg,
@@ -25,7 +25,7 @@ def _shape_arg(text: str) -> str:
     import argparse
 
     from specdec.errors import SpecdecError
-    from specdec.models.synth_gguf import _shape
+    from specdec.models.gguf.synth import _shape
 
     try:
         _shape(text)
@@ -35,7 +35,7 @@ def _shape_arg(text: str) -> str:
 
 
 def run_synth(args) -> int:
-    from specdec.models.synth_gguf import write
+    from specdec.models.gguf.synth import write
 
     done = write(args.out, args.shape, args.quant, args.seed, progress=sys.stderr.isatty())
     print(f"wrote {done.path}: {done.size / 1e6:,.1f} MB ({args.shape}, {args.quant}, seed {args.seed}) "

@@ -42,7 +42,7 @@ from specdec.errors import SpecdecError
 from specdec.inputs import number
 from specdec.models.attention import RopeTable, attend_decode, attend_prefill, rms_norm, rotate
 from specdec.models.config import ACT_BITS, ModelConfig, check_sizes
-from specdec.models.gguf_weights import RowLookup, release_pages
+from specdec.models.gguf.weights import RowLookup, release_pages
 from specdec.models.hugepages import Arena
 from specdec.models.kv_cache import slot_picker, write_kv
 from specdec.models.linear import GgufLinear, Linear
@@ -291,7 +291,7 @@ class Gemma3(Transformer):
                  gguf: Path | None = None) -> Gemma3:
         """A model folder; `gguf`: the GGUF file it was converted from, whose blocks gguf-q16 and gguf-q8 run."""
         from specdec.models.checkpoint import load_weights
-        from specdec.models.gguf_gemma3 import read_matrices
+        from specdec.models.gguf.gemma3 import read_matrices
 
         path = Path(path)
         quantized = read_matrices(gguf) if precision in GGUF_BLOCK_PRECISIONS and gguf is not None else None

@@ -89,7 +89,7 @@ class GgufLinear:
 
     def __init__(self, parts: list, precision: str, kernels, arena=None):
         from specdec.kernels import pairs_layout
-        from specdec.models.gguf_weights import qmatrix
+        from specdec.models.gguf.weights import qmatrix
 
         if precision not in ACT_BITS:  # the exact path reads no K-quant, so no Gemma 3 file
             raise SpecdecError(f"GgufLinear takes {', '.join(ACT_BITS)}, not {precision!r}")

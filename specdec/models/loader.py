@@ -26,7 +26,7 @@ class LoadedModel:
 def resolve_model_dir(spec: str, lean: bool = False) -> Path:
     """'default' -> the bundled SmolLM2 (converted once); a folder -> itself; a .gguf file -> converted once
     (`lean`: its vectors only, for the gguf precisions; see gguf_convert)."""
-    from specdec.models import gguf_convert
+    from specdec.models.gguf import convert as gguf_convert
 
     if spec in ("default", "", None):
         return gguf_convert.bundled_model_dir()
@@ -55,8 +55,8 @@ def default_precision(path: Path, spec: str | None, device: str, model_type: str
         return "bf16"
     if model_type in SUPPORTED_TYPES + GEMMA_TYPES:
         from specdec.kernels import decode_kernels
-        from specdec.models.gguf_arch import ARCHS, for_model_type
-        from specdec.models.gguf_convert import gguf_source
+        from specdec.models.gguf.arch import ARCHS, for_model_type
+        from specdec.models.gguf.convert import gguf_source
 
         # each architecture's own check (Gemma 3's without gguf-py's ~20 s read of a 262k-token vocabulary); a
         # mistral folder reads as llama
@@ -72,7 +72,7 @@ def default_precision(path: Path, spec: str | None, device: str, model_type: str
                   f"({choice.measured}; --precision overrides)", file=sys.stderr)
             return choice.precision
         if source is not None and model_type not in GEMMA_TYPES:  # say what the fp16 fallback costs, never silently
-            from specdec.models.gguf_weights import fallback_note
+            from specdec.models.gguf.weights import fallback_note
 
             note = fallback_note(source)
             if note:
@@ -84,8 +84,8 @@ def lean_load(spec: str | None, precision: str | None, device: str) -> bool:
     """Whether a .gguf model loads lean (its matrices read from the file, never dequantized to a folder): a llama,
     qwen2, qwen3, gemma2 or gemma3 file on a gguf precision, given or the default (the kernels build and read every
     matrix's type)."""
-    from specdec.models.gguf_arch import ARCHS
-    from specdec.models.gguf_file import architecture
+    from specdec.models.gguf.arch import ARCHS
+    from specdec.models.gguf.file import architecture
 
     if spec in ("default", "", None) or device != "cpu" or (precision and precision not in GGUF_PRECISIONS):
         return False
@@ -121,7 +121,7 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
     try:
         if model_type in GEMMA_TYPES:
             from specdec.models.gemma3 import Gemma3
-            from specdec.models.gguf_convert import gguf_source
+            from specdec.models.gguf.convert import gguf_source
 
             gguf = gguf_source(path, spec) if precision in GGUF_PRECISIONS else None
             return LoadedModel(Gemma3.from_dir(path, precision, device, gguf), tokenizer, name, path, "specdec")
@@ -130,7 +130,7 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
 
             gguf = None
             if precision in GGUF_PRECISIONS:
-                from specdec.models.gguf_convert import gguf_source
+                from specdec.models.gguf.convert import gguf_source
 
                 gguf = gguf_source(path, spec)
             model = Transformer.from_dir(path, precision, device, gguf)

@@ -30,8 +30,8 @@ from specdec.models.attention import (
 )
 from specdec.models.config import ACT_BITS, GGUF_PRECISIONS, ModelConfig
 from specdec.models.experts import Experts, native_experts
-from specdec.models.gguf_llama import read_matrices
-from specdec.models.gguf_weights import QTensor, RowLookup, qmatrix, release_pages
+from specdec.models.gguf.llama import read_matrices
+from specdec.models.gguf.weights import QTensor, RowLookup, qmatrix, release_pages
 from specdec.models.hugepages import Arena
 from specdec.models.kv_cache import KVCache, slot_picker, write_kv
 from specdec.models.linear import Linear
@@ -110,7 +110,7 @@ class Block:
 class Transformer:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], precision: str = "fp16",
                  device: str = "cpu", quantized: dict[str, QTensor] | None = None):
-        """`quantized`: the GGUF's matrices (models.gguf_llama.read_matrices), needed by the gguf precisions."""
+        """`quantized`: the GGUF's matrices (models/gguf/llama.py read_matrices), needed by the gguf precisions."""
         if precision in GGUF_PRECISIONS and quantized is None:
             raise SpecdecError(f"--precision {precision} runs a GGUF file's own blocks; this model is not from a "
                                "GGUF file (use fp16)")
@@ -175,7 +175,7 @@ class Transformer:
                  gguf: Path | None = None) -> Transformer:
         """A model folder; `gguf`: the GGUF file it was converted from, whose blocks the gguf precisions run."""
         from specdec.models.checkpoint import check_weights, load_weights
-        from specdec.models.gguf_convert import is_lean
+        from specdec.models.gguf.convert import is_lean
 
         path = Path(path)
         cfg = ModelConfig.from_dir(path)

@@ -41,7 +41,7 @@ def llama_dir() -> Path:
 
 def gguf_path(model: str | None) -> Path:
     """The GGUF file llama.cpp runs: the bundled one for --model default, else --model itself."""
-    from specdec.models.gguf_convert import bundled_gguf_path
+    from specdec.models.gguf.convert import bundled_gguf_path
 
     if model in ("default", "", None):
         return bundled_gguf_path()

@@ -87,7 +87,7 @@ def tokenize(gguf_path: str | Path, texts: list[str], special: bool) -> list[lis
 def model_spec(gguf_path: str | Path) -> str:
     """What specdec's loader is given for this file: 'default' for the bundled GGUF (its converted folder is
     already cached), else the path."""
-    from specdec.models.gguf_convert import bundled_gguf_path
+    from specdec.models.gguf.convert import bundled_gguf_path
 
     path = Path(gguf_path).resolve()
     try:
@@ -143,7 +143,7 @@ def f32_copy(gguf_path: str | Path, out_path: str | Path,
     import gguf
     from gguf.quants import dequantize
 
-    from specdec.models.gguf_file import open_gguf
+    from specdec.models.gguf.file import open_gguf
 
     reader = open_gguf(Path(gguf_path))
     writer = gguf.GGUFWriter(str(out_path), arch=reader.fields["general.architecture"].contents())

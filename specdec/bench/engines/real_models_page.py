@@ -182,7 +182,7 @@ def linear_at(x0: float, values: dict[int, float]) -> float:
 def depths(shapes: dict) -> dict[str, dict]:
     """Shapes measured at two or more depths ("NAME/L": the first L layers), projected to their full depth: each
     engine's time a token and each n-row pass's time fitted as a + b L (least squares), read at the full L."""
-    from specdec.models.synth_gguf import SHAPES
+    from specdec.models.gguf.synth import SHAPES
 
     groups: dict[str, dict[int, dict]] = {}
     for name, e in shapes.items():

@@ -35,7 +35,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from specdec.bench.hardware.profile import primed, timed
-    from specdec.models.gguf_weights import runnable
+    from specdec.models.gguf.weights import runnable
     from specdec.models.loader import load_model
     from specdec.models.path_choice import PATHS, PathChoice, remember
     from specdec.provenance import cpu_name

@@ -158,7 +158,7 @@ def run_kernels_bench(args) -> int:
     from specdec.bench.engines.llamacpp_compare import plain_and_lookup
     from specdec.bench.hardware.kernels_report import render
     from specdec.kernels import decode_kernels
-    from specdec.models.gguf_convert import bundled_gguf_path
+    from specdec.models.gguf.convert import bundled_gguf_path
     from specdec.provenance import provenance
 
     kernels = decode_kernels()

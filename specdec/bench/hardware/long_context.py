@@ -136,7 +136,7 @@ def run_long_context(args) -> int:
     """args: prompts (Spec-Bench question.jsonl), out (a folder), max_new_tokens, quick."""
     from specdec.atomic import write_text_atomic
     from specdec.bench.hardware.long_context_report import render
-    from specdec.models.gguf_convert import bundled_gguf_path
+    from specdec.models.gguf.convert import bundled_gguf_path
     from specdec.provenance import provenance
     from specdec.runtime import ModelSpec, build
 

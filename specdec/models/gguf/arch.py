@@ -11,8 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from specdec.errors import SpecdecError
-from specdec.models import gguf_gemma3, gguf_llama, gguf_spm, gguf_weights
-from specdec.models.gguf_file import read_metadata
+from specdec.models.gguf import gemma3 as gguf_gemma3
+from specdec.models.gguf import llama as gguf_llama
+from specdec.models.gguf import spm as gguf_spm
+from specdec.models.gguf import weights as gguf_weights
+from specdec.models.gguf.file import read_metadata
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from specdec.errors import SpecdecError
-from specdec.models.gguf_file import decimal, open_gguf
+from specdec.models.gguf.file import decimal, open_gguf
 
 ARCH = "gemma3"
 GEMMA2 = "gemma2"  # read here too: Gemma 3's layout without q/k norms, with soft-capped scores and logits
@@ -108,7 +108,7 @@ def hf_tensor(name: str, weight: np.ndarray, src: Path) -> tuple[str, np.ndarray
 def read_matrices(path: Path) -> dict:
     """Every matrix of a Gemma 3 GGUF as stored (gguf_weights.QTensor), under the names the converted folder gives
     it. Unlike a llama file's, Q and K rows are in Hugging Face's order already (see above): nothing is permuted."""
-    from specdec.models.gguf_weights import KINDS, QTensor, row_bytes
+    from specdec.models.gguf.weights import KINDS, QTensor, row_bytes
 
     out = {}
     for t in open_gguf(Path(path)).tensors:
@@ -125,7 +125,7 @@ def read_matrices(path: Path) -> dict:
 
 def runnable(path: Path) -> bool:
     """gguf_weights.runnable(path): every matrix in a format gguf-q16 and gguf-q8 read."""
-    from specdec.models.gguf_weights import KINDS
+    from specdec.models.gguf.weights import KINDS
 
     try:
         return all(t.tensor_type.name in KINDS for t in open_gguf(Path(path)).tensors if len(t.shape) == 2)

@@ -32,7 +32,7 @@ _last_reader: list = [None, None]  # (path, size, mtime), reader
 
 
 def _read(src: Path):
-    from specdec.models.gguf_reader import GgufReader
+    from specdec.models.gguf.reader import GgufReader
 
     if not src.exists():
         raise SpecdecError(f"{src}: no such file")

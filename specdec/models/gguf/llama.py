@@ -22,8 +22,8 @@ import numpy as np
 
 from specdec.errors import SpecdecError
 from specdec.models.config import FREQ_FACTORS
-from specdec.models.gguf_file import decimal, need_int, open_gguf, read_metadata
-from specdec.models.gguf_weights import KINDS, QTensor, row_bytes
+from specdec.models.gguf.file import decimal, need_int, open_gguf, read_metadata
+from specdec.models.gguf.weights import KINDS, QTensor, row_bytes
 
 ARCHES = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3")  # general.architecture values read here (see gguf_arch)
 PERMUTED = "llama"  # the architecture whose Q and K rows llama.cpp interleaves
@@ -170,7 +170,8 @@ def longrope(meta: dict[str, Any], src: Path, rope: dict[str, list[float]], head
 def build_tokenizer(meta: dict[str, Any]):
     """(tokenizers.Tokenizer, tokenizer_config dict): a byte-level BPE vocabulary (gguf_tokenizer: Llama 3, Qwen,
     SmolLM), or a SentencePiece one (gguf_spm: Phi-3, Llama 2)."""
-    from specdec.models import gguf_spm, gguf_tokenizer
+    from specdec.models.gguf import spm as gguf_spm
+    from specdec.models.gguf import tokenizer as gguf_tokenizer
 
     return (gguf_spm if meta.get("tokenizer.ggml.model") == "llama" else gguf_tokenizer).build_tokenizer(meta)
 

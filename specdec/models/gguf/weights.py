@@ -24,8 +24,8 @@ import numpy as np
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.models import gguf_blocks
-from specdec.models.gguf_file import open_gguf
+from specdec.models.gguf import blocks as gguf_blocks
+from specdec.models.gguf.file import open_gguf
 
 # bytes per block of 32 weights, as stored in the file: the types every gguf precision reads
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}

@@ -49,7 +49,7 @@ from gguf.gguf_writer import WriterState
 
 from specdec.atomic import atomic_file, check_writable
 from specdec.errors import SpecdecError
-from specdec.models.synth_blocks import random_matrix, row_bytes
+from specdec.models.gguf.synth_blocks import random_matrix, row_bytes
 
 T = GGMLQuantizationType
 BUNDLED_VOCAB = 49152  # tokens in the bundled SmolLM2 tokenizer: the tiny shapes' vocabulary
@@ -496,7 +496,7 @@ _PER_TOKEN = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.
 def _bundled_tokenizer() -> dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]]:
     """key -> (value, type, element type of an array) of the bundled GGUF's tokenizer.* keys, read once a process
     (specdec's reader: gguf-py's takes seconds over its 49k tokens)."""
-    from specdec.models.gguf_convert import bundled_gguf_path
+    from specdec.models.gguf.convert import bundled_gguf_path
 
     return _tokenizer_fields(Path(bundled_gguf_path()))
 
@@ -513,7 +513,7 @@ def _gemma_tokenizer() -> dict[str, tuple[Any, GGUFValueType, GGUFValueType | No
 
 
 def _tokenizer_fields(path: Path) -> dict[str, tuple[Any, GGUFValueType, GGUFValueType | None]]:
-    from specdec.models.gguf_file import open_gguf
+    from specdec.models.gguf.file import open_gguf
 
     fields = open_gguf(path).fields
     return {k: (f.contents(), f.types[0], f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None)

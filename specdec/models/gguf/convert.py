@@ -38,9 +38,9 @@ from typing import Any
 import numpy as np
 
 from specdec.errors import SpecdecError
-from specdec.models.gguf_arch import arch_of, metadata
-from specdec.models.gguf_file import dequantize, need_int, open_gguf
-from specdec.models.gguf_weights import is_matrix
+from specdec.models.gguf.arch import arch_of, metadata
+from specdec.models.gguf.file import dequantize, need_int, open_gguf
+from specdec.models.gguf.weights import is_matrix
 from specdec.paths import cache_root
 
 ROPE_VECTORS = ("rope_freqs.weight", "rope_factors_short.weight", "rope_factors_long.weight")  # to config
