@@ -89,3 +89,22 @@ def test_a_clean_package_passes_and_is_drawn(tmp_path):
     drawn = layers.mermaid(root)
     assert "  engine --> sampling" in drawn and "errors" not in drawn.split("end\n")[-1]  # utilities: no arrows
     assert "-.->" not in drawn
+
+
+MAX_MODULES, MAX_FUNCTION_LINES = 15, 80  # issue 51's bounds: a folder read in one sitting, a function on a screen
+
+
+def test_no_folder_holds_more_than_15_modules():
+    crowded = {str(d.relative_to(ROOT.parent)): n for d in [ROOT, *ROOT.rglob("*/")] if d.is_dir()
+               and (n := len(list(d.glob("*.py")))) > MAX_MODULES}
+    assert not crowded, f"folders with more than {MAX_MODULES} modules: {crowded} (split them by what they hold)"
+
+
+def test_no_function_is_longer_than_80_lines():
+    import ast
+
+    long = [f"{p.relative_to(ROOT.parent)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for p in ROOT.rglob("*.py") for n in ast.walk(ast.parse(p.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, "\n".join(long)

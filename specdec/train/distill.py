@@ -172,6 +172,19 @@ def tokens_per_pass(acc: list[float]) -> float:
     return e
 
 
+def resume(ckpt: Path, labels: str, head: EagleHead, opt, sched) -> dict:
+    """The head, optimizer and schedule as a checkpoint left them; the training state it saved."""
+    saved = torch.load(ckpt, weights_only=False)
+    was = saved["state"].get("labels", "hard")  # checkpoints from before soft labels trained on hard ones
+    if was != labels:
+        raise SpecdecError(f"{ckpt} was trained with {was} labels: resume it with --labels {was}, or give "
+                           "another --out")
+    head.load_state_dict(saved["head"])
+    opt.load_state_dict(saved["opt"])
+    sched.load_state_dict(saved["sched"])
+    return saved["state"]
+
+
 def train(head: EagleHead, target, examples: list[Example], feats: Features, cfg: TrainConfig, out: Path,
           log=print) -> dict:
     """Train in place, checkpointing to out/checkpoint.pt; returns a summary (and a curve of validation
@@ -193,15 +206,7 @@ def train(head: EagleHead, target, examples: list[Example], feats: Features, cfg
     out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint.pt"
     if ckpt.exists():
-        saved = torch.load(ckpt, weights_only=False)
-        was = saved["state"].get("labels", "hard")  # checkpoints from before soft labels trained on hard ones
-        if was != cfg.labels:
-            raise SpecdecError(f"{ckpt} was trained with {was} labels: resume it with --labels {was}, or give "
-                               "another --out")
-        head.load_state_dict(saved["head"])
-        opt.load_state_dict(saved["opt"])
-        sched.load_state_dict(saved["sched"])
-        state = saved["state"]
+        state = resume(ckpt, cfg.labels, head, opt, sched)
         log(f"resumed at step {state['step']} of {total}")
 
     def checkpoint():  # whole or not at all: a full disk keeps the last good checkpoint

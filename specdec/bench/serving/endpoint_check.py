@@ -59,24 +59,14 @@ def fmt(v, digits=2, suffix="") -> str:
     return "-" if v is None else f"{v:.{digits}f}{suffix}"
 
 
-def run_endpoint_check(args) -> int:
-    """args: prompts (Spec-Bench), categories (None: all), per_category, max_new_tokens, concurrency (a string),
-    k (an int), max_batch, out (a folder)."""
-    levels = parse_ints(args.concurrency, "--concurrency")
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="endpoint-bench-"))
-    prompts = tmp / "first-turns.jsonl"
-    n = first_turns(args.prompts, prompts, args.per_category, args.categories)
-    t0 = time.time()
-    bw = measure_bandwidth(1 << 30, 7)
-    say(f"read bandwidth {bw['read_GBps']:.1f} GB/s; {n} prompts")
-    common = ["--prompts", str(prompts), "--max-new-tokens", str(args.max_new_tokens), "--quiet"]
-    local = out_dir / "endpoint-bench-local.json"
-    cli("bench", *common, "--k", str(args.k), "--json", str(local))
+POLICIES = ("never", "always", "auto")
 
+
+def run_servers(args, common: list[str], prompts: Path, n: int, tmp: Path, out_dir: Path, levels: list[int]):
+    """A server per policy; `bench --endpoint` against each speculating one (never as its baseline), then loadtest
+    at each level against every one. Returns ({policy: its bench JSON path}, {(policy, level): loadtest level})."""
     serve = ["--drafter", "ngram", "--k", str(args.k), "--max-batch", str(args.max_batch)]
-    servers = {p: LocalServer(p, [*serve, "--policy", p], tmp) for p in ("never", "always", "auto")}
+    servers = {p: LocalServer(p, [*serve, "--policy", p], tmp) for p in POLICIES}
     loads, endpoint = {}, {}
     try:
         for s in servers.values():
@@ -95,6 +85,26 @@ def run_endpoint_check(args) -> int:
     finally:
         for s in servers.values():
             s.stop()
+    return endpoint, loads
+
+
+def run_endpoint_check(args) -> int:
+    """args: prompts (Spec-Bench), categories (None: all), per_category, max_new_tokens, concurrency (a string),
+    k (an int), max_batch, out (a folder)."""
+    levels = parse_ints(args.concurrency, "--concurrency")
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="endpoint-bench-"))
+    prompts = tmp / "first-turns.jsonl"
+    n = first_turns(args.prompts, prompts, args.per_category, args.categories)
+    t0 = time.time()
+    bw = measure_bandwidth(1 << 30, 7)
+    say(f"read bandwidth {bw['read_GBps']:.1f} GB/s; {n} prompts")
+    common = ["--prompts", str(prompts), "--max-new-tokens", str(args.max_new_tokens), "--quiet"]
+    local = out_dir / "endpoint-bench-local.json"
+    cli("bench", *common, "--k", str(args.k), "--json", str(local))
+
+    endpoint, loads = run_servers(args, common, prompts, n, tmp, out_dir, levels)
 
     loc = json.loads(local.read_text())
     ep = {p: json.loads(f.read_text()) for p, f in endpoint.items()}
@@ -115,7 +125,7 @@ def run_endpoint_check(args) -> int:
                "levels": {}}
     for c in levels:
         tput = {}
-        for p in servers:
+        for p in POLICIES:
             src = ep["auto" if p == "auto" else "always"]["endpoint"]["levels"][levels.index(c)]
             bench_t = src["endpoint" if p != "never" else "baseline"]["load"]["throughput_tok_s"]
             load_t = loads[(p, c)]["throughput_tok_s"]
