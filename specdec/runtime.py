@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from specdec.errors import SpecdecError
 from specdec.models.config import GGUF_PRECISIONS, PRECISIONS
+from specdec.models.target import TargetTraits
 
 DRAFTERS = ("ngram", "suffix", "draft-model", "eagle", "none")
 
@@ -117,14 +118,15 @@ def load_head(path: str | None, model: str, target):
     where = head_dir(path, model)
     head = EagleHead.load(where)
     saved_for(where, target)
-    if not getattr(target.model, "supports_taps", False):
+    traits = TargetTraits.of(target.model)
+    if not traits.supports_taps:
         raise SpecdecError("--drafter eagle reads the target's hidden states, which this model's forward pass "
                            "does not expose")
     if max(head.cfg.taps) > target.model.cfg.num_layers:
         raise SpecdecError(f"{where}: the head reads layer {max(head.cfg.taps)}; the target has "
                            f"{target.model.cfg.num_layers}")
     # where the target runs on the native CPU kernels, so does the head's layer
-    return EagleDrafter(head, target.model.embed, MIN_CONFIDENCE, kernels=getattr(target.model, "kernels", None))
+    return EagleDrafter(head, target.model.embed, MIN_CONFIDENCE, kernels=traits.kernels)
 
 
 def encode_text(tokenizer, text: str) -> list[int]:

@@ -108,3 +108,18 @@ def test_no_function_is_longer_than_80_lines():
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
             and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
     assert not long, "\n".join(long)
+
+
+def test_a_model_or_policy_is_probed_only_by_the_declared_interface():
+    """getattr/hasattr on a model or a policy (a name or an attribute called model, target or policy) only in
+    models/target.py, where TargetTraits declares what may be asked of a target."""
+    import ast
+
+    def probed(arg) -> bool:
+        name = arg.id if isinstance(arg, ast.Name) else arg.attr if isinstance(arg, ast.Attribute) else ""
+        return name in ("model", "target", "policy")
+
+    found = [f"{p.relative_to(ROOT.parent)}:{n.lineno}" for p in ROOT.rglob("*.py") if p.name != "target.py"
+             for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+             and n.func.id in ("getattr", "hasattr") and n.args and probed(n.args[0])]
+    assert not found, "probes outside models/target.py (declare the field on TargetTraits): " + ", ".join(found)

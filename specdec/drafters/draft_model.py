@@ -16,6 +16,7 @@ import torch
 
 from specdec.drafters.base import Draft, Drafter
 from specdec.errors import SpecdecError
+from specdec.models.target import TargetTraits
 from specdec.sampling.verify import PAD, draw_random
 from specdec.sampling.warp import SamplingConfig, warp_rows
 
@@ -31,6 +32,7 @@ class DraftModelDrafter(Drafter):
 
     def __init__(self, model, target_vocab: int, seed_offset: int = 7919):
         self.model, self.target_vocab, self.seed_offset = model, target_vocab, seed_offset
+        self.device = TargetTraits.of(model).device  # where its random streams live
         self.cache = None
         self.valid: dict[int, int] = {}  # per slot: context tokens whose keys/values are in the draft cache
         self.sampling: dict[int, SamplingConfig] = {}
@@ -53,7 +55,7 @@ class DraftModelDrafter(Drafter):
 
     def open(self, slot: int, prompt: Sequence[int], sampling: SamplingConfig) -> None:
         self.valid[slot], self._fed[slot], self.sampling[slot] = 0, 0, sampling
-        g = torch.Generator(device=getattr(self.model, "device", "cpu"))
+        g = torch.Generator(device=self.device)
         seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**62, ()).item())
         g.manual_seed(seed + self.seed_offset)
         self.gen[slot] = g

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specdec.engine.target import TargetTraits
 from specdec.errors import SpecdecError
+from specdec.models.target import TargetTraits
 
 
 @dataclass

@@ -30,8 +30,8 @@ from specdec.engine.policy import Choice, Never, Policy, RowView, choose_drafts,
 from specdec.engine.prefix import PrefixCache
 from specdec.engine.sequence import GenerationConfig, Sequence
 from specdec.engine.stats import RoundRecord
-from specdec.engine.target import TargetTraits
 from specdec.errors import SpecdecError
+from specdec.models.target import TargetTraits
 from specdec.sampling.rounds import RowRule, draw_rows, sample_plain, verify_rows
 from specdec.sampling.verify import VerifyOutput
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from specdec.atomic import write_text_atomic
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1, POSITIVE
+from specdec.models.target import TargetTraits
 
 DRAFT_VOCAB = 8192  # the draft vocabulary of a fresh head: the bundled head's (it covers 97.7% of its answers)
 
@@ -80,7 +81,7 @@ def train_cmd(args) -> int:
     init = init_dir(args.init, args.target, args.draft_vocab) if args.init else None
     t0 = time.perf_counter()
     target = load_model(args.target)
-    if not getattr(target.model, "supports_taps", False):
+    if not TargetTraits.of(target.model).supports_taps:
         raise SpecdecError(f"{args.target}: this model's forward pass does not expose its hidden states")
     taps = default_taps(target.model.cfg.num_layers)
     start = start_from(init, target, taps) if args.init else None  # a head for another target: refused before work

@@ -34,6 +34,7 @@ import numpy as np
 
 from specdec.bench.engines import llamacpp_compare as lc
 from specdec.errors import SpecdecError
+from specdec.models.target import TargetTraits
 
 THREADS = 2
 TIE = 0.01  # logits closer than this are a tie for top1_ties: specdec's own paths differ by up to 0.05
@@ -105,7 +106,7 @@ def specdec_logits(gguf_path: str | Path, token_ids: list[int], precision: str |
     model = load_model(model_spec(gguf_path), precision).model
     cache = model.new_cache(1, len(token_ids))
     out = model.forward(torch.tensor([list(token_ids)]), torch.tensor([0]), cache, prefill=True)  # [1, n, vocab]
-    return out[0].float().numpy(), getattr(model, "precision", precision)
+    return out[0].float().numpy(), TargetTraits.of(model).precision or precision
 
 
 def distance(ours: np.ndarray, theirs: np.ndarray) -> dict:

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from specdec.models.target import TargetTraits
+
 
 def rss() -> dict:
     """Resident memory of this process, bytes: RssAnon (heap: weights copied, KV, activations), RssFile (mapped
@@ -110,13 +112,14 @@ def main(argv: list[str] | None = None) -> int:
     load_s = time.perf_counter() - t0
     after_load = rss()
     model, tok = loaded.model, loaded.tokenizer
+    traits = TargetTraits.of(model)
     engine = Engine(model, tok if args.keep_eos else NoEos(tok))
     ids = encode_prompt(tok, args.prompt, chat=True)
-    out = {"model": args.model, "name": loaded.name, "precision": getattr(model, "precision", None),
+    out = {"model": args.model, "name": loaded.name, "precision": traits.precision,
            "threads": torch.get_num_threads(), "load_s": load_s, "rss_before_load": before,
            "rss_after_load": after_load, "prompt_ids": ids,
            "chat_template": bool(tok.chat_template), "ignore_eos": not args.keep_eos,
-           "weight_bytes_per_token": getattr(model, "weight_bytes_per_token", None)}
+           "weight_bytes_per_token": traits.weight_bytes_per_token}
     say = lambda m: print(f"[{Path(args.model).name}] {m}", file=sys.stderr, flush=True)  # noqa: E731
     say(f"loaded in {load_s:.1f} s ({loaded.name}, {out['precision']}); decoding {args.new_tokens} tokens")
     decode_run(engine, ids, 2)  # warm-up: first-call costs (kernel load, allocations)
@@ -133,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                      "times_s": {str(n): med[n] for n in rows}, "cost": {str(n): med[n] / med[1] for n in rows},
                      "step_s": med[1], "median_times_s": {str(n): statistics.median(times[n]) for n in rows}}
     say("verify curve: " + " ".join(f"{n}:{med[n] / med[1]:.2f}" for n in rows))
-    layers = [blk.experts for blk in getattr(model, "blocks", []) if getattr(blk, "experts", None) is not None]
-    if layers and hasattr(layers[0], "touched"):  # the native experts count what a pass reads (models/experts.py)
+    layers = list(TargetTraits.of(model).expert_layers)  # the native experts count what a pass reads
+    if layers:
         out["experts"] = {"per_layer": model.cfg.num_experts, "per_token": model.cfg.experts_per_token,
                           "touched": experts_touched(model, layers, args.context, rows)}
         say("experts a pass reads per layer: " + " ".join(f"{n}:{t:.1f}" for n, t in out["experts"]["touched"].items()))

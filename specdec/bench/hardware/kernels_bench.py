@@ -30,6 +30,7 @@ from specdec.engine.calibrate import policy_for
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.errors import SpecdecError
 from specdec.models.loader import load_model
+from specdec.models.target import TargetTraits
 from specdec.runtime import encode_prompt
 
 QUICK_PATHS = ("fp16", "gguf-q16")
@@ -62,7 +63,7 @@ def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_t
     auto = engine.generate([edit], cfg, drafter, policy_for("auto", model, drafter))[0]  # generate's default
     passes = time_passes(model, 512, [1, 6], reps=3 if quick else 15)
     one, six = statistics.median(passes[1]), statistics.median(passes[6])
-    planes = (getattr(model, "act_bits", None) or 0) // 8  # int8 dot products per multiply-add (0: fp32 FMA)
+    planes = (TargetTraits.of(model).act_bits or 0) // 8  # int8 dot products per multiply-add (0: fp32 FMA)
     compute_floor = model.macs_per_token * planes / rates["int8"] if planes else model.macs_per_token / rates["fp32"]
     out = {
         "precision": precision, "weight_bytes_per_token": model.weight_bytes_per_token,
@@ -76,7 +77,7 @@ def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_t
         "pass_1_row_s": one, "pass_6_rows_s": six, "verify_6_cost": six / one,
         "ttft_432_s": ttft(model, prompts["432"]), "ttft_1000_s": ttft(model, prompts["1000"]),
     }
-    if getattr(model, "act_bits", None) and model.kernels.cpu_has_vnni():
+    if TargetTraits.of(model).act_bits and model.kernels.cpu_has_vnni():
         out["isa"] = isa_effect(model, precision, edit, 1 if quick else 4)
     del model, engine
     out["pages"] = pages_effect(precision, 2 if quick else 6)

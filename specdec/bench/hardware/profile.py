@@ -22,6 +22,7 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.kernels.cores import sharing
+from specdec.models.target import TargetTraits
 from specdec.provenance import provenance
 from specdec.sampling.verify import PAD
 from specdec.theory.economics import CostCurve, batch_capacity, first_exceeding, fit_knee
@@ -149,9 +150,10 @@ def measure_bandwidth(nbytes: int, reps: int, tick: Tick = lambda: None) -> dict
 
 def model_memory(model) -> dict:
     read = int(model.weight_bytes_per_token)
-    embed = getattr(model, "embed", None)  # the embedding table: resident, but one row read per token
+    traits = TargetTraits.of(model)
+    embed = traits.embed  # the embedding table: resident, but one row read per token
     resident = read + (embed.numel() * embed.element_size() if isinstance(embed, torch.Tensor) else 0)
-    kv = model.kv_bytes_per_token() if hasattr(model, "kv_bytes_per_token") else None
+    kv = traits.kv_bytes_per_token() if traits.kv_bytes_per_token is not None else None
     return {"weight_bytes_read_per_token": read, "resident_weight_bytes": resident, "kv_bytes_per_token": kv}
 
 
@@ -254,7 +256,7 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
         bar.set_postfix_str(f"drafter {drafter.name}", refresh=False)
         draft, c = measure_draft(loaded, drafter, typical, mid["step_s"], reps, k, bar.update)
         out = {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "machine": provenance(), "model": loaded.name,
-               "backend": loaded.backend, "precision": getattr(model, "precision", None),
+               "backend": loaded.backend, "precision": TargetTraits.of(model).precision,
                "drafter": drafter.name, "threads": torch.get_num_threads(), "reps": reps,
                "typical_context": typical, "verify_cost": mid["verify_cost"], "step_s": mid["step_s"],
                "draft_cost": c, "draft": draft, "contexts": entries,
@@ -287,10 +289,10 @@ def compute_floor(model, step_s: float, seconds: float = 0.5) -> dict | None:
     """Multiply-adds per token over the rate this machine issues them at, as the model's kernels do: fp32 FMA
     chains (fp16, gguf), or the int8 block dot products of gguf-q8 (vpdpbusd on a CPU with AVX512-VNNI, else
     vpmaddubsw; gguf-q16 issues two a multiply-add, one per plane). None without the native kernels."""
-    kernels, macs = getattr(model, "kernels", None), getattr(model, "macs_per_token", None)
+    traits = TargetTraits.of(model)
+    kernels, macs, act_bits = traits.kernels, traits.macs_per_token, traits.act_bits
     if kernels is None or macs is None:
         return None
-    act_bits = getattr(model, "act_bits", None)
     if act_bits:
         planes = act_bits // 8  # q16 holds its activations in two int8 planes
         rate = kernels.int8_peak(seconds) / planes

@@ -1,0 +1,47 @@
+"""What the engine, the drafters, the server and the benches may ask of a target model besides its passes,
+declared in one place and read in one place (TargetTraits.of): the only module that probes a model's attributes.
+
+A target model (models/transformer.py Transformer, models/gemma3.py Gemma3, models/hf_adapter.py HFAdapter) is
+`forward(tokens, start, cache, ...)`, `forward_ragged(...)`, `new_cache(...)` and `cfg`; everything else a caller
+may want to know is a field here, with the value a model that does not declare it gets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TargetTraits:
+    """device: where a request's random stream lives. exact_kv_reuse: a prompt's keys and values do not depend on
+    how its prefill is chunked or on which pass computed them (the native kernels): several prefill chunks may go
+    in one pass, and a prefix cache may reuse them. supports_taps: its passes can return the hidden states of
+    chosen layers, for a drafter that reads them. kernels: the native kernels module its passes run on (None:
+    torch). precision: its weights' path (`gguf-q16`, `fp16`, ...). act_bits: the integer paths' activation bits
+    (None elsewhere). embed: its token embedding (a tensor, or a RowLookup of the file's rows). The costs, for the
+    benches: weight bytes a token reads, multiply-adds a token, KV-cache bytes a position (a method). expert_layers:
+    a mixture's native expert layers, which count the experts each pass reads (empty for a dense model)."""
+
+    device: object = "cpu"
+    exact_kv_reuse: bool = False
+    supports_taps: bool = False
+    kernels: object = None
+    precision: str | None = None
+    act_bits: int | None = None
+    embed: object = None
+    weight_bytes_per_token: float | None = None
+    macs_per_token: float | None = None
+    kv_bytes_per_token: Callable[[], float] | None = None
+    expert_layers: tuple = ()
+
+    @classmethod
+    def of(cls, model) -> TargetTraits:
+        # the one place that reads them with defaults: not every model class declares all of them (HFAdapter
+        # declares its device and precision)
+        blocks = getattr(model, "blocks", None) or []
+        experts = tuple(e for e in (getattr(b, "experts", None) for b in blocks) if hasattr(e, "touched"))
+        return cls(getattr(model, "device", "cpu"), getattr(model, "exact_kv_reuse", False),
+                   getattr(model, "supports_taps", False), getattr(model, "kernels", None),
+                   getattr(model, "precision", None), getattr(model, "act_bits", None), getattr(model, "embed", None),
+                   getattr(model, "weight_bytes_per_token", None), getattr(model, "macs_per_token", None),
+                   getattr(model, "kv_bytes_per_token", None), experts)
