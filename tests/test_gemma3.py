@@ -433,7 +433,7 @@ def test_gguf_tokenizer(converted):
 def test_a_raw_prompt_starts_with_bos_when_the_tokenizer_asks(converted, bundled):
     """Gemma degenerates without <bos>: a prompt given as raw text (generate --no-chat, /v1/completions, bench
     without a template) gets it, once; SmolLM's tokenizer asks for none and gets none."""
-    from specdec.runtime import encode_prompt, encode_text
+    from specdec.models.tokenizer import encode_prompt, encode_text
 
     tok = Tokenizer.from_dir(converted)
     assert encode_prompt(tok, "hello world", chat=False) == [2, *tok.encode("hello world")]

@@ -187,7 +187,7 @@ def test_llamacpp_logits_are_causal_and_deterministic():
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """reference(name) -> (gguf, prompt ids, llama.cpp's logits on the file, on its F32 copy), made once."""
-    from specdec.runtime import encode_prompt
+    from specdec.models.tokenizer import encode_prompt
 
     made = {}
 

@@ -78,7 +78,8 @@ def demo(args) -> int:
     from specdec.drafters.base import NoDrafter
     from specdec.engine.calibrate import AUTO_MAX_K, parse_k, policy_for
     from specdec.engine.generate import Engine, GenerationConfig
-    from specdec.runtime import ModelSpec, build, encode_prompt
+    from specdec.models.tokenizer import encode_prompt
+    from specdec.runtime import ModelSpec, build
 
     use_colour = not args.no_color and sys.stdout.isatty()
     k = parse_k(args.k)

@@ -182,3 +182,27 @@ def _read_json(path: Path) -> dict[str, Any]:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise SpecdecError(f"{path}: cannot read ({e})") from None
+
+
+def encode_text(tokenizer, text: str) -> list[int]:
+    """Token ids of raw text given as a prompt: with the bos token first when the tokenizer's config asks for it
+    (Gemma's does, and it degenerates without one), as Hugging Face tokenizers encode by default. A chat
+    template writes its own bos, so a rendered chat is encoded as it is."""
+    ids = tokenizer.encode(text)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if getattr(tokenizer, "config", {}).get("add_bos_token") and bos is not None and ids[:1] != [bos]:
+        ids = [bos, *ids]
+    return ids
+
+
+def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a chat, through the model's chat template, ready for the assistant's answer."""
+    if not tokenizer.chat_template:
+        return encode_text(tokenizer, "\n".join(m["content"] for m in messages))
+    return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+
+
+def encode_prompt(tokenizer, text: str, chat: bool) -> list[int]:
+    if chat and tokenizer.chat_template:
+        return encode_messages(tokenizer, [{"role": "user", "content": text}])
+    return encode_text(tokenizer, text)

@@ -20,8 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.engine.sequence import GenerationConfig, Sequence, cut_at_stop
 from specdec.errors import SpecdecError
-from specdec.models.tokenizer import IncrementalDecoder
-from specdec.runtime import encode_messages, encode_text
+from specdec.models.tokenizer import IncrementalDecoder, encode_messages, encode_text
 from specdec.sampling.warp import SamplingConfig
 from specdec.serve import protocol
 from specdec.serve.pacing import Pace, RatePrior, paced

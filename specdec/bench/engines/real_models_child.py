@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.drafters.ngram import NgramDrafter
     from specdec.engine.generate import Engine
     from specdec.models.loader import load_model
-    from specdec.runtime import encode_prompt
+    from specdec.models.tokenizer import encode_prompt
 
     before = rss()
     t0 = time.perf_counter()

@@ -31,7 +31,7 @@ from specdec.engine.generate import Engine, GenerationConfig
 from specdec.errors import SpecdecError
 from specdec.models.loader import load_model
 from specdec.models.target import TargetTraits
-from specdec.runtime import encode_prompt
+from specdec.models.tokenizer import encode_prompt
 
 QUICK_PATHS = ("fp16", "gguf-q16")
 

@@ -36,7 +36,7 @@ from specdec.bench.prompts import load_prompts, select
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.engine.policy import Auto, PassCost
-from specdec.runtime import encode_prompt
+from specdec.models.tokenizer import encode_prompt
 
 
 def log(*a) -> None:

@@ -96,7 +96,7 @@ def context_entry(context: int, times: dict[int, list]) -> dict:
 def demo_context(tokenizer, length: int) -> list[int]:
     """A realistic context for n-gram lookup: the demo's code-editing prompt, repeated to `length` tokens."""
     from specdec.engine.demo import DEMO_PROMPT
-    from specdec.runtime import encode_prompt
+    from specdec.models.tokenizer import encode_prompt
 
     ids = encode_prompt(tokenizer, DEMO_PROMPT, chat=True) if tokenizer else list(range(1, 300))
     return (ids * (length // len(ids) + 1))[:length]
