@@ -28,7 +28,7 @@ import torch
 from specdec.drafters.base import Drafter, NoDrafter, pad_rows
 from specdec.engine.policy import Choice, Never, Policy, RowView, choose_drafts, evidence_totals, learn_round
 from specdec.engine.prefix import PrefixCache
-from specdec.engine.sequence import GenerationConfig, Sequence
+from specdec.engine.sequence import GenerationConfig, Sequence, context_room
 from specdec.engine.stats import RoundRecord
 from specdec.errors import SpecdecError
 from specdec.models.target import TargetTraits
@@ -131,8 +131,7 @@ class Scheduler:
 
     def check(self, seq: Sequence) -> None:
         """Refuse what can never run: a prompt with no room for one generated token."""
-        if seq.prompt_len + 1 > self.context:
-            raise SpecdecError(f"prompt of {seq.prompt_len} tokens does not fit the context of {self.context}")
+        context_room(seq.prompt_len, self.context)
 
     def check_queue(self, pending: int = 0) -> None:
         """The one queue-full rule: QueueFull when the sequences waiting for a slot (queued here, plus `pending`

@@ -31,6 +31,28 @@ class GenerationConfig:
             raise SpecdecError(f"max new tokens must be >= 1, got {self.max_new_tokens}")
 
 
+class ContextExceeded(SpecdecError):
+    """A prompt, or a prompt with the tokens asked for, that does not fit a sequence's context. `param`: what to
+    shorten (the prompt, or max_tokens)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+def context_room(prompt_len: int, context: int, max_tokens: int | None = None) -> int:
+    """Tokens a sequence may generate after a prompt of prompt_len in `context` positions: the one context check
+    (the scheduler's, and the server's before it queues a request). ContextExceeded when the prompt leaves no room
+    for one token, or max_tokens (None: not asked) more than there is."""
+    room = context - prompt_len
+    if room < 1:
+        raise ContextExceeded(f"the prompt is {prompt_len} tokens; the context is {context}", "prompt")
+    if max_tokens is not None and max_tokens > room:
+        raise ContextExceeded(f"max_tokens {max_tokens} with a prompt of {prompt_len} tokens exceeds the context of "
+                              f"{context} (at most {room})", "max_tokens")
+    return room
+
+
 def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
     """The text up to the first stop string it contains."""
     found = [text.find(s) for s in stop if s in text]

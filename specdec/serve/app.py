@@ -18,7 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from specdec.engine.sequence import GenerationConfig, Sequence, cut_at_stop
+from specdec.engine.sequence import ContextExceeded, GenerationConfig, Sequence, context_room, cut_at_stop
 from specdec.errors import SpecdecError
 from specdec.models.tokenizer import IncrementalDecoder, encode_messages, encode_text
 from specdec.sampling.warp import SamplingConfig
@@ -150,14 +150,11 @@ def make_sequence(s: AppState, req: GenRequest) -> Sequence:
         raise APIError(400, str(e), param=where) from None
     if not ids:
         raise APIError(400, "the prompt encodes to no tokens", param=where)
-    room = s.context - len(ids)
-    if room < 1:
-        raise APIError(400, f"the prompt is {len(ids)} tokens; this server's context is {s.context}",
-                       param=where, code="context_length_exceeded")
-    if req.max_tokens is not None and req.max_tokens > room:
-        raise APIError(400, f"max_tokens {protocol.show(req.max_tokens)} with a prompt of {len(ids)} tokens "
-                       f"exceeds the context of {s.context} (at most {room})", param="max_tokens",
-                       code="context_length_exceeded")
+    try:
+        room = context_room(len(ids), s.context, req.max_tokens)
+    except ContextExceeded as e:
+        raise APIError(400, str(e), param=where if e.param == "prompt" else e.param,
+                       code="context_length_exceeded") from None
     max_tokens = req.max_tokens or min(room, s.cfg.max_tokens_default or room)
     sampling = SamplingConfig(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed)
     gen = GenerationConfig(max_tokens, sampling, req.stop, s.cfg.lossy_typical_acceptance)
