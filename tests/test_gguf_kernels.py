@@ -317,7 +317,8 @@ def _passes(model, ids: list[int]) -> list[torch.Tensor]:
     middle and the last block's output)."""
     logits = [logits_of(model, ids, chunk) for chunk in (1, 6, len(ids))]
     taps = (0, 1, model.cfg.num_layers)
-    tapped, feats = model.forward(torch.tensor([ids]), torch.tensor([0]), model.new_cache(1, 64), taps=taps)
+    out = model.forward_tapped(torch.tensor([ids]), torch.tensor([0]), model.new_cache(1, 64), taps)
+    tapped, feats = out.logits, out.features
     return logits + [tapped, feats]
 
 

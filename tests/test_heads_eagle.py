@@ -71,8 +71,8 @@ def test_soft_labels_are_the_targets_distribution_over_the_draft_vocabulary(trai
     e, f, y, soft = items_of(examples, feats, soft=True)[1]
     _, _, tgt, (ids, prob) = batch_of(e, f, y, soft, model.embed, head, 3)
     cache = model.new_cache(1, len(e.tokens))
-    logits, _ = model.forward(torch.tensor([e.tokens]), torch.tensor([0]), cache.row(0), prefill=True,
-                              taps=head.cfg.taps)
+    logits = model.forward_tapped(torch.tensor([e.tokens]), torch.tensor([0]), cache.row(0), head.cfg.taps,
+                                  prefill=True).logits
     draft = {int(t): d for d, t in enumerate(head.target_ids())}
     for j in range(3):
         for p in range(e.prompt_len - 1, len(e.tokens) - j):

@@ -120,7 +120,6 @@ class Scheduler:
         if self.drafter.taps and not self.target.supports_taps:
             raise SpecdecError(f"the {self.drafter.name} drafter reads the target's hidden states, which this "
                                "model's forward pass does not expose")
-        self._taps = {"taps": self.drafter.taps} if self.drafter.taps else {}
 
     # --- membership --------------------------------------------------------------------------------------
 
@@ -255,12 +254,14 @@ class Scheduler:
                 b = min(seq.prompt_len, (a // size + span) * size)  # fixed boundaries: multiples of the chunk size
                 if spent and spent + b - a > budget:
                     return events
-                out = self.model.forward(torch.tensor([seq.tokens[a:b]]), torch.tensor([a]),
-                                         self.cache.row(seq.slot), last_only=torch.tensor([b - a - 1]),
-                                         prefill=True, **self._taps)
-                if self._taps:
-                    out, feats = out
-                    self.drafter.features(seq.slot, a, feats[0])  # [b - a, taps * hidden]
+                args = (torch.tensor([seq.tokens[a:b]]), torch.tensor([a]), self.cache.row(seq.slot))
+                last = torch.tensor([b - a - 1])
+                if self.drafter.taps:
+                    tapped = self.model.forward_tapped(*args, self.drafter.taps, last_only=last, prefill=True)
+                    out = tapped.logits
+                    self.drafter.features(seq.slot, a, tapped.features[0])  # [b - a, taps * hidden]
+                else:
+                    out = self.model.forward(*args, last_only=last, prefill=True)
                 logits = out[0]  # [vocab]
                 seq.prefilled = seq.length = b
                 spent += b - a
@@ -318,9 +319,11 @@ class Scheduler:
             toks += [s.tokens[-1]] + dr
             sl += [s.slot] * (len(dr) + 1)
             pos += range(s.length, s.length + len(dr) + 1)
-        out = self.model.forward_ragged(torch.tensor(toks), torch.tensor(sl), torch.tensor(pos), self.cache,
-                                        **self._taps)
-        return out if self._taps else (out, None)
+        args = (torch.tensor(toks), torch.tensor(sl), torch.tensor(pos), self.cache)
+        if self.drafter.taps:
+            tapped = self.model.forward_ragged_tapped(*args, self.drafter.taps)
+            return tapped.logits, tapped.features
+        return self.model.forward_ragged(*args), None
 
     def _verify(self, rows: list[Sequence], choice: Choice, logits: torch.Tensor) -> VerifyOutput:
         """Every row verified in one call, each by its own sampling settings and random stream."""

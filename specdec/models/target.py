@@ -2,13 +2,23 @@
 declared in one place and read in one place (TargetTraits.of): the only module that probes a model's attributes.
 
 A target model (models/transformer.py Transformer, models/gemma3.py Gemma3, models/hf_adapter.py HFAdapter) is
-`forward(tokens, start, cache, ...)`, `forward_ragged(...)`, `new_cache(...)` and `cfg`; everything else a caller
-may want to know is a field here, with the value a model that does not declare it gets."""
+`forward(tokens, start, cache, ...)` and `forward_ragged(...)`, each returning logits, `new_cache(...)` and `cfg`;
+one that supports taps adds `forward_tapped` and `forward_ragged_tapped`, each returning a `Tapped`. Everything
+else a caller may want to know is a field of TargetTraits, with the value a model that does not declare it gets."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tapped:
+    """A tapped pass's result (forward_tapped, forward_ragged_tapped): the logits, and the features of the tapped
+    layers at every row [rows, len(taps) * hidden] (torch tensors)."""
+
+    logits: object
+    features: object
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from specdec.models.gguf.weights import QTensor, RowLookup, qmatrix, release_pag
 from specdec.models.hugepages import Arena
 from specdec.models.kv_cache import KVCache, slot_picker, write_kv
 from specdec.models.linear import Linear
+from specdec.models.target import Tapped
 
 NATIVE_ROWS = 256  # token-rows per native call (bounds its buffers; rows are independent, so results are not)
 
@@ -236,15 +237,45 @@ class Transformer:
 
     # --- forward -----------------------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start: torch.Tensor, cache: KVCache,
-                last_only: torch.Tensor | None = None, prefill: bool = False, taps: tuple[int, ...] = ()):
+                last_only: torch.Tensor | None = None, prefill: bool = False) -> torch.Tensor:
         """Run tokens [B, n] at positions start[b] + i, writing their keys/values into `cache` (row b is cache
-        slot b).
+        slot b). Returns logits [B, n, vocab], or [B, vocab] at index last_only[b] of each row when given."""
+        return self._forward(tokens, start, cache, last_only, prefill)
 
-        Returns logits [B, n, vocab], or [B, vocab] at index last_only[b] of each row when given. With `taps`
-        (layer indices; see forward_ragged) it returns (logits, features [B, n, len(taps) * hidden]), every
-        position's features whatever last_only selects."""
+    def forward_tapped(self, tokens: torch.Tensor, start: torch.Tensor, cache: KVCache, taps: tuple[int, ...],
+                       last_only: torch.Tensor | None = None, prefill: bool = False) -> Tapped:
+        """forward, with the features of the layers `taps` (see forward_ragged_tapped) at every position [B, n,
+        len(taps) * hidden], whatever last_only selects."""
+        return Tapped(*self._forward(tokens, start, cache, last_only, prefill, self._taps_given(taps)))
+
+    def forward_ragged(self, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+                       select: torch.Tensor | None = None) -> torch.Tensor:
+        """One decode/verify pass over a ragged batch: token-row r (tokens, slots, pos [R]) is at position pos[r]
+        of cache slot slots[r]. A slot's rows are contiguous and at consecutive positions; slots may have any
+        number of rows. Returns logits [R, vocab], or only for the rows `select` [S] -> [S, vocab].
+
+        Each row's result is bit-identical whatever the other rows: a verify pass over k+1 drafts of one slot
+        gives the logits of k+1 one-token passes, however many rows other slots add."""
+        return self._forward_ragged(tokens, slots, pos, cache, select)
+
+    def forward_ragged_tapped(self, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+                              taps: tuple[int, ...], select: torch.Tensor | None = None) -> Tapped:
+        """forward_ragged, with the input of each layer in `taps` (the residual stream entering that block;
+        num_layers: the last block's output, before the final norm) over all rows, features [R, len(taps) *
+        hidden]: what a draft head reads (EAGLE-3 fuses a low, a middle and a high layer)."""
+        return Tapped(*self._forward_ragged(tokens, slots, pos, cache, select, self._taps_given(taps)))
+
+    @staticmethod
+    def _taps_given(taps: tuple[int, ...]) -> tuple[int, ...]:
+        if not taps:
+            raise SpecdecError("a tapped pass needs the layers to tap")
+        return tuple(taps)
+
+    @torch.inference_mode()
+    def _forward(self, tokens: torch.Tensor, start: torch.Tensor, cache: KVCache,
+                 last_only: torch.Tensor | None = None, prefill: bool = False, taps: tuple[int, ...] = ()):
+        """forward (taps empty: logits) or forward_tapped (taps: (logits, features))."""
         dev = self.device
         tokens, start = tokens.to(dev), start.to(dev)
         b, n = tokens.shape
@@ -260,7 +291,7 @@ class Transformer:
             # every prefill too (their rows are batch-invariant, so a prompt's cache is what decoding it writes)
             slots = torch.arange(b, device=dev).repeat_interleave(n)  # [B*n]
             select = None if last_only is None else torch.arange(b, device=dev) * n + last_only.to(dev)
-            out = self.forward_ragged(tokens.reshape(-1), slots, pos.reshape(-1), cache, select, taps)
+            out = self._forward_ragged(tokens.reshape(-1), slots, pos.reshape(-1), cache, select, taps)
             logits, feats = out if taps else (out, None)
             logits = logits if last_only is not None else logits.view(b, n, -1)
             return (logits, feats.view(b, n, -1)) if taps else logits
@@ -276,18 +307,9 @@ class Transformer:
         return (logits, feats) if taps else logits
 
     @torch.inference_mode()
-    def forward_ragged(self, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, cache: KVCache,
-                       select: torch.Tensor | None = None, taps: tuple[int, ...] = ()):
-        """One decode/verify pass over a ragged batch: token-row r (tokens, slots, pos [R]) is at position pos[r]
-        of cache slot slots[r]. A slot's rows are contiguous and at consecutive positions; slots may have any
-        number of rows. Returns logits [R, vocab], or only for the rows `select` [S] -> [S, vocab].
-
-        Each row's result is bit-identical whatever the other rows: a verify pass over k+1 drafts of one slot
-        gives the logits of k+1 one-token passes, however many rows other slots add.
-
-        `taps`: layer indices whose input (the residual stream entering that block; num_layers: the last block's
-        output, before the final norm) is returned too, as (logits, features [R, len(taps) * hidden]) over all
-        rows: what a draft head reads (EAGLE-3 fuses a low, a middle and a high layer)."""
+    def _forward_ragged(self, tokens: torch.Tensor, slots: torch.Tensor, pos: torch.Tensor, cache: KVCache,
+                        select: torch.Tensor | None = None, taps: tuple[int, ...] = ()):
+        """forward_ragged (taps empty: logits) or forward_ragged_tapped (taps: (logits, features))."""
         cfg, dev = self.cfg, self.device
         before_pass()  # the thread team, resized when other processes take these cores (kernels/cores.py)
         tokens, slots, pos = tokens.to(dev), slots.to(dev), pos.to(dev)

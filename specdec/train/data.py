@@ -88,7 +88,8 @@ def hidden_states(model, examples: Sequence[Example], taps: tuple[int, ...], top
     feats, labels, soft = [], [], []
     cache = model.new_cache(1, max(len(e.tokens) for e in examples))
     for e in tqdm(examples, desc="features", unit="example", file=sys.stderr):
-        logits, f = model.forward(torch.tensor([e.tokens]), torch.tensor([0]), cache.row(0), prefill=True, taps=taps)
+        tapped = model.forward_tapped(torch.tensor([e.tokens]), torch.tensor([0]), cache.row(0), taps, prefill=True)
+        logits, f = tapped.logits, tapped.features
         feats.append(f[0].half())  # [n, taps * hidden]
         labels.append(logits[0].argmax(-1))  # [n]
         logp, ids = logits[0].float().log_softmax(-1).topk(top, dim=-1)  # [n, top]
