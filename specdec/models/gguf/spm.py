@@ -13,28 +13,21 @@ from __future__ import annotations
 from typing import Any
 
 from specdec.errors import SpecdecError
+from specdec.models.gguf.tokenizer import special_token, token_ids, vocabulary, with_specials
 
 UNKNOWN, CONTROL, USER_DEFINED = 2, 3, 4  # llama.cpp token types (UNKNOWN: <unk>, matched whole as control ones)
 
 
 def build_tokenizer(meta: dict[str, Any]):
     """(tokenizers.Tokenizer, tokenizer_config dict) for a SentencePiece vocabulary (see above)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-    kind = meta.get("tokenizer.ggml.model")
-    if kind != "llama":
-        raise SpecdecError(f"GGUF tokenizer model {kind!r} is not SentencePiece ('llama')")
-    if "tokenizer.ggml.tokens" not in meta:
-        raise SpecdecError("GGUF metadata has no tokenizer.ggml.tokens; cannot build a tokenizer")
-    original: list[str] = meta["tokenizer.ggml.tokens"]
-    types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(original)
+    original, types = vocabulary(meta, "llama", "is not SentencePiece ('llama')")
     space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))  # llama.cpp's default for SentencePiece
     # a token of spaces only is stored with real spaces; text reaches the vocabulary with U+2581 instead
     tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in original]
-    vocab = {t: i for i, t in enumerate(tokens)}
-    if len(vocab) != len(tokens):
-        raise SpecdecError("GGUF tokenizer has duplicate tokens; cannot build a BPE vocabulary")
-    unk = _token(meta, "unknown_token_id", tokens)
+    vocab = token_ids(tokens)
+    unk = special_token(meta, "unknown_token_id", tokens)
     scores = meta.get("tokenizer.ggml.scores")
     if scores is not None and len(scores) != len(tokens):
         raise SpecdecError(f"GGUF tokenizer has {len(scores)} scores for {len(tokens)} tokens")
@@ -60,33 +53,7 @@ def build_tokenizer(meta: dict[str, Any]):
     tok.add_tokens([AddedToken(t, special=False, normalized=False)  # "\n", "<table>", ...: matched whole
                     for t, ty in zip(original, types) if ty == USER_DEFINED and t in vocab])
 
-    bos, eos = _token(meta, "bos_token_id", tokens), _token(meta, "eos_token_id", tokens)
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True)) and bos is not None
-    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
-    if add_bos or add_eos:
-        head, tail = ([bos] if add_bos else []), ([eos] if add_eos else [])
-        second = [f"{t}:1" for t in head] + ["$B:1"] + [f"{t}:1" for t in tail]
-        tok.post_processor = processors.TemplateProcessing(
-            single=head + ["$A"] + tail, pair=head + ["$A"] + tail + second,
-            special_tokens=[(t, vocab[t]) for t in dict.fromkeys(head + tail)])
-    config: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": add_bos,
-        "add_eos_token": add_eos,
-        "bos_token": bos,
-        "eos_token": eos,
-        "unk_token": unk,
-        "pad_token": _token(meta, "padding_token_id", tokens),
-        "clean_up_tokenization_spaces": False,
-    }
-    if "tokenizer.chat_template" in meta:
-        config["chat_template"] = meta["tokenizer.chat_template"]
-    return tok, config
-
-
-def _token(meta: dict[str, Any], key: str, tokens: list[str]) -> str | None:
-    index = meta.get(f"tokenizer.ggml.{key}")
-    return tokens[index] if index is not None and 0 <= index < len(tokens) else None
+    return tok, with_specials(tok, meta, tokens, vocab, bos_default=True, typed_pair=True)
 
 
 def _merges(tokens: list[str], vocab: dict[str, int], scores: list[float] | None = None) -> list[tuple[str, str]]:

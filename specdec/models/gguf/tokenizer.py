@@ -47,25 +47,37 @@ def _pre_tokenizer(pre: str) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"), byte_level])
 
 
-def _token(meta: dict[str, Any], key: str, tokens: list[str]) -> str | None:
+def special_token(meta: dict[str, Any], key: str, tokens: list[str]) -> str | None:
     """The token string for the special-token id stored under `tokenizer.ggml.<key>`, or None."""
     index = meta.get(f"tokenizer.ggml.{key}")
     return tokens[index] if index is not None and 0 <= index < len(tokens) else None
 
 
-def build_tokenizer(meta: dict[str, Any]) -> tuple[Tokenizer, dict[str, Any]]:
-    """(tokenizers.Tokenizer, tokenizer_config dict) from GGUF metadata (key -> decoded value)."""
+def vocabulary(meta: dict[str, Any], model: str, refused: str) -> tuple[list[str], list[int]]:
+    """The tokens and token types of a GGUF vocabulary whose tokenizer.ggml.model is `model` (else SpecdecError:
+    the model found, then `refused`); here and in spm.py."""
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise SpecdecError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level BPE, 'gpt2')")
+    if kind != model:
+        raise SpecdecError(f"GGUF tokenizer model {kind!r} {refused}")
     if "tokenizer.ggml.tokens" not in meta:
         raise SpecdecError("GGUF metadata has no tokenizer.ggml.tokens; cannot build a tokenizer")
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
-    types: list[int] = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    return tokens, meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+
+
+def token_ids(tokens: list[str]) -> dict[str, int]:
+    """token -> id; SpecdecError when a token appears twice (a BPE vocabulary maps each once)."""
     vocab = {tok: i for i, tok in enumerate(tokens)}
     if len(vocab) != len(tokens):
         raise SpecdecError("GGUF tokenizer has duplicate tokens; cannot build a BPE vocabulary")
+    return vocab
+
+
+def build_tokenizer(meta: dict[str, Any]) -> tuple[Tokenizer, dict[str, Any]]:
+    """(tokenizers.Tokenizer, tokenizer_config dict) from GGUF metadata (key -> decoded value)."""
+    tokens, types = vocabulary(meta, "gpt2", "is not supported (only byte-level BPE, 'gpt2')")
+    merges = [tuple(m.split(" ", 1)) for m in meta.get("tokenizer.ggml.merges", [])]
+    vocab = token_ids(tokens)
 
     try:
         tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
@@ -78,25 +90,34 @@ def build_tokenizer(meta: dict[str, Any]) -> tuple[Tokenizer, dict[str, Any]]:
     tok.add_tokens([AddedToken(t, special=False, normalized=False)
                     for t, ty in zip(tokens, types) if ty == USER_DEFINED])
 
-    bos, eos = _token(meta, "bos_token_id", tokens), _token(meta, "eos_token_id", tokens)
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+    return tok, with_specials(tok, meta, tokens, vocab, bos_default=False, typed_pair=False)
+
+
+def with_specials(tok: Tokenizer, meta: dict[str, Any], tokens: list[str], vocab: dict[str, int], bos_default: bool,
+                  typed_pair: bool) -> dict[str, Any]:
+    """The bos and eos the file says to add (add_bos_token: `bos_default` where it says nothing, as llama.cpp
+    defaults per tokenizer model) set as `tok`'s post-processor; returns the tokenizer_config dict. `typed_pair`:
+    a pair's second sequence has type 1 on its bos and eos too (SentencePiece's template)."""
+    bos, eos = special_token(meta, "bos_token_id", tokens), special_token(meta, "eos_token_id", tokens)
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", bos_default)) and bos is not None
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False)) and eos is not None
     if add_bos or add_eos:
         head, tail = ([bos] if add_bos else []), ([eos] if add_eos else [])
+        second = [f"{t}:1" if typed_pair else t for t in head] + ["$B:1"] + \
+            [f"{t}:1" if typed_pair else t for t in tail]
         tok.post_processor = processors.TemplateProcessing(
-            single=head + ["$A"] + tail, pair=head + ["$A"] + tail + head + ["$B:1"] + tail,
+            single=head + ["$A"] + tail, pair=head + ["$A"] + tail + second,
             special_tokens=[(t, vocab[t]) for t in dict.fromkeys(head + tail)])
-
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "add_bos_token": add_bos,
         "add_eos_token": add_eos,
         "bos_token": bos,
         "eos_token": eos,
-        "unk_token": _token(meta, "unknown_token_id", tokens),
-        "pad_token": _token(meta, "padding_token_id", tokens),
+        "unk_token": special_token(meta, "unknown_token_id", tokens),
+        "pad_token": special_token(meta, "padding_token_id", tokens),
         "clean_up_tokenization_spaces": False,
     }
     if "tokenizer.chat_template" in meta:
         config["chat_template"] = meta["tokenizer.chat_template"]
-    return tok, config
+    return config
