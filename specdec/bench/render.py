@@ -5,24 +5,12 @@ from __future__ import annotations
 
 from specdec.bench import stats
 from specdec.bench.records import OVERALL, BenchReport
+from specdec.bench.tables import num, signed_pct, table
 from specdec.theory.plots import pyplot, save
 
 
 def x(v, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f}x"
-
-
-def f(v, digits: int = 2, scale: float = 1.0, suffix: str = "") -> str:
-    return "-" if v is None else f"{v * scale:.{digits}f}{suffix}"
-
-
-def pct(v) -> str:
-    return "-" if v is None else f"{v * 100:+.0f}%"
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 def leaderboard(report: BenchReport) -> str:
@@ -35,7 +23,7 @@ def leaderboard(report: BenchReport) -> str:
             continue
         r = report.results[m["name"]]
         rows.append([m["name"]] + [x(r.categories[c].speedup if c in r.categories else None) for c in cats]
-                    + [x(r.overall.speedup), f(r.overall.tokens_per_pass)])
+                    + [x(r.overall.speedup), num(r.overall.tokens_per_pass)])
     return table(["Method"] + cats + ["Overall", "Mean accepted tokens"], rows)
 
 
@@ -57,20 +45,20 @@ def details(report: BenchReport) -> str:
         r = report.results[m["name"]]
         for g, v in list(r.categories.items()) + [(OVERALL, r.overall)]:
             p = report.prediction(v)
-            a_pos = ", ".join(f(a) for a in v.acceptance_by_position[:4]) or "-"
-            rows.append([m["name"], g, f(v.baseline_tokens_per_s, 1), f(v.tokens_per_s, 1), x(v.speedup),
-                         x(v.decode_speedup), x(v.robust_speedup), x(p and p.speedup), pct(p and p.error),
-                         x(p and p.speedup_iid), f(v.tokens_per_pass), f(v.alpha), a_pos,
-                         f(v.ttft_s, 0, 1000), f(v.itl_p50_s, 1, 1000), f(v.itl_p99_s, 1, 1000),
-                         f(v.burst_share, 0, 100, "%"),
-                         f"({f(v.identical_rate, 0, 100, '%')})" if m["name"] in other
-                         else f(v.identical_rate, 0, 100, "%")])
+            a_pos = ", ".join(num(a) for a in v.acceptance_by_position[:4]) or "-"
+            rows.append([m["name"], g, num(v.baseline_tokens_per_s, 1), num(v.tokens_per_s, 1), x(v.speedup),
+                         x(v.decode_speedup), x(v.robust_speedup), x(p and p.speedup), signed_pct(p and p.error),
+                         x(p and p.speedup_iid), num(v.tokens_per_pass), num(v.alpha), a_pos,
+                         num(v.ttft_s, 0, 1000), num(v.itl_p50_s, 1, 1000), num(v.itl_p99_s, 1, 1000),
+                         num(v.burst_share, 0, 100, "%"),
+                         f"({num(v.identical_rate, 0, 100, '%')})" if m["name"] in other
+                         else num(v.identical_rate, 0, 100, "%")])
     return table(header, rows)
 
 
 def _auto_section(report: BenchReport) -> list[str]:
     rows = [[g, x(v.get("auto")), f"k={v.get('best_fixed_k')}: {x(v.get('best_fixed'))}",
-             pct(v.get("gain_vs_best")), x(v.get("default")), pct(v.get("gain_vs_default"))]
+             signed_pct(v.get("gain_vs_best")), x(v.get("default")), signed_pct(v.get("gain_vs_default"))]
             for g, v in report.auto_k.items() if v]
     header = ["Category", "auto", "best fixed k", "auto vs best", f"default k={report.config.get('default_k')}",
               "auto vs default"]
@@ -85,17 +73,17 @@ def _hf_section(report: BenchReport) -> list[str]:
     return ["", "## Against Hugging Face transformers generate (fp32, same weights)", "",
             "Ratios of mean tokens/s on the same prompts.", "", table(["Category"] + cols, rows), "",
             "Hugging Face plain greedy output identical to ours: "
-            f"{f(hf['hf_plain_identical_to_ours'], 0, 100, '%')} of prompts "
+            f"{num(hf['hf_plain_identical_to_ours'], 0, 100, '%')} of prompts "
             f"(ours runs {report.config['precision']} weights)."]
 
 
 def _llamacpp_section(report: BenchReport) -> list[str]:
     lc, info = report.llamacpp, report.config.get("llamacpp") or {}
-    rows = [[n, f(v["tokens_per_s"], 1), f(v["decode_tokens_per_s"], 1), f(v["ttft_s"], 0, 1000), x(v["speedup"]),
+    rows = [[n, num(v["tokens_per_s"], 1), num(v["decode_tokens_per_s"], 1), num(v["ttft_s"], 0, 1000), x(v["speedup"]),
              x(v["decode_speedup"])] for n, v in lc["methods"].items()]
     own = "; ".join(f"{name}: " + ", ".join(f"{g} {x(r)}" for g, r in by_group.items())
                     for name, by_group in lc["lookup_over_llamacpp_plain"].items())
-    same = ", ".join(f"{name}'s equals llama.cpp plain's on {f(v, 0, 100, '%')}"
+    same = ", ".join(f"{name}'s equals llama.cpp plain's on {num(v, 0, 100, '%')}"
                      for name, v in lc["lookup_identical_to_llamacpp_plain"].items())
     return ["", f"## Against llama.cpp (node-llama-cpp {info.get('node_llama_cpp', '?')}, llama.cpp "
             f"{info.get('llama_cpp', '?')}, CPU, the same GGUF file)", "",
@@ -110,7 +98,7 @@ def _llamacpp_section(report: BenchReport) -> list[str]:
             f"Identity is not a check here: llama.cpp computes with its own kernels on the GGUF's weights as "
             f"stored, ours with {report.config['precision']} weights, so equal output is not expected and a "
             "difference is no failure of either. llama.cpp plain's output equals our plain's on "
-            f"{f(lc['plain_identical_to_ours'], 0, 100, '%')} of prompts" + (f"; {same}." if same else ".")]
+            f"{num(lc['plain_identical_to_ours'], 0, 100, '%')} of prompts" + (f"; {same}." if same else ".")]
 
 
 def checks_section(report: BenchReport) -> list[str]:
@@ -131,7 +119,7 @@ def checks_section(report: BenchReport) -> list[str]:
     for name, d in report.drift.items():
         flagged = ", ".join(f"{g['category']} ({g['alpha']:.2f}, {g['delta']:+.2f})" for g in d["flagged"])
         meter = report.meters.get(name)
-        source = (f" (the engine's meter, warm-up included: a = {f(meter['alpha'], 3)}, EMA {f(meter['ema'], 3)})"
+        source = (f" (the engine's meter, warm-up included: a = {num(meter['alpha'], 3)}, EMA {num(meter['ema'], 3)})"
                   if meter else "")
         out.append(f"- acceptance drift, {name}: overall a = {d['overall_alpha']:.3f}{source}; "
                    f"categories beyond +/-{d['margin']:.2f}: {flagged or 'none'}")
@@ -158,10 +146,10 @@ def prediction_errors(report: BenchReport) -> list[str]:
         for label, attr in (("conditional a_i", "error"), ("iid a", "error_iid")):
             errs = [abs(getattr(q, attr)) for q in map(report.prediction, r.categories.values())
                     if q is not None and getattr(q, attr) is not None]
-            parts.append(f"{label}: overall {pct(getattr(p, attr))}, mean |error| over categories "
-                         f"{f(stats.mean(errs), 1, 100, '%')}")
+            parts.append(f"{label}: overall {signed_pct(getattr(p, attr))}, mean |error| over categories "
+                         f"{num(stats.mean(errs), 1, 100, '%')}")
         robust = r.overall.robust_speedup
-        vs_robust = f"; against the robust speedup: {pct(p.speedup / robust - 1)}" if robust else ""
+        vs_robust = f"; against the robust speedup: {signed_pct(p.speedup / robust - 1)}" if robust else ""
         out.append(f"- prediction error, {name}: " + "; ".join(parts) + vs_robust)
     return out
 
@@ -279,5 +267,5 @@ def render_profile(p: dict) -> str:
                        f"{_bytes(mem['drafter_bytes_per_token'])} per context token")
         out.append(f"  at a {mem['budget_bytes'] / 2**30:.1f} GiB budget, sequences of {mem['context']} tokens: "
                    f"{mem['sequences_without_drafter']} without the drafter, {mem['sequences_with_drafter']} with it "
-                   f"({mem['sequences_lost']} lost, {f(mem['share_lost'], 1, 100, '%')})")
+                   f"({mem['sequences_lost']} lost, {num(mem['share_lost'], 1, 100, '%')})")
     return "\n".join(out)

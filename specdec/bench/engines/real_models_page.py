@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from specdec.atomic import write_text_atomic
+from specdec.bench.tables import num
 from specdec.theory.economics import CostCurve, plan, predict_from_positional
 
 MAX_K = 8  # the curve is measured up to 9 rows: the planner never extrapolates
@@ -55,10 +56,6 @@ def gb(n: float) -> str:
 
 def rate(x: float | None, floor: float) -> str:
     return "-" if not x else f"{x:.2f} ({100 * x / floor:.0f}%)"
-
-
-def num(x: float | None) -> str:
-    return "-" if not x else f"{x:.2f}"
 
 
 def mem(r: dict) -> str:

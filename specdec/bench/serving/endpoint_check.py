@@ -29,6 +29,7 @@ from specdec.bench.options import parse_ints
 from specdec.bench.prompts import load_prompts, parse_categories, select
 from specdec.bench.serving.servers import BenchError, LocalServer
 from specdec.bench.serving.servers import say as _say
+from specdec.bench.tables import num, ratio, table
 from specdec.provenance import provenance
 
 
@@ -49,14 +50,6 @@ def first_turns(spec_bench: str, out: Path, per_category: int, categories: str |
     out.write_text("".join(json.dumps({"question_id": p.qid, "category": p.category, "turns": [p.turns[0]]}) + "\n"
                            for p in items))
     return len(items)
-
-
-def ratio(a, b):
-    return a / b if a is not None and b else None
-
-
-def fmt(v, digits=2, suffix="") -> str:
-    return "-" if v is None else f"{v:.{digits}f}{suffix}"
 
 
 POLICIES = ("never", "always", "auto")
@@ -112,11 +105,13 @@ def run_endpoint_check(args) -> int:
     lo = loc["results"][spec_name]["overall"]
     e1 = ep["always"]["results"]["endpoint c=1"]["overall"]
     c1 = ep["always"]["endpoint"]["levels"][0]["endpoint"]["counters"]
-    rows1 = [["local bench (engine, batch 1)", fmt(lo["speedup"], 2, "x"), fmt(lo["decode_speedup"], 2, "x"),
-              fmt(lo["alpha"], 3), fmt(lo["tokens_per_pass"]), fmt(lo["identical_rate"] * 100, 0, "%")],
-             ["bench --endpoint, policy always, c=1", fmt(e1["speedup"], 2, "x"), fmt(e1["decode_speedup"], 2, "x"),
-              fmt(c1["accepted"] / c1["drafted"] if c1 and c1["drafted"] else None, 3), fmt(e1["tokens_per_pass"]),
-              fmt(e1["identical_rate"] * 100, 0, "%")]]
+    rows1 = [["local bench (engine, batch 1)", num(lo["speedup"], 2, suffix="x"),
+              num(lo["decode_speedup"], 2, suffix="x"), num(lo["alpha"], 3), num(lo["tokens_per_pass"]),
+              num(lo["identical_rate"] * 100, 0, suffix="%")],
+             ["bench --endpoint, policy always, c=1", num(e1["speedup"], 2, suffix="x"),
+              num(e1["decode_speedup"], 2, suffix="x"),
+              num(c1["accepted"] / c1["drafted"] if c1 and c1["drafted"] else None, 3), num(e1["tokens_per_pass"]),
+              num(e1["identical_rate"] * 100, 0, suffix="%")]]
     rows2 = []
     machine = provenance()
     machine["bandwidth_gbs"] = round(bw["read_GBps"], 2)
@@ -130,16 +125,12 @@ def run_endpoint_check(args) -> int:
             bench_t = src["endpoint" if p != "never" else "baseline"]["load"]["throughput_tok_s"]
             load_t = loads[(p, c)]["throughput_tok_s"]
             tput[p] = (bench_t, load_t)
-            rows2.append([str(c), p, fmt(bench_t, 1), fmt(load_t, 1), fmt(ratio(bench_t, load_t), 2)])
+            rows2.append([str(c), p, num(bench_t, 1), num(load_t, 1), num(ratio(bench_t, load_t), 2)])
         for p in ("always", "auto"):
-            rows2.append([str(c), f"{p} / never", fmt(ratio(tput[p][0], tput["never"][0]), 2, "x"),
-                          fmt(ratio(tput[p][1], tput["never"][1]), 2, "x"), ""])
+            rows2.append([str(c), f"{p} / never", num(ratio(tput[p][0], tput["never"][0]), 2, suffix="x"),
+                          num(ratio(tput[p][1], tput["never"][1]), 2, suffix="x"), ""])
         summary["levels"][c] = {p: {"bench_endpoint_tok_s": b, "loadtest_tok_s": t} for p, (b, t) in tput.items()}
     summary["concurrency_1"] = {"local": rows1[0][1:], "endpoint_always": rows1[1][1:]}
-
-    def table(head, rows):
-        return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-                         + ["| " + " | ".join(r) + " |" for r in rows])
 
     md = "\n".join([
         f"# bench --endpoint against the local bench and loadtest ({time.strftime('%Y-%m-%d')})", "",

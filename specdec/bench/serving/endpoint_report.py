@@ -4,7 +4,7 @@ specdec.bench.serving.endpoint; `bench`'s command line (specdec.bench.cli) calls
 
 from __future__ import annotations
 
-from specdec.bench import render
+from specdec.bench import render, tables
 from specdec.bench.serving.load_types import LevelResult
 from specdec.bench.serving.loadtest_report import markdown_series
 
@@ -36,7 +36,7 @@ def markdown(report) -> str:
             if c:
                 a = c["accepted"] / c["drafted"] if c["drafted"] else None
                 out.append(f"- {k} c={lv['concurrency']}: counters: {c['drafted']} drafted, {c['accepted']} accepted "
-                           f"(a = {render.f(a, 3)}), {c['drafts']} drafts")
+                           f"(a = {tables.num(a, 3)}), {c['drafts']} drafts")
             if g:
                 out.append(f"- {k} c={lv['concurrency']}: gauges after the run: "
                            + ", ".join(f"{n} = {v:.3f}" for n, v in g.items()))

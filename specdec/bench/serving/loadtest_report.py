@@ -7,7 +7,7 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
-from specdec.bench import render
+from specdec.bench import tables
 from specdec.bench.serving.load_types import LevelResult, LoadConfig
 
 # ---- reports ---------------------------------------------------------------------------------------------------
@@ -17,9 +17,9 @@ HEADER = ("concurrency", "requests", "failed", "tokens", "tok/s", "TTFT p50 (ms)
 
 
 def _cells(r: LevelResult) -> list[str]:
-    ms = [render.f(v, 1, 1e3) for v in (r.ttft_p50_s, r.ttft_p99_s, r.itl_p50_s, r.itl_p99_s, r.tpot_mean_s)]
+    ms = [tables.num(v, 1, 1e3) for v in (r.ttft_p50_s, r.ttft_p99_s, r.itl_p50_s, r.itl_p99_s, r.tpot_mean_s)]
     return ([str(r.concurrency), str(r.requests), str(r.failed), str(r.output_tokens), f"{r.throughput_tok_s:.1f}"]
-            + ms + [render.f(r.e2e_p50_s), render.f(r.e2e_p99_s)])
+            + ms + [tables.num(r.e2e_p50_s), tables.num(r.e2e_p99_s)])
 
 
 def _table(series: dict[str, list[LevelResult]], labelled: bool) -> str:
@@ -29,7 +29,7 @@ def _table(series: dict[str, list[LevelResult]], labelled: bool) -> str:
         for r in results:
             rows.append(([label] if labelled else []) + _cells(r))
             errors += [f"- {label + ', ' if labelled else ''}concurrency {r.concurrency}: {e}" for e in r.errors]
-    text = render.table(head, rows)
+    text = tables.table(head, rows)
     if errors:
         text += "\n\nErrors (the first few per level):\n\n" + "\n".join(errors)
     return text + "\n"

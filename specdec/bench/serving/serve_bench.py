@@ -40,6 +40,7 @@ from specdec.bench.serving.load_types import LevelResult, LoadConfig
 from specdec.bench.serving.serve_report import POLICIES
 from specdec.bench.serving.servers import BenchError, LocalServer
 from specdec.bench.serving.servers import say as _say
+from specdec.bench.tables import num
 from specdec.client import run_async
 from specdec.errors import SpecdecError
 
@@ -149,7 +150,7 @@ def bench_policy(policy: str, sets: dict[str, list[str]], levels: dict[str, tupl
                 out["sets"][name].append(rec)
                 spec, acc = rec["draft_tokens_per_output_token"], rec["acceptance_rate"]
                 say(f"{policy} {name} c={c}: {rec['requests'] - rec['failed']}/{rec['requests']} ok, "
-                    f"{rec['throughput_tok_s']:.1f} tok/s, drafted/token {_num(spec, 2)}, accepted {_num(acc, 2)}")
+                    f"{rec['throughput_tok_s']:.1f} tok/s, drafted/token {num(spec, 2)}, accepted {num(acc, 2)}")
         final = server.metrics()
         out["final_metrics"] = {k: v for k, v in final.items() if k.startswith("specdec:spec_decode")}
     except BenchError:
@@ -160,10 +161,6 @@ def bench_policy(policy: str, sets: dict[str, list[str]], levels: dict[str, tupl
         server.stop()
         out["server_problems"] = server.problems()
     return out
-
-
-def _num(x: float | None, digits: int = 1) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
 
 
 # ---- the command -----------------------------------------------------------------------------------------------

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import os
 
+from specdec.bench.tables import num
+
 POLICIES = ("never", "always", "auto")
 TOLERANCE_A = 0.03  # goal (a): auto may trail the better fixed policy by this fraction
 SHARE_B = 0.9  # goal (b): the share of always's speedup auto must keep
-
-
-def _num(x: float | None, digits: int = 1) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def _ms(x: float | None) -> str:
@@ -76,13 +74,13 @@ def set_tables(policies: dict, set_name: str) -> str:
                 lines.append("| " + " | ".join([
                     str(c), p, str(r["requests"]), str(r["failed"]), f"{r['throughput_tok_s']:.1f}",
                     _ms(r["ttft_p50_s"]), _ms(r["ttft_p99_s"]), _ms(r["itl_p50_s"]), _ms(r["itl_p99_s"]),
-                    _num(r["draft_tokens_per_output_token"], 2), _num(r["acceptance_rate"], 2),
-                    _num(r["mean_batch"], 1), _num(r["loadavg_1m"], 1)]) + " |")
+                    num(r["draft_tokens_per_output_token"], 2), num(r["acceptance_rate"], 2),
+                    num(r["mean_batch"], 1), num(r["loadavg_1m"], 1)]) + " |")
     lines += ["", "| concurrency | auto/never | auto/always | always/never |", "|---|---|---|---|"]
     for c, row in sorted(levels.items()):
         q = ratios(row)
-        lines.append(f"| {c} | {_num(q['auto/never'], 3)} | {_num(q['auto/always'], 3)} | "
-                     f"{_num(q['always/never'], 3)} |")
+        lines.append(f"| {c} | {num(q['auto/never'], 3)} | {num(q['auto/always'], 3)} | "
+                     f"{num(q['always/never'], 3)} |")
     return "\n".join(lines) + "\n"
 
 
