@@ -33,11 +33,11 @@ class GenerationConfig:
 
 class ContextExceeded(SpecdecError):
     """A prompt, or a prompt with the tokens asked for, that does not fit a sequence's context. `param`: what to
-    shorten (the prompt, or max_tokens)."""
+    shorten (the prompt, or max_tokens); `room`: the tokens there is room for after the prompt."""
 
-    def __init__(self, message: str, param: str):
+    def __init__(self, message: str, param: str, room: int):
         super().__init__(message)
-        self.param = param
+        self.param, self.room = param, room
 
 
 def context_room(prompt_len: int, context: int, max_tokens: int | None = None) -> int:
@@ -46,10 +46,10 @@ def context_room(prompt_len: int, context: int, max_tokens: int | None = None) -
     for one token, or max_tokens (None: not asked) more than there is."""
     room = context - prompt_len
     if room < 1:
-        raise ContextExceeded(f"the prompt is {prompt_len} tokens; the context is {context}", "prompt")
+        raise ContextExceeded(f"the prompt is {prompt_len} tokens; the context is {context}", "prompt", room)
     if max_tokens is not None and max_tokens > room:
         raise ContextExceeded(f"max_tokens {max_tokens} with a prompt of {prompt_len} tokens exceeds the context of "
-                              f"{context} (at most {room})", "max_tokens")
+                              f"{context} (at most {room})", "max_tokens", room)
     return room
 
 

@@ -152,8 +152,11 @@ def make_sequence(s: AppState, req: GenRequest) -> Sequence:
         raise APIError(400, "the prompt encodes to no tokens", param=where)
     try:
         room = context_room(len(ids), s.context, req.max_tokens)
-    except ContextExceeded as e:
-        raise APIError(400, str(e), param=where if e.param == "prompt" else e.param,
+    except ContextExceeded as e:  # the message names the client's own value, cut (it may have 4,000 digits)
+        message = str(e) if e.param == "prompt" else (
+            f"max_tokens {protocol.show(req.max_tokens)} with a prompt of {len(ids)} tokens exceeds the context of "
+            f"{s.context} (at most {e.room})")
+        raise APIError(400, message, param=where if e.param == "prompt" else e.param,
                        code="context_length_exceeded") from None
     max_tokens = req.max_tokens or min(room, s.cfg.max_tokens_default or room)
     sampling = SamplingConfig(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p, seed=req.seed)
