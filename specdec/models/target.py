@@ -9,7 +9,7 @@ else a caller may want to know is a field of TargetTraits, with the value a mode
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,9 @@ class TargetTraits:
     chosen layers, for a drafter that reads them. kernels: the native kernels module its passes run on (None:
     torch). precision: its weights' path (`gguf-q16`, `fp16`, ...). act_bits: the integer paths' activation bits
     (None elsewhere). embed: its token embedding (a tensor, or a RowLookup of the file's rows). The costs, for the
-    benches: weight bytes a token reads, multiply-adds a token, KV-cache bytes a position (a method). expert_layers:
-    a mixture's native expert layers, which count the experts each pass reads (empty for a dense model)."""
+    benches: weight bytes a token reads, multiply-adds a token, KV-cache bytes a position (a method), and
+    expert_layers, a mixture's native expert layers, which count the experts each pass reads (empty for a dense
+    model); these are read from the model when asked (a scheduler's start-up does not sum a model's matrices)."""
 
     device: object = "cpu"
     exact_kv_reuse: bool = False
@@ -39,19 +40,27 @@ class TargetTraits:
     precision: str | None = None
     act_bits: int | None = None
     embed: object = None
-    weight_bytes_per_token: float | None = None
-    macs_per_token: float | None = None
     kv_bytes_per_token: Callable[[], float] | None = None
-    expert_layers: tuple = ()
+    model: object = field(default=None, repr=False, compare=False)  # what the costs are read from
+
+    @property
+    def weight_bytes_per_token(self) -> float | None:
+        return getattr(self.model, "weight_bytes_per_token", None)
+
+    @property
+    def macs_per_token(self) -> float | None:
+        return getattr(self.model, "macs_per_token", None)
+
+    @property
+    def expert_layers(self) -> tuple:
+        layers = (getattr(b, "experts", None) for b in getattr(self.model, "blocks", None) or [])
+        return tuple(e for e in layers if hasattr(e, "touched"))
 
     @classmethod
     def of(cls, model) -> TargetTraits:
         # the one place that reads them with defaults: not every model class declares all of them (HFAdapter
         # declares its device and precision)
-        blocks = getattr(model, "blocks", None) or []
-        experts = tuple(e for e in (getattr(b, "experts", None) for b in blocks) if hasattr(e, "touched"))
         return cls(getattr(model, "device", "cpu"), getattr(model, "exact_kv_reuse", False),
                    getattr(model, "supports_taps", False), getattr(model, "kernels", None),
                    getattr(model, "precision", None), getattr(model, "act_bits", None), getattr(model, "embed", None),
-                   getattr(model, "weight_bytes_per_token", None), getattr(model, "macs_per_token", None),
-                   getattr(model, "kv_bytes_per_token", None), experts)
+                   getattr(model, "kv_bytes_per_token", None), model)
