@@ -46,6 +46,7 @@ from specdec.models.gguf.weights import RowLookup, release_pages
 from specdec.models.hugepages import Arena
 from specdec.models.kv_cache import slot_picker, write_kv
 from specdec.models.linear import GgufLinear, Linear
+from specdec.models.plane_cache import mapped
 from specdec.models.transformer import Transformer, tap
 
 MODEL_TYPE = "gemma3_text"
@@ -200,10 +201,11 @@ class Gemma3(Transformer):
     """forward / forward_ragged / new_cache are Transformer's (its torch path); _layers is Gemma's."""
 
     def __init__(self, cfg: Gemma3Config, weights: dict[str, torch.Tensor], precision: str = "fp16",
-                 device: str = "cpu", quantized: dict | None = None):
+                 device: str = "cpu", quantized: dict | None = None, planes=None):
         """`quantized`: the GGUF's matrices by Hugging Face name (gguf_gemma3.read_matrices), which gguf-q16 and
-        gguf-q8 run; `weights` still gives the norms and the embedding table."""
-        gguf = self._gguf(precision, device, quantized)
+        gguf-q8 run; `weights` still gives the norms and the embedding table; `planes`: their packed planes' file
+        (plane_cache.PlaneCache, --map-weights)."""
+        gguf = self._gguf(precision, device, quantized, planes)
         self.cfg, self.precision, self.device = cfg, precision, torch.device(device)
         self.final_cap = cfg.final_softcap
         weights = {name: t.to(self.device) for name, t in weights.items()}
@@ -267,7 +269,7 @@ class Gemma3(Transformer):
         self._stack = None
 
     @staticmethod
-    def _gguf(precision: str, device: str, quantized: dict | None):
+    def _gguf(precision: str, device: str, quantized: dict | None, planes=None):
         """(quantized, kernels, arena) for GgufLinear at a GGUF-block precision; None at a torch one."""
         if precision in TORCH_PRECISIONS:
             return None
@@ -284,18 +286,20 @@ class Gemma3(Transformer):
         kernels = decode_kernels()
         if kernels is None:  # decode_kernels() has said why on stderr
             raise SpecdecError(f"--precision {precision} needs the native kernels; use fp16")
-        return quantized, kernels, Arena()  # the planes on huge pages, as Transformer's
+        return quantized, kernels, Arena(planes=planes)  # the planes on huge pages, as Transformer's
 
     @classmethod
     def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu",
-                 gguf: Path | None = None) -> Gemma3:
+                 gguf: Path | None = None, map_weights: bool = False) -> Gemma3:
         """A model folder; `gguf`: the GGUF file it was converted from, whose blocks gguf-q16 and gguf-q8 run."""
         from specdec.models.checkpoint import load_weights
         from specdec.models.gguf.gemma3 import read_matrices
 
         path = Path(path)
         quantized = read_matrices(gguf) if precision in GGUF_BLOCK_PRECISIONS and gguf is not None else None
-        return cls(Gemma3Config.from_dir(path), load_weights(path), precision, device, quantized)
+        cfg, weights = Gemma3Config.from_dir(path), load_weights(path)
+        build = (lambda planes: cls(cfg, weights, precision, device, quantized, planes))
+        return mapped(build, gguf, precision, device) if map_weights else build(None)
 
     @property
     def weight_bytes_per_token(self) -> int:

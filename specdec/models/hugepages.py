@@ -33,8 +33,9 @@ class Arena:
 
     Views of a chunk keep it alive, so the arena itself can be dropped once filled."""
 
-    def __init__(self, chunk: int = 32 << 20):
+    def __init__(self, chunk: int = 32 << 20, planes=None):
         self.chunk = chunk
+        self.planes = planes  # plane_cache.PlaneCache (--map-weights): matrices' planes from its file, not here
         self.buf: torch.Tensor | None = None  # [bytes] uint8, the chunk being filled
         self.pos = self.end = 0
         self.advised = enabled()  # False: tensors are allocated as torch would

@@ -95,8 +95,8 @@ class GgufLinear:
             raise SpecdecError(f"GgufLinear takes {', '.join(ACT_BITS)}, not {precision!r}")
         self.precision, self.kernels = precision, kernels
         self.out_features, self.in_features = sum(p.rows for p in parts), parts[0].cols
-        put, zeros = (arena.put, arena.zeros) if arena is not None else (lambda t: t, None)
-        self.qm = qmatrix(kernels, parts, True, ACT_BITS[precision], pairs_layout(kernels), put, zeros)
+        put, zeros, cache = (arena.put, arena.zeros, arena.planes) if arena is not None else (lambda t: t, None, None)
+        self.qm = qmatrix(kernels, parts, True, ACT_BITS[precision], pairs_layout(kernels), put, zeros, cache)
 
     @property
     def nbytes(self) -> int:

@@ -100,8 +100,10 @@ def lean_load(spec: str | None, precision: str | None, device: str) -> bool:
     return (precision is not None or arch.runnable(path)) and decode_kernels() is not None
 
 
-def load_model(spec: str = "default", precision: str | None = None, device: str = "cpu") -> LoadedModel:
-    """`precision` None: default_precision."""
+def load_model(spec: str = "default", precision: str | None = None, device: str = "cpu",
+               map_weights: bool = False) -> LoadedModel:
+    """`precision` None: default_precision. `map_weights`: a GGUF's packed planes mapped from a file in the cache,
+    not held in this process's memory (plane_cache.py)."""
     from safetensors import SafetensorError
 
     from specdec.models.tokenizer import Tokenizer
@@ -124,7 +126,8 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
             from specdec.models.gguf.convert import gguf_source
 
             gguf = gguf_source(path, spec) if precision in GGUF_PRECISIONS else None
-            return LoadedModel(Gemma3.from_dir(path, precision, device, gguf), tokenizer, name, path, "specdec")
+            model = Gemma3.from_dir(path, precision, device, gguf, map_weights)
+            return LoadedModel(model, tokenizer, name, path, "specdec")
         if model_type in SUPPORTED_TYPES:
             from specdec.models.transformer import Transformer
 
@@ -133,7 +136,7 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
                 from specdec.models.gguf.convert import gguf_source
 
                 gguf = gguf_source(path, spec)
-            model = Transformer.from_dir(path, precision, device, gguf)
+            model = Transformer.from_dir(path, precision, device, gguf, map_weights)
             if model.cfg.long_context:
                 print(f"specdec: {name} uses LongRoPE: it runs within its original context of "
                       f"{model.cfg.max_position_embeddings} positions (the short factors, as llama.cpp and "
@@ -142,6 +145,8 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
             return LoadedModel(model, tokenizer, name, path, "specdec")
         from specdec.models.hf_adapter import HFAdapter
 
+        if map_weights:
+            raise SpecdecError("--map-weights maps a GGUF's packed planes; this model is not a GGUF")
         return LoadedModel(HFAdapter(path, device), tokenizer, name, path, "transformers")
     except SpecdecError:
         raise

@@ -35,6 +35,7 @@ from specdec.models.gguf.weights import QTensor, RowLookup, qmatrix, release_pag
 from specdec.models.hugepages import Arena
 from specdec.models.kv_cache import KVCache, slot_picker, write_kv
 from specdec.models.linear import Linear
+from specdec.models.plane_cache import mapped
 from specdec.models.target import Tapped
 
 NATIVE_ROWS = 256  # token-rows per native call (bounds its buffers; rows are independent, so results are not)
@@ -62,7 +63,8 @@ class Block:
             paired = pairs_layout(kernels)
 
             def make(parts):
-                return qmatrix(kernels, parts, integer, ACT_BITS.get(precision, 8), paired, arena.put, arena.zeros)
+                return qmatrix(kernels, parts, integer, ACT_BITS.get(precision, 8), paired, arena.put, arena.zeros,
+                               arena.planes)
 
             qkv, o = (make([quantized[n] for n in names]) for names in (qkv_names, [att + "o_proj.weight"]))
             if cfg.moe:  # the experts replace the MLP; the stack takes expert 0's matrices for the block's sizes
@@ -110,8 +112,9 @@ class Block:
 
 class Transformer:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], precision: str = "fp16",
-                 device: str = "cpu", quantized: dict[str, QTensor] | None = None):
-        """`quantized`: the GGUF's matrices (models/gguf/llama.py read_matrices), needed by the gguf precisions."""
+                 device: str = "cpu", quantized: dict[str, QTensor] | None = None, planes=None):
+        """`quantized`: the GGUF's matrices (models/gguf/llama.py read_matrices), needed by the gguf precisions;
+        `planes`: their packed planes' file (plane_cache.PlaneCache, --map-weights)."""
         if precision in GGUF_PRECISIONS and quantized is None:
             raise SpecdecError(f"--precision {precision} runs a GGUF file's own blocks; this model is not from a "
                                "GGUF file (use fp16)")
@@ -139,7 +142,7 @@ class Transformer:
         else:
             raise SpecdecError("this model folder holds no matrices (a lean conversion for the gguf precisions); "
                                "it runs on gguf-q16 or gguf-q8 with the native kernels")
-        arena = Arena()  # the native kernels' weights, on huge pages where the OS grants them
+        arena = Arena(planes=planes)  # the native kernels' weights, on huge pages where the OS grants them
         self.blocks = [Block(cfg, weights, i, precision, native, quantized, self.kernels, arena)
                        for i in range(cfg.num_layers)]
         self.norm = weights["model.norm.weight"].float().contiguous()
@@ -151,7 +154,7 @@ class Transformer:
             head_q = quantized.get(name, quantized["model.embed_tokens.weight"])
             integer = self.act_bits is not None
             self.lm_head_q = qmatrix(self.kernels, [head_q], integer, self.act_bits or 8,
-                                     integer and pairs_layout(self.kernels), arena.put, arena.zeros)
+                                     integer and pairs_layout(self.kernels), arena.put, arena.zeros, arena.planes)
         else:
             self.lm_head = Linear(head, None, precision)
             self.lm_head_half = arena.put(head.half()) if native else None
@@ -173,8 +176,9 @@ class Transformer:
 
     @classmethod
     def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu",
-                 gguf: Path | None = None) -> Transformer:
-        """A model folder; `gguf`: the GGUF file it was converted from, whose blocks the gguf precisions run."""
+                 gguf: Path | None = None, map_weights: bool = False) -> Transformer:
+        """A model folder; `gguf`: the GGUF file it was converted from, whose blocks the gguf precisions run;
+        `map_weights`: their packed planes mapped from the cache (plane_cache.py)."""
         from specdec.models.checkpoint import check_weights, load_weights
         from specdec.models.gguf.convert import is_lean
 
@@ -183,7 +187,8 @@ class Transformer:
         weights = load_weights(path)
         check_weights(weights, cfg, path, matrices=not is_lean(path))
         quantized = read_matrices(gguf) if precision in GGUF_PRECISIONS and gguf is not None else None
-        return cls(cfg, weights, precision, device, quantized)
+        build = (lambda planes: cls(cfg, weights, precision, device, quantized, planes))
+        return mapped(build, gguf, precision, device) if map_weights else build(None)
 
     supports_taps = True  # forward and forward_ragged return hidden states of chosen layers (`taps`)
     final_cap = 0.0  # Gemma 2 soft-caps its logits (softcap()); 0: none

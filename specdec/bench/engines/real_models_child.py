@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ngram", action="store_true", help="also n-gram decoding (k auto), as `specdec generate`")
     p.add_argument("--keep-eos", action="store_true", help="stop at the eos token (default: ignore it)")
     p.add_argument("--lookup-cost", action="store_true", help="also time n-gram lookup (k=5) on the demo context")
+    p.add_argument("--map-weights", action="store_true", help="load with the planes mapped from the cache")
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
 
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     before = rss()
     t0 = time.perf_counter()
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, map_weights=args.map_weights)
     load_s = time.perf_counter() - t0
     after_load = rss()
     model, tok = loaded.model, loaded.tokenizer

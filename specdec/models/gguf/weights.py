@@ -26,6 +26,7 @@ import torch
 from specdec.errors import SpecdecError
 from specdec.models.gguf import blocks as gguf_blocks
 from specdec.models.gguf.file import open_gguf
+from specdec.models.plane_cache import signature
 
 # bytes per block of 32 weights, as stored in the file: the types every gguf precision reads
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
@@ -168,11 +169,12 @@ def planes(parts: list[QTensor], interleave: bool, act_bits: int = 8, paired: bo
 
 
 def qmatrix(kernels, parts: list[QTensor], interleave: bool, act_bits: int = 8, paired: bool = False,
-            put=lambda t: t, zeros=None):
+            put=lambda t: t, zeros=None, cache=None):
     """A kernels.QMatrix of `parts` stacked by rows, each tensor passed through `put` (an arena's, say). Parts of one
     kind (or Q4_0/Q4_1 together) make one matrix; mixed kinds (a Q4_K_M file's [q; k; v] with v in Q6_K) a stacked
     matrix whose parts each run on their own kernel. `zeros(shape, dtype)` (an arena's): where the native packer
-    writes K-quant planes directly, so that loading writes them once, not into new memory and then into `put`'s."""
+    writes K-quant planes directly, so that loading writes them once, not into new memory and then into `put`'s.
+    `cache` (plane_cache.PlaneCache, --map-weights): each matrix's planes come from its file, or are recorded for it."""
     kinds = {p.kind for p in parts}
     if not interleave and not kinds <= set(BLOCK_BYTES):
         odd = ", ".join(sorted(kinds - set(BLOCK_BYTES)))
@@ -186,14 +188,20 @@ def qmatrix(kernels, parts: list[QTensor], interleave: bool, act_bits: int = 8, 
                 runs[-1].append(p)
             else:
                 runs.append([p])
-        return kernels.QMatrix([qmatrix(kernels, run, interleave, act_bits, paired, put, zeros) for run in runs])
-    if kinds <= set(BLOCK_BYTES):
-        args = planes(parts, interleave, act_bits, paired)
-    elif zeros is not None and hasattr(kernels, "kq_pack"):
-        return kernels.QMatrix(*kq_planes(parts, act_bits, paired, kernels, zeros))  # written in place
+        return kernels.QMatrix([qmatrix(kernels, run, interleave, act_bits, paired, put, zeros, cache)
+                                for run in runs])
+    sig = signature(parts, interleave, act_bits, paired)
+    if cache is not None and (args := cache.recall(sig)) is not None:
+        return kernels.QMatrix(*args)  # the file's planes, mapped
+    if zeros is not None and not kinds <= set(BLOCK_BYTES) and hasattr(kernels, "kq_pack"):
+        args = kq_planes(parts, act_bits, paired, kernels, zeros)  # written in place
     else:
-        args = kq_planes(parts, act_bits, paired, kernels)
-    return kernels.QMatrix(*(put(a) if isinstance(a, torch.Tensor) else a for a in args))
+        args = planes(parts, interleave, act_bits, paired) if kinds <= set(BLOCK_BYTES) else \
+            kq_planes(parts, act_bits, paired, kernels)
+        args = tuple(put(a) if isinstance(a, torch.Tensor) else a for a in args)
+    if cache is not None:
+        cache.remember(sig, args)
+    return kernels.QMatrix(*args)
 
 
 def kq_plane_sizes(kind: str, n: int, k: int, paired: bool) -> list[tuple[int, torch.dtype] | tuple[None, None]]:
