@@ -64,7 +64,8 @@ def page(results: dict, prov: dict, args) -> str:
     return "\n".join([
         "# --map-weights: the planes in memory or mapped from the cache", "",
         f"{prov['cpu']}, {prov['cores']} cores ({prov['isa']}), read bandwidth {num(prov['bandwidth_gbs'], 1)} GB/s, "
-        f"{prov['date_utc']}, git {prov['git']}, load average at start {', '.join(f'{x:.1f}' for x in prov['load_avg'])}. "
+        f"{prov['date_utc']}, git {prov['git']}, load average at start "
+        f"{', '.join(f'{x:.1f}' for x in prov['load_avg'])}. "
         f"Command: `{prov['command']}`.", "",
         f"Random-weight Q4_K_M files from `synth-gguf`; {args.new_tokens} tokens of plain greedy decoding; each mode "
         f"run {args.rounds} times, alternated (medians; the speed ratio to the in-memory run of the same round is "
