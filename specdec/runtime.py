@@ -23,7 +23,9 @@ class ModelSpec:
     ngram_max: int = 4
     ngram_min: int = 1
     draft_head: str | None = None  # folder of a head from `specdec train-draft` (default: the bundled model's)
-    map_weights: bool = False  # a GGUF target's packed planes mapped from the cache (models/plane_cache.py)
+    map_weights: bool = False  # a GGUF target's packed planes mapped from the cache (models/gguf/plane_cache.py)
+    context: int | None = None  # positions a sequence may use (None: the model's; LongRoPE: past its original
+    # context, its long factors)
 
     def __post_init__(self) -> None:
         names = self.drafter.split(",")
@@ -50,7 +52,7 @@ class ModelSpec:
         """From the shared command-line arguments (specdec.engine.cli.add_model_args)."""
         return cls(args.model, args.drafter, args.draft_model, args.precision, args.draft_precision, args.device,
                    args.ngram_max, args.ngram_min, getattr(args, "draft_head", None),
-                   getattr(args, "map_weights", False))
+                   getattr(args, "map_weights", False), getattr(args, "context", None))
 
 
 def build(spec: ModelSpec):
@@ -63,7 +65,7 @@ def build(spec: ModelSpec):
 
         if not torch.cuda.is_available():
             raise SpecdecError("--device cuda: no CUDA device is available here")
-    target = load_model(spec.model, spec.precision, spec.device, spec.map_weights)
+    target = load_model(spec.model, spec.precision, spec.device, spec.map_weights, spec.context)
     names = spec.drafter.split(",")
     members = [_drafter(name, spec, target) for name in names]
     return target, members[0] if len(members) == 1 else CascadeDrafter(members)

@@ -178,10 +178,12 @@ def test_speculative_greedy_equals_plain_greedy(files, kernels, shape, k):  # no
     assert 0 < accepted <= drafted, (accepted, drafted)
 
 
-def test_longrope_runs_within_its_original_context_and_says_so(files, capsys):
+def test_longrope_runs_short_factors_within_its_original_context_and_long_ones_past_it(files, capsys):
     """A LongRoPE file (Phi-3 128k, Phi-3.5) runs on its short factors and attention factor within its original
     context (transformers and llama.cpp agree there: test_torch_path_agrees_with_transformers, the llama.cpp
-    matrix); its context is capped there, said at load, and a longer prompt is refused in one line."""
+    matrix), said at load, and a longer prompt is refused in one line. Loaded for a longer context, every position
+    runs the long factors (llama.cpp's rule: the matrix's test_longrope_long_factors_match_llamacpp), and a prompt
+    past the original context runs; past the trained context is refused."""
     from specdec.errors import SpecdecError
     from specdec.models.gguf.synth import longrope_attn_factor, longrope_factors
 
@@ -191,10 +193,19 @@ def test_longrope_runs_within_its_original_context_and_says_so(files, capsys):
     assert (cfg.max_position_embeddings, cfg.long_context) == (shape.longrope, shape.context)
     assert cfg.rope_freq_factors == pytest.approx(longrope_factors(shape, long=False).tolist())
     assert cfg.rope_attn_factor == pytest.approx(longrope_attn_factor(shape)) and cfg.rope_attn_factor > 1.05
-    assert "uses LongRoPE" in capsys.readouterr().err
+    assert "its short factors" in capsys.readouterr().err
     with pytest.raises(SpecdecError, match="4096"):
         Engine(loaded.model, loaded.tokenizer).generate([[5] * (shape.longrope + 1)],
                                                         GenerationConfig(max_new_tokens=1))
+    longer = load_model(str(files["tiny-phi3-longrope"]), "gguf-q16", context=2 * shape.longrope)
+    cfg = longer.model.cfg
+    assert cfg.max_position_embeddings == 2 * shape.longrope and cfg.long_factors
+    assert cfg.rope_freq_factors == pytest.approx(longrope_factors(shape, long=True).tolist())
+    assert "its long factors at every position" in capsys.readouterr().err
+    r = Engine(longer.model, longer.tokenizer).generate([[5] * (shape.longrope + 1)], GenerationConfig(2))[0]
+    assert len(r.token_ids) == 2
+    with pytest.raises(SpecdecError, match=str(shape.context)):
+        load_model(str(files["tiny-phi3-longrope"]), "gguf-q16", context=shape.context + 1)
 
 
 def test_what_is_not_covered_is_refused_in_one_line(tmp_path):

@@ -155,3 +155,25 @@ def test_a_slip_fails_the_bounds(cells, tmp_path, shape):
     print(f"\n{shape} slip: top1 {d['top1_ties']:.3f} max {d['max_abs']:.3f} mean {d['mean_abs']:.4f}")
     assert not bounded(d, float(f32.std()))
     assert d["max_abs"] > 20 * MAX_SD * float(f32.std()) and d["mean_abs"] > 20 * MEAN_SD * float(f32.std()), d
+
+
+def test_longrope_long_factors_match_llamacpp(cells, tmp_path):
+    """Loaded for a context past its original one, a LongRoPE file runs its long factors at every position, as
+    llama.cpp does in such a context: held to llama.cpp on the F32 copy, in that context, by the matrix's bounds.
+    The short factors (the same file loaded for its original context) fall far outside them there."""
+    from specdec.models.gguf.synth import SHAPES as SYNTH
+
+    shape = "tiny-phi3-longrope"
+    gguf, _, _ = cells(shape, "Q4_K_M")
+    context = 2 * SYNTH[shape].longrope
+    f32 = oracle.f32_copy(gguf, tmp_path / "f32.gguf")
+    theirs = oracle.logits(f32, IDS, context=context)  # [n, vocab]
+    oracle.close(f32)
+    sd = float(theirs.std())
+    ours, _ = oracle.specdec_logits(gguf, IDS, "gguf-q16", context=context)
+    short, _ = oracle.specdec_logits(gguf, IDS, "gguf-q16")
+    d, slip = oracle.distance(ours, theirs), oracle.distance(short, theirs)
+    print(f"\nlong factors: top1 {d['top1_ties']:.3f} max {d['max_abs'] / sd:.4f} sd mean {d['mean_abs'] / sd:.5f} sd"
+          f" | short factors there: top1 {slip['top1_ties']:.3f} mean {slip['mean_abs'] / sd:.3f} sd")
+    assert bounded(d, sd), d
+    assert not bounded(slip, sd) and slip["mean_abs"] > 20 * MEAN_SD * sd, slip

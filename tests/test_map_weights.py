@@ -1,7 +1,8 @@
-"""--map-weights (models/plane_cache.py): a GGUF's packed planes written once to the cache and mapped. A mapped model
-computes what the in-memory one computes, bit for bit, on a first load (pack, write, map) and a later one (map only:
-nothing is packed); its planes are views of the file; a changed GGUF, a torn or foreign file are rebuilt, never read;
-an unwritable cache leaves the planes in memory with one line; a model that has no planes is refused in one line."""
+"""--map-weights (models/gguf/plane_cache.py): a GGUF's packed planes written once to the cache and mapped. A
+mapped model computes what the in-memory one computes, bit for bit, on a first load (pack, write, map) and a later
+one (map only: nothing is packed); its planes are views of the file; a changed GGUF, a torn or foreign file are
+rebuilt, never read; an unwritable cache leaves the planes in memory with one line; a model that has no planes is
+refused in one line."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.models import plane_cache
-from specdec.models.gguf import weights
+from specdec.models.gguf import plane_cache, weights
 from specdec.models.gguf.synth import write
 from specdec.models.loader import load_model
 from tests.test_gguf_kernels import kernels  # noqa: F401 (fixture)

@@ -51,6 +51,9 @@ def register(sub) -> None:
     g.add_argument("--top-k", type=int, default=0, action=NON_NEGATIVE, help="0 = off")
     g.add_argument("--seed", type=int, default=None, action=SEED)
     g.add_argument("--max-new-tokens", type=int, default=256)  # GenerationConfig checks it, before the model loads
+    g.add_argument("--context", type=int, default=None, action=AT_LEAST_1,
+                   help="positions the sequence may use (default: the model's own; a LongRoPE model, Phi-3.5 or "
+                        "Phi-3 128k, runs its long factors past its original context, as llama.cpp does)")
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--chat", action=argparse.BooleanOptionalAction, default=True,
                    help="wrap the prompt in the model's chat template (default on)")

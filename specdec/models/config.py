@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specdec.errors import SpecdecError
@@ -60,24 +60,26 @@ def check_sizes(cfg: dict) -> None:
 FREQ_FACTORS = "specdec_rope_freq_factors"  # config.json key a converted GGUF's rope_freqs tensor goes to
 
 
-def longrope_scaling(cfg: dict, rope: dict, head_dim: int) -> tuple[list[float], int, int, float]:
-    """(factors, positions, trained context, attention factor) of Phi-3's LongRoPE, run within its original
-    context: the short factors, as transformers applies them to a sequence that fits it and llama.cpp to any
-    sequence when its context is no longer. Beyond it both change every position's angles (transformers when a
-    sequence grows past it, llama.cpp when its context is set past it), which a cache of keys cannot follow
-    exactly; specdec does not implement the long factors, and says so at load."""
+def longrope_scaling(cfg: dict, rope: dict, head_dim: int) -> tuple[list[float], list[float], int, int, float]:
+    """(short factors, long factors, original context, trained context, attention factor) of Phi-3's LongRoPE.
+    Within the original context the short factors apply; past it the long ones, at every position. The two
+    references switch at different moments: llama.cpp when its context is set past the original (every sequence
+    then runs the long factors), transformers when a sequence grows past it (recomputing every cached position's
+    angles, which a cache of keys cannot follow exactly). specdec switches as llama.cpp does, by the context it is
+    loaded for (ModelConfig.with_context)."""
     orig = rope.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
     trained = int(cfg.get("max_position_embeddings") or 0)
-    short = rope.get("short_factor")
-    if not isinstance(orig, int) or orig < 1 or not isinstance(short, list) or len(short) != head_dim // 2 \
-            or not all(isinstance(f, (int, float)) and f > 0 for f in short):
+    short, long = rope.get("short_factor"), rope.get("long_factor")
+    if not isinstance(orig, int) or orig < 1 or not all(
+            isinstance(f, list) and len(f) == head_dim // 2 and all(isinstance(x, (int, float)) and x > 0 for x in f)
+            for f in (short, long)):
         raise SpecdecError(f"config.json: longrope rope scaling needs original_max_position_embeddings and "
-                           f"{head_dim // 2} positive short_factor values")
+                           f"{head_dim // 2} positive short_factor and long_factor values")
     factor = rope.get("attention_factor")
     if factor is None:  # transformers' default for longrope: from the ratio of the contexts
         scale = trained / orig
         factor = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0
-    return short, min(orig, trained or orig), trained, float(factor)
+    return short, long, min(orig, trained or orig), trained, float(factor)
 
 
 def llama3_factors(theta: float, head_dim: int, rope: dict) -> list[float]:
@@ -135,9 +137,12 @@ class ModelConfig:
     # rope_freqs tensor holds them; None: unscaled. LongRoPE (Phi-3 128k, Phi-3.5): its short factors
     rope_freq_factors: tuple[float, ...] | None = None
     rope_attn_factor: float = 1.0  # cos and sin scaled by it (LongRoPE's attention factor)
-    # LongRoPE: the context the file was trained to (its long factors; max_position_embeddings is then the
-    # original context, where the short factors apply); None: no LongRoPE
+    # LongRoPE: the context the file was trained to, and its long factors (max_position_embeddings is the
+    # original context, where rope_freq_factors, the short ones, apply, until with_context asks for more); None: no
+    # LongRoPE
     long_context: int | None = None
+    rope_long_factors: tuple[float, ...] | None = None
+    original_context: int | None = None  # LongRoPE: where the short factors end
 
     @property
     def group_size(self) -> int:
@@ -204,10 +209,10 @@ class ModelConfig:
         factors = cfg.get(FREQ_FACTORS)  # a GGUF's rope_freqs, as converted
         if factors is None and kind == "llama3":
             factors = llama3_factors(float(theta), head_dim, rope)
-        positions, long = cfg.get("max_position_embeddings", 2048), None
+        positions, long, long_factors = cfg.get("max_position_embeddings", 2048), None, None
         attn_factor = 1.0
         if longrope:
-            factors, positions, long, attn_factor = longrope_scaling(cfg, rope, head_dim)
+            factors, long_factors, positions, long, attn_factor = longrope_scaling(cfg, rope, head_dim)
         if factors is not None and (not isinstance(factors, list) or len(factors) != head_dim // 2
                                     or not all(isinstance(f, (int, float)) and f > 0 for f in factors)):
             raise SpecdecError(f"config.json: {FREQ_FACTORS} must be {head_dim // 2} positive numbers")
@@ -232,7 +237,27 @@ class ModelConfig:
             rope_freq_factors=None if factors is None else tuple(float(f) for f in factors),
             rope_attn_factor=attn_factor,
             long_context=long,
+            rope_long_factors=None if long_factors is None else tuple(float(f) for f in long_factors),
+            original_context=positions if longrope else None,
         )
+
+    def with_context(self, context: int | None) -> ModelConfig:
+        """This model run for sequences of up to `context` positions (None: its default). LongRoPE also changes
+        with it: past its original context every position runs the long factors, as llama.cpp does once its context
+        is set past the original, up to the context it was trained to."""
+        if context is None:
+            return self
+        limit = self.long_context or self.max_position_embeddings
+        if context > limit:
+            raise SpecdecError(f"a context of {context} positions is past this model's {limit}")
+        if self.long_context is None or context <= self.original_context:
+            return replace(self, max_position_embeddings=context)
+        return replace(self, max_position_embeddings=context, rope_freq_factors=self.rope_long_factors)
+
+    @property
+    def long_factors(self) -> bool:
+        """LongRoPE running its long factors (a context past the original)."""
+        return self.long_context is not None and self.max_position_embeddings > self.original_context
 
     @property
     def moe(self) -> bool:

@@ -42,11 +42,11 @@ from specdec.errors import SpecdecError
 from specdec.inputs import number
 from specdec.models.attention import RopeTable, attend_decode, attend_prefill, rms_norm, rotate
 from specdec.models.config import ACT_BITS, ModelConfig, check_sizes
+from specdec.models.gguf.plane_cache import mapped
 from specdec.models.gguf.weights import RowLookup, release_pages
 from specdec.models.hugepages import Arena
 from specdec.models.kv_cache import slot_picker, write_kv
 from specdec.models.linear import GgufLinear, Linear
-from specdec.models.plane_cache import mapped
 from specdec.models.transformer import Transformer, tap
 
 MODEL_TYPE = "gemma3_text"
@@ -290,14 +290,14 @@ class Gemma3(Transformer):
 
     @classmethod
     def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu",
-                 gguf: Path | None = None, map_weights: bool = False) -> Gemma3:
+                 gguf: Path | None = None, map_weights: bool = False, context: int | None = None) -> Gemma3:
         """A model folder; `gguf`: the GGUF file it was converted from, whose blocks gguf-q16 and gguf-q8 run."""
         from specdec.models.checkpoint import load_weights
         from specdec.models.gguf.gemma3 import read_matrices
 
         path = Path(path)
         quantized = read_matrices(gguf) if precision in GGUF_BLOCK_PRECISIONS and gguf is not None else None
-        cfg, weights = Gemma3Config.from_dir(path), load_weights(path)
+        cfg, weights = Gemma3Config.from_dir(path).with_context(context), load_weights(path)
         build = (lambda planes: cls(cfg, weights, precision, device, quantized, planes))
         return mapped(build, gguf, precision, device) if map_weights else build(None)
 

@@ -100,10 +100,21 @@ def lean_load(spec: str | None, precision: str | None, device: str) -> bool:
     return (precision is not None or arch.runnable(path)) and decode_kernels() is not None
 
 
+def longrope_line(cfg) -> str:
+    """What a LongRoPE model (Phi-3.5, Phi-3 128k) runs, said at load."""
+    if cfg.long_factors:
+        return (f"its long factors at every position, for a context of {cfg.max_position_embeddings} (past its "
+                f"original {cfg.original_context}), as llama.cpp runs them at such a context; load it without "
+                f"--context, or with one up to {cfg.original_context}, for the short ones")
+    return (f"its short factors, within its original context of {cfg.max_position_embeddings} positions (as "
+            f"llama.cpp and transformers there); --context up to {cfg.long_context} runs its long factors")
+
+
 def load_model(spec: str = "default", precision: str | None = None, device: str = "cpu",
-               map_weights: bool = False) -> LoadedModel:
+               map_weights: bool = False, context: int | None = None) -> LoadedModel:
     """`precision` None: default_precision. `map_weights`: a GGUF's packed planes mapped from a file in the cache,
-    not held in this process's memory (plane_cache.py)."""
+    not held in this process's memory (plane_cache.py). `context`: positions a sequence may use (None: the model's;
+    only LongRoPE changes with it: ModelConfig.with_context)."""
     from safetensors import SafetensorError
 
     from specdec.models.tokenizer import Tokenizer
@@ -126,7 +137,7 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
             from specdec.models.gguf.convert import gguf_source
 
             gguf = gguf_source(path, spec) if precision in GGUF_PRECISIONS else None
-            model = Gemma3.from_dir(path, precision, device, gguf, map_weights)
+            model = Gemma3.from_dir(path, precision, device, gguf, map_weights, context)
             return LoadedModel(model, tokenizer, name, path, "specdec")
         if model_type in SUPPORTED_TYPES:
             from specdec.models.transformer import Transformer
@@ -136,12 +147,9 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
                 from specdec.models.gguf.convert import gguf_source
 
                 gguf = gguf_source(path, spec)
-            model = Transformer.from_dir(path, precision, device, gguf, map_weights)
+            model = Transformer.from_dir(path, precision, device, gguf, map_weights, context)
             if model.cfg.long_context:
-                print(f"specdec: {name} uses LongRoPE: it runs within its original context of "
-                      f"{model.cfg.max_position_embeddings} positions (the short factors, as llama.cpp and "
-                      f"transformers there); the long factors, for its {model.cfg.long_context}, are not implemented",
-                      file=sys.stderr)
+                print(f"specdec: {name} uses LongRoPE: {longrope_line(model.cfg)}", file=sys.stderr)
             return LoadedModel(model, tokenizer, name, path, "specdec")
         from specdec.models.hf_adapter import HFAdapter
 

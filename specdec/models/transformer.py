@@ -31,11 +31,11 @@ from specdec.models.attention import (
 from specdec.models.config import ACT_BITS, GGUF_PRECISIONS, ModelConfig
 from specdec.models.experts import Experts, native_experts
 from specdec.models.gguf.llama import read_matrices
+from specdec.models.gguf.plane_cache import mapped
 from specdec.models.gguf.weights import QTensor, RowLookup, qmatrix, release_pages
 from specdec.models.hugepages import Arena
 from specdec.models.kv_cache import KVCache, slot_picker, write_kv
 from specdec.models.linear import Linear
-from specdec.models.plane_cache import mapped
 from specdec.models.target import Tapped
 
 NATIVE_ROWS = 256  # token-rows per native call (bounds its buffers; rows are independent, so results are not)
@@ -176,14 +176,15 @@ class Transformer:
 
     @classmethod
     def from_dir(cls, path: str | Path, precision: str = "fp16", device: str = "cpu",
-                 gguf: Path | None = None, map_weights: bool = False) -> Transformer:
+                 gguf: Path | None = None, map_weights: bool = False, context: int | None = None) -> Transformer:
         """A model folder; `gguf`: the GGUF file it was converted from, whose blocks the gguf precisions run;
-        `map_weights`: their packed planes mapped from the cache (plane_cache.py)."""
+        `map_weights`: their packed planes mapped from the cache (plane_cache.py); `context`: the positions a
+        sequence may use (ModelConfig.with_context; None: the model's)."""
         from specdec.models.checkpoint import check_weights, load_weights
         from specdec.models.gguf.convert import is_lean
 
         path = Path(path)
-        cfg = ModelConfig.from_dir(path)
+        cfg = ModelConfig.from_dir(path).with_context(context)
         weights = load_weights(path)
         check_weights(weights, cfg, path, matrices=not is_lean(path))
         quantized = read_matrices(gguf) if precision in GGUF_PRECISIONS and gguf is not None else None

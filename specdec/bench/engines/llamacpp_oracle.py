@@ -67,11 +67,13 @@ def close(gguf_path: str | Path | None = None) -> None:
             w.close()
 
 
-def logits(gguf_path: str | Path, token_ids: list[int]) -> np.ndarray:
-    """llama.cpp's logits [n, vocab] (float32) for token_ids fed from position 0 (no BOS added)."""
+def logits(gguf_path: str | Path, token_ids: list[int], context: int = 0) -> np.ndarray:
+    """llama.cpp's logits [n, vocab] (float32) for token_ids fed from position 0 (no BOS added), in a context of at
+    least `context` positions (LongRoPE's factors depend on it)."""
     with tempfile.TemporaryDirectory(prefix="specdec-llamacpp-") as tmp:
         out = Path(tmp) / "logits.f32"
-        reply = worker(gguf_path).request(op="logits", tokens=[int(t) for t in token_ids], out=str(out))
+        reply = worker(gguf_path).request(op="logits", tokens=[int(t) for t in token_ids], out=str(out),
+                                          context=int(context))
         n, vocab = int(reply["n"]), int(reply["vocab"])
         rows = np.fromfile(out, dtype=np.float32)
     if n != len(token_ids) or rows.size != n * vocab or np.isnan(rows).any():
@@ -97,13 +99,15 @@ def model_spec(gguf_path: str | Path) -> str:
         return str(path)
 
 
-def specdec_logits(gguf_path: str | Path, token_ids: list[int], precision: str | None) -> tuple[np.ndarray, str]:
-    """(specdec's logits [n, vocab] for token_ids, one prefill pass from position 0; the precision it ran)."""
+def specdec_logits(gguf_path: str | Path, token_ids: list[int], precision: str | None,
+                   context: int | None = None) -> tuple[np.ndarray, str]:
+    """(specdec's logits [n, vocab] for token_ids, one prefill pass from position 0; the precision it ran), loaded
+    for `context` positions (None: the model's)."""
     import torch
 
     from specdec.models.loader import load_model
 
-    model = load_model(model_spec(gguf_path), precision).model
+    model = load_model(model_spec(gguf_path), precision, context=context).model
     cache = model.new_cache(1, len(token_ids))
     out = model.forward(torch.tensor([list(token_ids)]), torch.tensor([0]), cache, prefill=True)  # [1, n, vocab]
     return out[0].float().numpy(), TargetTraits.of(model).precision or precision

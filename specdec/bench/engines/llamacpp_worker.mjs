@@ -38,10 +38,11 @@
 // does by default (k 3, patterns of 1.. tokens).
 //
 // Two more requests, with an "op" (a request without one generates, as above):
-//   request  {"id": 2, "op": "logits", "tokens": [ids], "out": "/path/file"}
+//   request  {"id": 2, "op": "logits", "tokens": [ids], "out": "/path/file", "context": n (optional)}
 //            the tokens as one sequence from an empty KV cache (positions 0..n-1), fed in chunks of CHUNK; every
 //            position's full logits vector (row i: the raw scores for the token after tokens[i], before any
-//            sampling) written to `out` as float32 in native byte order (little-endian here), row-major [n, vocab]
+//            sampling) written to `out` as float32 in native byte order (little-endian here), row-major [n, vocab];
+//            `context`: a context of at least n positions (what LongRoPE's factors are chosen by)
 //   reply    {"id": 2, "ok": true, "n": n, "vocab": v, "out": "/path/file"}
 //   request  {"id": 3, "op": "tokenize", "texts": ["...", ...], "special": true}
 //            llama.cpp's own tokenizer (common_tokenize) on each text, no BOS or EOS added; special: control
@@ -225,7 +226,9 @@ async function logits(req) {
     const tokens = promptTokens({ tokens: req.tokens });
     if (tokens.length === 0) throw new Error("the sequence has no tokens");
     if (typeof req.out !== "string" || !req.out) throw new Error("out: expected a file path");
-    await ensureContext(tokens.length + 8);
+    const context = req.context ?? 0;
+    if (!Number.isInteger(context) || context < 0) throw new Error("context: expected a whole number");
+    await ensureContext(Math.max(tokens.length + 8, context));
     await ensureSequence(false, 0, 0, 0);
     await sequence.clearHistory();
     let rows = null, vocab = 0;

@@ -24,7 +24,7 @@ MODES = ("memory", "mapped, first load", "mapped, later load")
 
 def measure(path: Path, args, out: Path) -> dict:
     """One shape: llama.cpp once, then specdec's three modes alternated args.rounds times."""
-    from specdec.models.plane_cache import cache_path
+    from specdec.models.gguf.plane_cache import cache_path
 
     warm(path)
     ref = llamacpp(path, [1, 2, 3], 2, None, team_size(args))

@@ -26,7 +26,7 @@ import torch
 from specdec.errors import SpecdecError
 from specdec.models.gguf import blocks as gguf_blocks
 from specdec.models.gguf.file import open_gguf
-from specdec.models.plane_cache import signature
+from specdec.models.gguf.plane_cache import signature
 
 # bytes per block of 32 weights, as stored in the file: the types every gguf precision reads
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
