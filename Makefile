@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: vllm vllm-bench setup kernels demo test test-slow test-all lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench llamacpp llamacpp-matrix real-models real-models-archs
+.PHONY: vllm vllm-bench setup kernels demo test test-slow test-all lint mutate mutate-fast browser bench serve-bench endpoint-bench long-context clean gemma-package gguf-bench llamacpp llamacpp-matrix real-models real-models-archs map-weights
 
 # setup also builds this CPU's native kernels into the cache (once per version: a no-op later), so that no server
 # start, test fixture or first request compiles anything.
@@ -154,3 +154,8 @@ real-models: setup llamacpp
 # its full depth), on a page of their own: docs/results/real-models-archs.md.
 real-models-archs: setup llamacpp
 	$(BIN)/specdec real-models --shapes $(shell $(BIN)/python -c "from specdec.bench.engines.real_models import NEW_SHAPES; print(','.join(NEW_SHAPES))") --no-gemma --out artifacts/real-models-archs --page docs/results/real-models-archs.md $(ARGS)
+
+# --map-weights against the default (planes in memory), side by side: load time, resident memory, decode speed, at
+# the 1B and 8B shapes beside llama.cpp's load; writes docs/results/map-weights.md (the planes' files go to the cache).
+map-weights: setup llamacpp
+	$(BIN)/python -m specdec.bench.engines.map_weights $(ARGS)

@@ -40,7 +40,31 @@ def measure(path: Path, args, out: Path) -> dict:
             warm(path)
             runs[mode].append(child(str(path), out / f"{path.stem}-{r}-{MODES.index(mode)}.json", args, *extra))
     return {"file_bytes": path.stat().st_size, "llamacpp": {"load_s": ref["load_s"], "rss": ref["rss_after_load"]},
-            "runs": runs}
+            "runs": runs, "alternated": alternate(path, args)}
+
+
+def alternate(path: Path, args) -> dict[str, list[float]]:
+    """Decode speed of the two placements in one process, run after run (the order flipped each round), so that both
+    see the same machine: mode -> tok/s per round."""
+    from specdec.bench.engines.real_models_child import NoEos, decode_run
+    from specdec.engine.generate import Engine
+    from specdec.kernels.cores import configure
+    from specdec.models.loader import load_model
+    from specdec.models.tokenizer import encode_prompt
+
+    configure(team_size(args))
+    loaded = {"memory": load_model(str(path)), "mapped": load_model(str(path), map_weights=True)}
+    engines = {m: Engine(x.model, NoEos(x.tokenizer)) for m, x in loaded.items()}
+    ids = encode_prompt(loaded["memory"].tokenizer, "Summarize the following text in three sentences.", chat=True)
+    for e in engines.values():
+        decode_run(e, ids, 2)  # first-call costs
+    out: dict[str, list[float]] = {m: [] for m in engines}
+    for r in range(args.speed_rounds):
+        for m in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+            out[m].append(decode_run(engines[m], ids, args.new_tokens)["decode_tokens_per_s"])
+    print(f"[{path.name}] alternated: " + "; ".join(f"{m} {' '.join(f'{v:.1f}' for v in vs)}"
+                                                     for m, vs in out.items()), file=sys.stderr, flush=True)
+    return out
 
 
 def row(shape: str, mode: str, m: dict) -> list[str]:
@@ -57,6 +81,13 @@ def row(shape: str, mode: str, m: dict) -> list[str]:
             num(speed, 1), " ".join(f"{x:.2f}" for x in ratio), "yes" if same else "NO"]
 
 
+def speed_row(shape: str, m: dict) -> list[str]:
+    a = m["alternated"]
+    ratios = [x / y for x, y in zip(a["mapped"], a["memory"])]
+    return [shape, num(statistics.median(a["memory"]), 1), num(statistics.median(a["mapped"]), 1),
+            num(statistics.median(ratios), 2), " ".join(f"{r:.2f}" for r in ratios)]
+
+
 def page(results: dict, prov: dict, args) -> str:
     rows = [row(shape, mode, m) for shape, m in results.items() for mode in MODES]
     lcp = [[shape, num(m["llamacpp"]["rss"]["RssAnon"] / 1e9, 2), num(m["llamacpp"]["rss"]["RssFile"] / 1e9, 2),
@@ -71,11 +102,15 @@ def page(results: dict, prov: dict, args) -> str:
         f"run {args.rounds} times, alternated (medians; the speed ratio to the in-memory run of the same round is "
         "listed per round). Every file was read once just before each load, so no load reads the disk.", "",
         table(["shape", "specdec", "load s", "llama.cpp load s", "model's anon / file", "process anon / file",
-               "anon GB after decoding", "file pages GB after decoding", "decode tok/s", "speed / in memory",
-               "tokens identical"], rows), "",
+               "anon GB after decoding", "file pages GB after decoding", "decode tok/s",
+               "speed / in memory (each its own process)", "tokens identical"], rows), "",
         "\"model's anon\": RssAnon after the load less RssAnon before it (`import torch` and the tokenizer are in "
         "the process's figure, not the model's). The first mapped load packs the planes, writes them to the cache "
         "and maps them; its load time includes the write.", "",
+        f"Decode speed with both placements loaded in one process, {args.speed_rounds} runs of each alternated (the "
+        "order flipped each round), so both see the same machine: the comparison to read for speed.", "",
+        table(["shape", "in memory tok/s (median)", "mapped tok/s (median)", "mapped / in memory (median)",
+               "per round"], [speed_row(shape, m) for shape, m in results.items()]), "",
         "llama.cpp (node-llama-cpp's worker) after its load, for scale:", "",
         table(["shape", "anon GB", "file pages GB", "file GB"], lcp), ""])
 
@@ -85,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default="llama-3.2-1b,llama-3.1-8b")
     p.add_argument("--files-dir", default="artifacts/real-models")
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="loads of each mode, each in a process of its own")
+    p.add_argument("--speed-rounds", type=int, default=6, help="decoding runs of each mode alternated in one process")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--out", default="artifacts/map-weights")
