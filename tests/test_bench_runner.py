@@ -14,6 +14,7 @@ from specdec.bench.report import build_report
 from specdec.bench.runner import Method, Turn, encode_turns, mark_identity, run_bench
 from specdec.cli import main
 from specdec.engine.stats import RoundRecord
+from specdec.theory.profile import Profile
 
 
 class WordTokenizer:
@@ -126,7 +127,7 @@ def test_report_lists_outputs_that_differ():
 
 
 def test_report_with_profile_predicts_from_it():
-    prof = {"verify_cost": {"1": 1.0, "4": 1.0}, "draft_cost": 0.0}
+    prof = Profile.from_json({"verify_cost": {"1": 1.0, "4": 1.0}, "draft_cost": 0.0})
     report = _report(prof)
     p = report.prediction(report.results["ngram k=3"].overall)
     assert report.prediction_source == "profile" and p.speedup is not None and p.error is not None

@@ -20,6 +20,7 @@ from specdec.theory.economics import (
     predict_from_positional,
     predict_from_rounds,
 )
+from specdec.theory.profile import Profile
 
 
 def test_percentiles_and_means():
@@ -176,13 +177,13 @@ def test_latency_percentiles_in_a_summary_are_the_right_ones():
 
 def test_cost_models():
     plain = plain_sample("q", 11, step=0.1)  # each plain pass 0.08 s of the 0.1 s step: 0.02 s overhead
-    profile = {"verify_cost": {"1": 1.0, "4": 2.0},
-               "contexts": [{"context": 16, "step_s": 0.08, "verify_cost": {"1": 1.0, "4": 1.6}},
-                            {"context": 1000, "step_s": 0.5, "verify_cost": {"1": 1.0, "4": 3.0}}],
-               "draft_cost": 0.05}
+    profile = Profile.from_json({"verify_cost": {"1": 1.0, "4": 2.0},
+                                 "contexts": [{"context": 16, "step_s": 0.08, "verify_cost": {"1": 1.0, "4": 1.6}},
+                                              {"context": 1000, "step_s": 0.5, "verify_cost": {"1": 1.0, "4": 3.0}}],
+                                 "draft_cost": 0.05})
     (verify, c), h = stats.cost_from_profile(profile, context=20, step_s=0.1)
     assert math.isclose(h, 0.2) and math.isclose(verify(4), 0.8 * 1.6 + 0.2) and math.isclose(c, 0.8 * 0.05)
-    (verify, c), h = stats.cost_from_profile({"verify_cost": {"1": 1.0, "4": 2.0}}, 20, 0.1)
+    (verify, c), h = stats.cost_from_profile(Profile.from_json({"verify_cost": {"1": 1.0, "4": 2.0}}), 20, 0.1)
     assert h == 0.0 and verify(4) == 2.0 and c == 0.0
     spec = Sample("q", "cat", "s", [turn(range(4), [0.5, 0.7, 0.7, 0.7], [(3, 2, 3, 0.01, 0.15)])])
     verify, c = stats.cost_from_rounds(spec, plain)

@@ -13,6 +13,7 @@ from specdec.engine.generate import GenerationConfig
 from specdec.engine.policy import Auto, FixedK, Never, PassCost, Policy, RowView, choose_drafts
 from specdec.engine.sequence import Sequence
 from specdec.errors import SpecdecError
+from specdec.theory.profile import Profile
 
 # the bundled model on this 2-core CPU (plain decoding: 67 tok/s at batch 1, 208 at 4, 282 at 8, 284 at 16): a row
 # costs ~0.1 of a one-row pass up to 4 rows, ~0.15 up to 8, ~0.23 beyond
@@ -36,10 +37,10 @@ def test_pass_cost_interpolates_and_extrapolates():
 
 
 def test_from_profile():
-    c = PassCost.from_profile({"step_s": 0.02, "verify_cost": {"1": 1.0, "4": 1.5}})
+    c = PassCost.from_profile(Profile.from_json({"step_s": 0.02, "verify_cost": {"1": 1.0, "4": 1.5}}))
     assert c(1) == pytest.approx(0.02) and c(4) == pytest.approx(0.03)
-    with pytest.raises(SpecdecError, match="verify cost"):
-        PassCost.from_profile({"step_s": 0.02})
+    with pytest.raises(SpecdecError, match="step_s"):
+        PassCost.from_profile(Profile.from_json({"verify_cost": {"1": 1.0, "4": 1.5}}))
 
 
 def test_fixed_and_never():

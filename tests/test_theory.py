@@ -145,3 +145,28 @@ def test_malformed_profile_file(capsys, tmp_path):
     bad.write_text("[1, 2]")
     code, _, err = _run(capsys, "plan", "--alpha", "0.5", "--profile", str(bad))
     assert code == 2 and "not a specdec profile" in err
+
+
+def test_a_profile_reads_typed_and_saves_what_it_read(tmp_path):
+    """Profile.load checks and types what the readers use; save writes it back with every other field the bench
+    wrote (its raw timings, its provenance), so a profile read and saved reads the same."""
+    from specdec.errors import SpecdecError
+    from specdec.theory.profile import Profile
+
+    data = {"verify_cost": {"4": 1.5, "1": 1.0}, "step_s": 0.02, "draft_cost": 0.01, "model": "m",
+            "precision": "gguf-q16", "typical_context": 512, "knee": {"roofline_rows": 6.5, "threshold_rows": 5},
+            "contexts": [{"context": 128, "step_s": 0.018, "verify_cost": {"1": 1.0, "2": 1.1},
+                          "times_s": {"1": 0.018}}, {"context": 512, "verify_cost": {"1": 1.0, "2": 1.2}}],
+            "provenance": {"cpu": "x"}}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    p = Profile.load(path)
+    assert p.verify_cost == {1: 1.0, 4: 1.5} and p.step_s == 0.02 and p.knee_rows == 6.5
+    assert [c.context for c in p.contexts] == [128, 512] and p.contexts[1].step_s is None
+    assert p.nearest(400).context == 512 and p.nearest(0).verify_cost == {1: 1.0, 2: 1.1}
+    p.save(tmp_path / "again.json")
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again["provenance"] == {"cpu": "x"} and again["contexts"][0]["times_s"] == {"1": 0.018}
+    assert Profile.load(tmp_path / "again.json") == p
+    with pytest.raises(SpecdecError, match=r"contexts\[1\].verify_cost"):
+        Profile.from_json({**data, "contexts": [data["contexts"][0], {"context": 5, "verify_cost": {"0": 1}}]})

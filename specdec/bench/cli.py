@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import replace
 
-from specdec.atomic import check_writable, write_text_atomic
+from specdec.atomic import check_writable
 from specdec.bench.options import check_outputs, parse_ints, write_outputs
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, POSITIVE, ranged
@@ -87,7 +86,9 @@ def run_profile(args) -> int:
                    budget, args.batch_context, progress=not args.quiet)
     print(render_profile(prof))
     if args.json:
-        write_text_atomic(args.json, json.dumps(prof, indent=1))
+        from specdec.theory.profile import Profile
+
+        Profile.from_json(prof, "the measured profile").save(args.json)  # what every reader will check
         print(f"wrote {args.json}: `specdec plan --profile {args.json} --alpha A` picks k with these costs")
     return 0
 
@@ -111,7 +112,7 @@ def run_bench(args) -> int:
     from specdec.engine.generate import Engine
     from specdec.engine.policy import Auto, PassCost
     from specdec.runtime import ModelSpec, build
-    from specdec.theory.profile import load_profile
+    from specdec.theory.profile import Profile
 
     k = parse_k(args.k)
     check_outputs(args)
@@ -122,13 +123,13 @@ def run_bench(args) -> int:
         from specdec.bench.engines.llamacpp_compare import gguf_path, worker_command
 
         llamacpp_cmd = worker_command(gguf_path(args.model), torch.get_num_threads())
-    prof = load_profile(args.profile) if args.profile else None
+    prof = Profile.load(args.profile) if args.profile else None
     source = f"file {args.profile}" if prof else None
     target, drafter = build(ModelSpec.from_args(args))
     if isinstance(drafter, NoDrafter):
         raise SpecdecError("bench compares plain decoding with a drafter: choose --drafter ngram or draft-model")
-    if prof and (prof.get("model"), prof.get("precision")) != (target.name, target.model.precision):
-        print(f"specdec: warning: the profile was measured for {prof.get('model')} ({prof.get('precision')}), "
+    if prof and (prof.model, prof.precision) != (target.name, target.model.precision):
+        print(f"specdec: warning: the profile was measured for {prof.model} ({prof.precision}), "
               f"not {target.name} ({target.model.precision})", file=sys.stderr)
     if k == "auto" and prof is None:
         from specdec.bench.hardware.profile import quick_profile
@@ -141,7 +142,7 @@ def run_bench(args) -> int:
     default_k = DEFAULT_K if k == "auto" else k
     if k == "auto":
         cost = PassCost.from_profile(prof)
-        policy = Auto(cost, draft_step_s=float(prof.get("draft_cost") or 0.0) * cost(1))
+        policy = Auto(cost, draft_step_s=(prof.draft_cost or 0.0) * cost(1))
         methods.append(engine_method(f"{drafter.name} k=auto", engine(), drafter, policy, "plain", "auto"))
     for kk in sorted(set(AUTO_FIXED_KS) | {default_k}) if k == "auto" else [k]:
         methods.append(engine_method(f"{drafter.name} k={kk}", engine(), drafter, kk, "plain", kk))

@@ -7,6 +7,9 @@ from dataclasses import asdict
 
 from specdec.bench import stats
 from specdec.bench.records import OVERALL, BenchReport, MethodResult, Prediction
+from specdec.theory.profile import Profile
+
+PROFILE_FIELDS = ("model", "precision", "verify_cost", "draft_cost", "typical_context", "contexts")  # in the report
 
 
 def _context(sample) -> float:
@@ -75,7 +78,7 @@ def sample_json(s, pred) -> dict:
     }
 
 
-def build_report(samples, methods, config: dict, profile: dict | None, profile_source: str | None,
+def build_report(samples, methods, config: dict, profile: Profile | None, profile_source: str | None,
                  drift_margin: float = 0.10, endpoint: dict | None = None) -> BenchReport:
     cats = list(dict.fromkeys(s.category for s in samples))
     by_key = {(s.qid, s.method): s for s in samples}
@@ -93,9 +96,7 @@ def build_report(samples, methods, config: dict, profile: dict | None, profile_s
                           "per-round overhead measured from plain decoding)" if profile else
                           "this run's rounds (per-round draft + verify times relative to the plain step)"),
         profile=None if profile is None else {
-            "source": profile_source, "model": profile.get("model"), "precision": profile.get("precision"),
-            "verify_cost": profile["verify_cost"], "draft_cost": profile.get("draft_cost"),
-            "typical_context": profile.get("typical_context"), "contexts": profile.get("contexts")},
+            "source": profile_source, **{k: v for k, v in profile.to_json().items() if k in PROFILE_FIELDS}},
         timing={m.name: stats.timing_outliers([s for s in samples if s.method == m.name])
                 for m in methods if not m.baseline},
         endpoint=endpoint,

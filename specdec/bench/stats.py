@@ -20,6 +20,7 @@ from specdec.theory.economics import (
     predict_from_positional,
     predict_from_rounds,
 )
+from specdec.theory.profile import Profile
 
 DISTURBED = 1.5  # a run whose decode time exceeds its robust estimate by this factor is flagged
 
@@ -136,23 +137,17 @@ def summarize(samples, baselines: dict | None = None) -> GroupResult:
 CostModel = tuple[Callable[[int], float], float]  # (cost of a pass over n rows, c): both in plain decode steps
 
 
-def profile_context(profile: dict, context: float) -> dict | None:
-    """The profile's per-context entry nearest to `context` tokens (None for a profile without them)."""
-    entries = profile.get("contexts") or []
-    return min(entries, key=lambda e: abs(e["context"] - context)) if entries else None
-
-
-def cost_from_profile(profile: dict, context: float, step_s: float) -> tuple[CostModel, float]:
+def cost_from_profile(profile: Profile, context: float, step_s: float) -> tuple[CostModel, float]:
     """Costs in plain decode steps from a profile's verify curve (nearest context) and draft cost c.
 
     A decode step in the engine is the target pass plus a fixed per-round overhead (Python, sampling): with
     h = 1 - T(1) / step that overhead's share, a round with n rows costs (1 - h) * T(n)/T(1) + h steps and a
     drafted token (1 - h) * c. Returns ((verify, c), h); h = 0 when the profile has no absolute T(1)."""
-    entry = profile_context(profile, context)
-    curve = CostCurve.from_mapping(entry["verify_cost"] if entry else profile["verify_cost"])
-    t1 = entry.get("step_s") if entry else None
+    entry = profile.nearest(context)
+    curve = CostCurve.from_mapping(entry.verify_cost if entry else profile.verify_cost)
+    t1 = entry.step_s if entry else None
     h = min(max(1.0 - t1 / step_s, 0.0), 1.0) if t1 and step_s else 0.0
-    c = float(profile.get("draft_cost") or 0.0)
+    c = profile.draft_cost or 0.0
     return ((lambda n: (1 - h) * curve(n) + h), (1 - h) * c), h
 
 

@@ -76,9 +76,9 @@ def make_policy(name: str, k: int, model, max_batch: int, profile: str | None, f
     if name == "always":
         return FixedK(k)
     if profile:
-        from specdec.theory.profile import load_profile
+        from specdec.theory.profile import Profile
 
-        cost = PassCost.from_profile(load_profile(profile))
+        cost = PassCost.from_profile(Profile.load(profile))
     elif learned:
         cost = LearnedPassCost()
     else:

@@ -33,6 +33,7 @@ from specdec.errors import SpecdecError
 from specdec.sampling.verify import PAD
 from specdec.theory.cost import read_cost
 from specdec.theory.economics import check_k
+from specdec.theory.profile import Profile
 
 POLICIES = ("auto", "always", "never")
 
@@ -146,14 +147,11 @@ class PassCost:
             raise SpecdecError("a pass cost curve needs positive times starting at 1 row")
 
     @classmethod
-    def from_profile(cls, prof: dict) -> PassCost:
-        """From `specdec profile` JSON: its verify curve (relative) times its one-row step."""
-        try:
-            step = float(prof["step_s"])
-            pts = sorted((int(n), float(v) * step) for n, v in prof["verify_cost"].items())
-        except (KeyError, TypeError, ValueError) as e:
-            raise SpecdecError(f"the profile has no usable verify cost curve ({e})") from None
-        return cls(tuple(pts))
+    def from_profile(cls, prof: Profile) -> PassCost:
+        """From a `specdec profile`: its verify curve (relative) times its one-row step."""
+        if prof.step_s is None:
+            raise SpecdecError("the profile has no one-row step time (step_s): no pass costs in seconds")
+        return cls(tuple(sorted((n, v * prof.step_s) for n, v in prof.verify_cost.items())))
 
     def __call__(self, n: int) -> float:
         return read_cost(self.points, n) * self.scale

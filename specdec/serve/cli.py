@@ -116,10 +116,10 @@ def run_serve(args) -> int:
     from specdec.serve.live import LiveInfo, LiveStats
     from specdec.serve.metrics import ServerMetrics
     from specdec.serve.worker import EngineWorker
-    from specdec.theory.profile import load_profile
+    from specdec.theory.profile import Profile
 
     if args.profile:
-        load_profile(args.profile)  # its shape checked before the model loads
+        Profile.load(args.profile)  # its shape checked before the model loads
     if args.lossy_typical_acceptance:
         print("specdec: warning: --lossy-typical-acceptance is LOSSY: responses are not the model's own "
               "distribution", file=sys.stderr)

@@ -16,7 +16,7 @@ from specdec.theory.economics import (
     unit_verify_cost,
 )
 from specdec.theory.emit import EMITTERS, METHODS, choose, parse_acceptance, render
-from specdec.theory.profile import check_curve, load_profile
+from specdec.theory.profile import Profile, check_curve
 from specdec.theory.simulate import simulate
 
 
@@ -78,8 +78,8 @@ def _cost_args(p) -> None:
 def cost_curve_from_args(args) -> tuple[CostCurve | None, float | None]:
     """(verify cost curve, draft cost from the profile) from --verify-cost / --profile."""
     if getattr(args, "profile", None):
-        prof = load_profile(args.profile)
-        return CostCurve.from_mapping(prof["verify_cost"]), prof.get("draft_cost")
+        prof = Profile.load(args.profile)
+        return CostCurve.from_mapping(prof.verify_cost), prof.draft_cost
     spec = getattr(args, "verify_cost", None)
     if not spec:
         return None, None
@@ -124,18 +124,12 @@ def measured_acceptance(path: str, method: str | None) -> tuple[str, float, tupl
     return name, overall["alpha"], tuple(a_pos)
 
 
-def profile_knee(path: str) -> float | None:
-    """The roofline knee of a `specdec profile` (the pass-cost model batch_model uses), else the threshold knee."""
-    knee = load_profile(path).get("knee") or {}
-    return knee.get("roofline_rows") or knee.get("threshold_rows")
-
-
 def run_plan_emit(args, curve: CostCurve | None, c: float) -> int:
     if args.plot:
         raise SpecdecError("--plot does not combine with --emit")
     knee = args.knee_rows
     if knee is None and args.profile:
-        knee = profile_knee(args.profile)
+        knee = Profile.load(args.profile).knee_rows
     acceptance, measured = parse_acceptance(args.acceptance) if args.acceptance else (), None
     if args.from_bench:
         if args.alpha is not None or args.acceptance:

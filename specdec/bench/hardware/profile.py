@@ -26,6 +26,7 @@ from specdec.models.target import TargetTraits
 from specdec.provenance import provenance
 from specdec.sampling.verify import PAD
 from specdec.theory.economics import CostCurve, batch_capacity, first_exceeding, fit_knee
+from specdec.theory.profile import Profile
 
 PROFILE_FORMAT, PROFILE_VERSION = "specdec-profile", 1
 KNEE_THRESHOLD = 1.5
@@ -305,7 +306,7 @@ def compute_floor(model, step_s: float, seconds: float = 0.5) -> dict | None:
             "rule": "multiply-adds of the matrix products per token / the multiply-add rate of all threads"}
 
 
-def quick_profile(loaded, drafter, progress: bool = True) -> dict:
+def quick_profile(loaded, drafter, progress: bool = True) -> Profile:
     """The profile `bench` measures when none is given: 2 contexts, up to 13 rows, 3 reps (some seconds)."""
-    return profile(loaded, drafter, contexts=(128, 512), max_rows=13, reps=3, bandwidth_bytes=0,
-                   progress=progress)
+    return Profile.from_json(profile(loaded, drafter, contexts=(128, 512), max_rows=13, reps=3, bandwidth_bytes=0,
+                                     progress=progress), "the quick profile")
