@@ -118,3 +118,17 @@ def test_a_model_without_planes_is_refused_in_one_line(files):
         load_model(str(files["tiny-llama3"]), "fp32", map_weights=True)
     with pytest.raises(SpecdecError, match="--map-weights"):
         load_model("default", "fp16", map_weights=True)
+
+
+def test_generate_with_map_weights_prints_what_it_prints_without(files, kernels, capsys):  # noqa: F811
+    from specdec.cli import main
+
+    args = ["generate", "--model", str(files["tiny-llama3"]), "--prompt", "a b c", "--max-new-tokens", "8",
+            "--no-chat", "--json"]
+    assert main(args) == 0
+    want = json.loads(capsys.readouterr().out)["token_ids"]
+    assert main(args + ["--map-weights"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == want
+    assert main(args + ["--map-weights", "--precision", "fp32"]) == 2
+    err = capsys.readouterr().err
+    assert "--map-weights" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

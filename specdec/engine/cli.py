@@ -27,9 +27,9 @@ def add_model_args(p, drafter_default: str = "ngram") -> None:
                    help="the draft model's weights (default: the target's --precision, else the draft's own)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--map-weights", action="store_true",
-                   help="a GGUF's repacked weights written once to the cache and mapped, as llama.cpp maps its file: "
-                        "processes serving one model share them and a load reads none, but on 4 KB pages decoding "
-                        "is slower (docs/results/map-weights.md)")
+                   help="a GGUF's repacked weights written once to the cache (the file's size again on disk) and "
+                        "mapped, as llama.cpp maps its file: not this process's memory, shared by processes serving "
+                        "one model, and later loads read no matrix (docs/results/map-weights.md)")
     p.add_argument("--ngram-max", type=int, default=4, action=AT_LEAST_1, help="longest n-gram the lookup matches")
     p.add_argument("--ngram-min", type=int, default=1, action=AT_LEAST_1)
     p.add_argument("--draft-head", metavar="DIR",

@@ -121,6 +121,9 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
 
     if precision is not None and precision not in PRECISIONS:
         raise SpecdecError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
+    if map_weights and precision is not None and precision not in GGUF_PRECISIONS:  # before any conversion
+        raise SpecdecError(f"--map-weights maps a GGUF's packed planes: it needs one of {', '.join(GGUF_PRECISIONS)}, "
+                           f"not --precision {precision}")
     path = resolve_model_dir(spec, lean=lean_load(spec, precision, device))
     model_type = read_config(path).get("model_type")
     try:

@@ -4,8 +4,9 @@ The native kernels read a GGUF's matrices repacked into planes (gguf/weights.py)
 process's own memory, on huge pages. With `--map-weights` the first load packs them once and writes them to one file
 in the cache ($SPECDEC_CACHE/planes/); every load maps that file. The planes are then file pages, not the process's:
 two processes serving one model share one copy, the OS can drop them under memory pressure and read them back, and a
-load reads no matrix. The trade: a file mapping is on 4 KB pages (this kernel gives file mappings no huge pages), and
-a decode pass reads its weights slower on them (docs/results/map-weights.md).
+load reads no matrix. The trade: the file takes the planes' size on disk, a first load writes it, and the planes sit
+on 4 KB pages (this kernel gives file mappings no huge pages), which cost no measurable decode speed at 1B and 8B on
+an AMD Zen 4 (docs/results/map-weights.md); it stays opt-in for the disk it takes.
 
 The file is keyed by the GGUF (its path, size, modification time and first megabyte), the precision, the kernels'
 build and layout, and is written whole or not at all (atomic.atomic_file). One file per GGUF and precision: a
