@@ -132,3 +132,21 @@ def test_generate_with_map_weights_prints_what_it_prints_without(files, kernels,
     assert main(args + ["--map-weights", "--precision", "fp32"]) == 2
     err = capsys.readouterr().err
     assert "--map-weights" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_planes_of_a_deleted_gguf_are_removed_when_the_next_are_written(files, kernels, tmp_path):  # noqa: F811
+    gone = tmp_path / "gone.gguf"
+    gone.write_bytes(files["tiny-llama3"].read_bytes())
+    load_model(str(gone), "gguf-q16", map_weights=True)
+    orphan = plane_cache.cache_path(gone, "gguf-q16")
+    torn = orphan.with_name("torn.planes")
+    torn.write_bytes(b"specdec-planes-1")
+    kept = plane_cache.cache_path(files["tiny-gemma3"], "gguf-q16")
+    load_model(str(files["tiny-gemma3"]), "gguf-q16", map_weights=True)  # exists, or is written now
+    assert orphan.is_file() and kept.is_file()
+    gone.unlink()
+    other = tmp_path / "other.gguf"
+    other.write_bytes(files["tiny-llama3"].read_bytes())
+    load_model(str(other), "gguf-q16", map_weights=True)  # writes its planes, and prunes
+    assert not orphan.exists() and not torn.exists() and kept.is_file()
+    assert plane_cache.cache_path(other, "gguf-q16").is_file()

@@ -10,12 +10,13 @@ an AMD Zen 4 (docs/results/map-weights.md); it stays opt-in for the disk it take
 
 The file is keyed by the GGUF (its path, size, modification time and first megabyte), the precision, the kernels'
 build and layout, and is written whole or not at all (atomic.atomic_file). One file per GGUF and precision: a
-changed GGUF or kernel build replaces it. Its header lists, in load order, each matrix's parts (kind and shape) and
+changed GGUF or kernel build replaces it, and writing one removes those whose GGUF is gone. Its header lists, in load order, each matrix's parts (kind and shape) and
 its planes (offset, dtype, shape); a load that asks for a different matrix at any step finds the file stale.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -62,6 +63,30 @@ def signature(parts, interleave: bool, act_bits: int, paired: bool) -> list:
     return [[p.kind, p.rows, p.cols] for p in parts] + [interleave, act_bits, paired]
 
 
+def read_header(path: Path) -> dict:
+    with open(path, "rb") as f:
+        if f.read(len(MAGIC)) != MAGIC:
+            raise StaleCache("not a planes file")
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n))
+
+
+def prune(folder: Path) -> list[Path]:
+    """Remove the planes files whose GGUF is gone (a file per GGUF and precision is replaced when its GGUF changes,
+    but one whose GGUF was deleted would hold its disk forever), and torn ones; the removed paths."""
+    gone = []
+    for path in folder.glob("*.planes"):
+        try:
+            orphan = not os.path.exists(read_header(path)["key"]["file"])
+        except (OSError, ValueError, KeyError, TypeError, struct.error, StaleCache):
+            orphan = True
+        if orphan:
+            with contextlib.suppress(OSError):  # another process's removal, or a read-only cache
+                path.unlink()
+                gone.append(path)
+    return gone
+
+
 class PlaneCache:
     """One load's view of the file: `recall` hands out the stored planes of each matrix in load order (a hit), or
     `remember` records them as they are packed (a miss; `save` writes the file)."""
@@ -80,7 +105,7 @@ class PlaneCache:
         cache = cls(cache_path(gguf, precision), file_key(gguf, precision, kernels))
         try:
             cache._map()
-        except (OSError, ValueError, KeyError, StaleCache):  # absent, torn or from another file or build: a miss
+        except (OSError, ValueError, KeyError, TypeError, struct.error, StaleCache):  # absent, torn, foreign
             cache.base, cache.records = None, []
         return cache
 
@@ -89,11 +114,7 @@ class PlaneCache:
         return self.base is not None
 
     def _map(self) -> None:
-        with open(self.path, "rb") as f:
-            if f.read(len(MAGIC)) != MAGIC:
-                raise StaleCache("not a planes file")
-            (n,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(n))
+        header = read_header(self.path)
         if header["key"] != self.key or os.path.getsize(self.path) != header["size"]:
             raise StaleCache("another file, build or size")
         # copy-on-write: writable for torch, yet file pages until written (the kernels only read them)
@@ -162,6 +183,7 @@ class PlaneCache:
                 f.write(b"\0" * (off - at))
                 f.write(memoryview(t.contiguous().view(torch.uint8).reshape(-1).numpy()))
                 at = off + t.numel() * t.element_size()
+        prune(self.path.parent)
         return size
 
 
