@@ -10,8 +10,9 @@ an AMD Zen 4 (docs/results/map-weights.md); it stays opt-in for the disk it take
 
 The file is keyed by the GGUF (its path, size, modification time and first megabyte), the precision, the kernels'
 build and layout, and is written whole or not at all (atomic.atomic_file). One file per GGUF and precision: a
-changed GGUF or kernel build replaces it, and writing one removes those whose GGUF is gone. Its header lists, in load order, each matrix's parts (kind and shape) and
-its planes (offset, dtype, shape); a load that asks for a different matrix at any step finds the file stale.
+changed GGUF or kernel build replaces it, and writing one removes those whose GGUF is gone. Its header lists, in
+load order, each matrix's parts (kind and shape) and its planes (offset, dtype, shape); a load that asks for a
+different matrix at any step finds the file stale.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import os
 import struct
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -117,8 +119,9 @@ class PlaneCache:
         header = read_header(self.path)
         if header["key"] != self.key or os.path.getsize(self.path) != header["size"]:
             raise StaleCache("another file, build or size")
-        # copy-on-write: writable for torch, yet file pages until written (the kernels only read them)
-        self.base = torch.from_numpy(np.memmap(self.path, mode="c"))  # [file bytes] uint8
+        with warnings.catch_warnings():  # a read-only, shared mapping: the kernels only read their planes
+            warnings.simplefilter("ignore", UserWarning)
+            self.base = torch.from_numpy(np.memmap(self.path, mode="r"))  # [file bytes] uint8
         self.records, self.data = header["matrices"], header["data"]
 
     def recall(self, sig: list) -> tuple | None:
