@@ -242,14 +242,13 @@ class ModelConfig:
         )
 
     def with_context(self, context: int | None) -> ModelConfig:
-        """This model run for sequences of up to `context` positions (None: its default). LongRoPE also changes
-        with it: past its original context every position runs the long factors, as llama.cpp does once its context
-        is set past the original, up to the context it was trained to."""
+        """This model run for sequences of up to `context` positions (None: its default; more than the model
+        holds: all it holds, as the scheduler caps a server's --context). LongRoPE also changes with it: past its
+        original context every position runs the long factors, as llama.cpp does once its context is set past the
+        original, up to the context it was trained to."""
         if context is None:
             return self
-        limit = self.long_context or self.max_position_embeddings
-        if context > limit:
-            raise SpecdecError(f"a context of {context} positions is past this model's {limit}")
+        context = min(context, self.long_context or self.max_position_embeddings)
         if self.long_context is None or context <= self.original_context:
             return replace(self, max_position_embeddings=context)
         return replace(self, max_position_embeddings=context, rope_freq_factors=self.rope_long_factors)
