@@ -113,8 +113,9 @@ def longrope_line(cfg) -> str:
 def load_model(spec: str = "default", precision: str | None = None, device: str = "cpu",
                map_weights: bool = False, context: int | None = None) -> LoadedModel:
     """`precision` None: default_precision. `map_weights`: a GGUF's packed planes mapped from a file in the cache,
-    not held in this process's memory (plane_cache.py). `context`: positions a sequence may use (None: the model's;
-    only LongRoPE changes with it: ModelConfig.with_context)."""
+    not held in this process's memory (gguf/plane_cache.py). `context`: positions a sequence may use (None: the
+    model's; ModelConfig.with_context: capped at what the model holds, and LongRoPE's long factors past its original
+    context)."""
     from safetensors import SafetensorError
 
     from specdec.models.tokenizer import Tokenizer
