@@ -340,11 +340,12 @@ def test_the_real_worker_on_the_bundled_gguf():
         # one user message timed as the long-context and kernel suites do (once scripts/llamacpp_run.mjs)
         for lookup in (False, True):
             r = lc.timed_chat(worker, "Count from one to fifty in words.", 24, lookup)
-            assert r["prompt_tokens"] == len(encode_turns(tok, ["Count from one to fifty in words."], []))
-            assert 2 <= r["new_tokens"] <= 24 and r["lookup"] is lookup and r["chat"] is True
-            assert 0 < r["ttft_s"] <= r["wall_s"] and r["decode_tok_s"] > 0
-            assert r["decode_tok_s"] == pytest.approx((r["new_tokens"] - 1) / (r["wall_s"] - r["ttft_s"]))
-            assert (r["drafted"] is None) is not lookup
+            assert r.prompt_tokens == len(encode_turns(tok, ["Count from one to fifty in words."], []))
+            assert 2 <= r.new_tokens <= 24 and r.lookup is lookup and r.chat is True
+            assert 0 < r.ttft_s <= r.wall_s and r.decode_tok_s > 0
+            assert r.decode_tok_s == pytest.approx((r.new_tokens - 1) / (r.wall_s - r.ttft_s))
+            assert (r.drafted is None) is not lookup
+            assert lc.ChatTiming.from_json(r.to_json()) == r
     finally:
         assert worker.close() == 0
     assert worker.proc.poll() == 0

@@ -20,8 +20,10 @@ import shutil
 import subprocess
 import threading
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.bench.results import Result
 from specdec.bench.runner import Method, Turn
 from specdec.errors import SpecdecError
 
@@ -210,31 +212,54 @@ def llamacpp_methods(worker: LlamaCppWorker, tokenizer, k: int, ngram_min: int, 
     return methods, info
 
 
-def timed_chat(worker: LlamaCppWorker, text: str, max_tokens: int, lookup: bool = False) -> dict:
+@dataclass
+class ChatTiming(Result):
+    """One user message through llama.cpp (timed_chat)."""
+
+    prompt_tokens: int
+    ttft_s: float | None  # prefill + 1 token
+    decode_tok_s: float | None  # (new tokens - 1) / (last token - first token)
+    new_tokens: int
+    wall_s: float | None
+    load_s: float | None  # the worker's load, not timed in the rest
+    threads: int | None
+    chat: bool
+    lookup: bool  # node-llama-cpp's prompt lookup at its defaults
+    stopped_on_eog: bool
+    text: str
+    drafted: int | None = None
+    accepted: int | None = None
+    predictions: dict[str, int] | None = None  # runs before 2026-12-04: node-llama-cpp's own lookup counters
+
+
+@dataclass
+class PlainAndLookup(Result):
+    plain: ChatTiming
+    lookup: ChatTiming
+
+
+def timed_chat(worker: LlamaCppWorker, text: str, max_tokens: int, lookup: bool = False) -> ChatTiming:
     """One user message through the GGUF's own chat template, greedy, from an empty KV cache: time to first token
     (prefill + 1 token) and the decode rate after it, (new tokens - 1) / (last token - first token). With lookup,
     node-llama-cpp's prompt lookup at its defaults (k 3). The model's load and warm-up are not timed."""
     r = worker.request(messages=[{"role": "user", "content": text}], max_tokens=max_tokens, lookup=lookup)
     n, ttft, last = len(r["tokens"]), r["ttft_s"], r.get("last_token_s")
     decode_s = last - ttft if n > 1 and last is not None and ttft is not None else 0.0
-    return {"prompt_tokens": r["prompt_tokens"], "ttft_s": ttft,
-            "decode_tok_s": (n - 1) / decode_s if decode_s > 0 else None, "new_tokens": n,
-            "wall_s": last if last is not None else ttft, "load_s": worker.info.get("load_s"),
-            "threads": worker.info.get("threads"), "chat": True, "lookup": lookup,
-            "stopped_on_eog": r["finish"] == "eos", "text": r["text"], "drafted": r.get("drafted"),
-            "accepted": r.get("accepted")}
+    return ChatTiming(r["prompt_tokens"], ttft, (n - 1) / decode_s if decode_s > 0 else None, n,
+                      last if last is not None else ttft, worker.info.get("load_s"), worker.info.get("threads"),
+                      True, lookup, r["finish"] == "eos", r["text"], r.get("drafted"), r.get("accepted"))
 
 
-def plain_and_lookup(gguf: Path, text: str, max_tokens: int, threads: int, say=print) -> dict | None:
-    """llama.cpp on one GGUF and one user message: {"plain": timed_chat(...), "lookup": ...}; None (and a line
-    said) when node-llama-cpp is not installed or the worker fails."""
+def plain_and_lookup(gguf: Path, text: str, max_tokens: int, threads: int, say=print) -> PlainAndLookup | None:
+    """llama.cpp on one GGUF and one user message, plain and with its prompt lookup; None (and a line said) when
+    node-llama-cpp is not installed or the worker fails."""
     try:
         worker = LlamaCppWorker(worker_command(gguf, threads), timeout_s=900.0)
     except SpecdecError as e:
         say(f"llama.cpp: skipped ({e})")
         return None
     try:
-        return {"plain": timed_chat(worker, text, max_tokens), "lookup": timed_chat(worker, text, max_tokens, True)}
+        return PlainAndLookup(timed_chat(worker, text, max_tokens), timed_chat(worker, text, max_tokens, True))
     except SpecdecError as e:
         say(f"llama.cpp failed: {e}")
         return None

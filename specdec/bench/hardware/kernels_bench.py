@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.bench.hardware.kernels_report import PATHS
+from specdec.bench.hardware.kernels_report import PATHS, IsaTimes, KernelsRun, PageEffect, PathResult
 from specdec.bench.hardware.long_context import decode_rate, file_edit_prompt, log
 from specdec.bench.hardware.profile import measure_bandwidth, time_passes
 from specdec.drafters.ngram import NgramDrafter
@@ -48,7 +48,7 @@ def ttft(model, ids: list[int], reps: int = 3) -> float:
 
 
 def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_tokens: int, rates: dict,
-                 quick: bool = False) -> dict:
+                 quick: bool = False) -> PathResult:
     """One precision path; quick: one plain run instead of the median of 3, fewer repetitions everywhere."""
     log(f"{precision}: loading")
     model = load_model("default", precision).model
@@ -65,36 +65,24 @@ def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_t
     one, six = statistics.median(passes[1]), statistics.median(passes[6])
     planes = (TargetTraits.of(model).act_bits or 0) // 8  # int8 dot products per multiply-add (0: fp32 FMA)
     compute_floor = model.macs_per_token * planes / rates["int8"] if planes else model.macs_per_token / rates["fp32"]
-    out = {
-        "precision": precision, "weight_bytes_per_token": model.weight_bytes_per_token,
+    out = PathResult(
+        precision, model.weight_bytes_per_token,
         # a decode step also reads the KV cache: at the mean context of the plain run, prompt + half the new tokens
-        "kv_bytes_per_step": model.kv_bytes_per_token() * (len(edit) + new_tokens / 2),
-        "compute_floor_s": compute_floor,
-        "plain_decode_tok_s": decode_rate(plain), "ngram_decode_tok_s": decode_rate(ngram),
-        "ngram_speedup": decode_rate(ngram) / decode_rate(plain), "identical": plain.token_ids == ngram.token_ids,
-        "ngram_auto_tok_s": decode_rate(auto), "ngram_auto_speedup": decode_rate(auto) / decode_rate(plain),
-        "identical_auto": plain.token_ids == auto.token_ids,
-        "pass_1_row_s": one, "pass_6_rows_s": six, "verify_6_cost": six / one,
-        "ttft_432_s": ttft(model, prompts["432"]), "ttft_1000_s": ttft(model, prompts["1000"]),
-    }
+        model.kv_bytes_per_token() * (len(edit) + new_tokens / 2), compute_floor,
+        decode_rate(plain), decode_rate(ngram), decode_rate(ngram) / decode_rate(plain),
+        plain.token_ids == ngram.token_ids,
+        decode_rate(auto), decode_rate(auto) / decode_rate(plain), plain.token_ids == auto.token_ids,
+        one, six, six / one, ttft(model, prompts["432"]), ttft(model, prompts["1000"]))
     if TargetTraits.of(model).act_bits and model.kernels.cpu_has_vnni():
-        out["isa"] = isa_effect(model, precision, edit, 1 if quick else 4)
+        out.isa = isa_effect(model, precision, edit, 1 if quick else 4)
     del model, engine
-    out["pages"] = pages_effect(precision, 2 if quick else 6)
-    log(f"{precision}: {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()})}")
+    out.pages = pages_effect(precision, 2 if quick else 6)
+    shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in out.to_json().items()}
+    log(f"{precision}: {json.dumps(shown)}")
     return out
 
 
-def add_floors(p: dict, bandwidth: float) -> None:
-    """The memory floors of path p at `bandwidth` (bytes/s): weights alone and with the KV cache, and the share of
-    the binding floor (memory or compute) that plain decoding reaches."""
-    p["memory_floor_s"] = p["weight_bytes_per_token"] / bandwidth
-    p["memory_floor_kv_s"] = (p["weight_bytes_per_token"] + p["kv_bytes_per_step"]) / bandwidth
-    for share, floor in (("of_binding_floor", "memory_floor_s"), ("of_binding_floor_kv", "memory_floor_kv_s")):
-        p[share] = max(p[floor], p["compute_floor_s"]) * p["plain_decode_tok_s"]
-
-
-def isa_effect(model, precision: str, prompt: list[int], rounds: int = 4) -> dict:
+def isa_effect(model, precision: str, prompt: list[int], rounds: int = 4) -> dict[str, IsaTimes]:
     """The integer kernel's builds on the same weights, alternated: 1- and 6-row passes at context 512 and the
     prefill of `prompt`, on AVX2 (vpmaddubsw), on AVX512-VNNI (vpdpbusd) and, where the CPU has AMX-INT8, with the
     q16 products of 5 rows or more on AMX's tiles. Each build runs a copy of the model loaded while it was selected,
@@ -116,11 +104,10 @@ def isa_effect(model, precision: str, prompt: list[int], rounds: int = 4) -> dic
     finally:
         kernels.set_isa(before)
     med = {isa: {k: statistics.median(v) for k, v in t.items()} for isa, t in times.items()}
-    return {isa: {"pass_1_row_s": m["1"], "pass_6_rows_s": m["6"], "verify_6_cost": m["6"] / m["1"],
-                  "ttft_s": m["ttft"]} for isa, m in med.items()}
+    return {isa: IsaTimes(m["1"], m["6"], m["6"] / m["1"], m["ttft"]) for isa, m in med.items()}
 
 
-def pages_effect(precision: str, rounds: int = 6) -> dict:
+def pages_effect(precision: str, rounds: int = 6) -> PageEffect:
     """A one-row pass at context 512 with the weights and KV cache on 2 MB pages and on 4 KB pages
     (SPECDEC_HUGEPAGES=0), the two models loaded side by side and timed in alternation."""
     models, before = {}, huge_mb()
@@ -138,7 +125,7 @@ def pages_effect(precision: str, rounds: int = 6) -> dict:
     finally:
         os.environ.pop("SPECDEC_HUGEPAGES", None)
     huge, small = statistics.median(times["1"]), statistics.median(times["0"])
-    return {"huge_s": huge, "small_s": small, "speedup": small / huge, "granted_mb": granted}
+    return PageEffect(huge, small, small / huge, granted)
 
 
 def huge_mb() -> float:
@@ -180,18 +167,15 @@ def run_kernels_bench(args) -> int:
     bw = max(early["read_GBps_best"], late["read_GBps_best"]) * 1e9  # floors on the best reading: the strictest
     bw_median = min(early["read_GBps"], late["read_GBps"]) * 1e9
     for p in paths:
-        add_floors(p, bw)
+        p.add_floors(bw)
     lcpp = plain_and_lookup(bundled_gguf_path(), texts["432"], args.max_new_tokens, torch.get_num_threads(), log)
     machine = provenance()
     machine["bandwidth_gbs"] = round(bw / 1e9, 2)
-    r = {"machine": machine, "date": time.strftime("%Y-%m-%d %H:%M"), "threads": torch.get_num_threads(),
-         "bandwidth_GBps": bw / 1e9,
-         "bandwidth_median_GBps": bw_median / 1e9,
-         "rates": rates, "new_tokens": args.max_new_tokens, "prompt_tokens": {n: len(v) for n, v in prompts.items()},
-         "paths": paths, "llamacpp": lcpp}
+    r = KernelsRun(time.strftime("%Y-%m-%d %H:%M"), torch.get_num_threads(), bw / 1e9, bw_median / 1e9, rates,
+                   args.max_new_tokens, {n: len(v) for n, v in prompts.items()}, paths, lcpp, machine)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "gguf-kernels.json", json.dumps(r, indent=1) + "\n")
+    r.save(out / "gguf-kernels.json")
     text = render(r)
     write_text_atomic(out / "gguf-kernels.md", text)
     print(text)
