@@ -413,7 +413,7 @@ def test_cli_servers_mode_refuses_before_starting_anything(tmp_path, argv, messa
 
 def test_serve_bench_goals_and_counter_deltas():
     from specdec.bench.serving.serve_bench import counter_deltas
-    from specdec.bench.serving.serve_report import goal_lines, goals, report
+    from specdec.bench.serving.serve_report import PolicyRun, ServeBenchRun, ServeLevel, goal_lines, goals, report
 
     before = {"specdec:spec_decode_num_draft_tokens_total": 10, "specdec:spec_decode_num_accepted_tokens_total": 5,
               "specdec:generation_tokens_total": 100, "specdec:batch_size_count": 10, "specdec:batch_size_sum": 20}
@@ -426,36 +426,38 @@ def test_serve_bench_goals_and_counter_deltas():
     assert d["mean_accepted_per_draft"] == 30 / 8 and d["drafting_share"] == 8 / 60
 
     def rec(c, tok_s):
-        return {**vars(fake_level(c, tok_s, 0.01)), "draft_tokens_per_output_token": None, "acceptance_rate": None,
-                "mean_batch": None, "loadavg_1m": 1.0}
+        return ServeLevel(**vars(fake_level(c, tok_s, 0.01)), loadavg_1m=1.0)
 
     tp = {"never": (100, 300), "always": (150, 250), "auto": (149, 295)}  # throughput at c=1 and c=4
-    policies = {p: {"startup_s": 1.0, "sets": {"mixed": [rec(1, a), rec(4, b)], "copy": [rec(1, a)]}}
+    policies = {p: PolicyRun({"mixed": [rec(1, a), rec(4, b)], "copy": [rec(1, a)]}, startup_s=1.0)
                 for p, (a, b) in tp.items()}
     checks = goals(policies)
-    assert [(g["goal"], g["set"], g["concurrency"], g["pass"]) for g in checks] == [
+    assert [(g.goal, g.set, g.concurrency, g.passed) for g in checks] == [
         ("a", "mixed", 1, True), ("a", "mixed", 4, True), ("a", "copy", 1, True), ("b", "copy", 1, True)]
-    policies["auto"]["sets"]["mixed"][1]["throughput_tok_s"] = 280.0  # more than 3% under never's 300
-    assert [g["pass"] for g in goals(policies)][1] is False
+    policies["auto"].sets["mixed"][1].throughput_tok_s = 280.0  # more than 3% under never's 300
+    assert [g.passed for g in goals(policies)][1] is False
     assert goal_lines(goals(policies))[1].startswith("FAIL (a) mixed c=4: auto 280.0 tok/s")
-    result = {"config": {"k": 5, "max_batch": 16, "max_tokens": 64, "auto_profile": None},
-              "bandwidth": {"read_GBps": 10.0, "read_GBps_best": 11.0, "copy_GBps": 5.0}, "loadavg_start": [1.0],
-              "loadavg_end": [2.0], "prompt_sets": {"mixed": ["a", "b"], "copy": ["c"]}, "policies": policies,
-              "goals": goals(policies)}
+    result = ServeBenchRun({"k": 5, "max_batch": 16, "max_tokens": 64, "auto_profile": None}, [1.0],
+                           {"mixed": ["a", "b"], "copy": ["c"]}, {"mixed": [1, 4], "copy": [1]}, policies,
+                           {"read_GBps": 10.0, "read_GBps_best": 11.0, "copy_GBps": 5.0}, loadavg_end=[2.0],
+                           goals=goals(policies))
     text = report(result)
     assert "## Prompt set `mixed` (2 prompts)" in text and "| 1 | 1.490 | 0.993 | 1.500 |" in text
+    # the JSON it writes reads back to the same result, the goal's "pass" under its JSON name
+    data = json.loads(json.dumps(result.to_json()))
+    assert data["goals"][0]["pass"] is True and ServeBenchRun.from_json(data) == result
+    assert report(ServeBenchRun.from_json(data)) == text
 
 
 def test_the_chunked_prefill_table_says_when_the_streams_ended_before_the_window():
     """Once the server decoded 4x faster, 200-token background streams ended before the long prompt's first token
     and the section measured nothing without saying so."""
-    from specdec.bench.serving.serve_report import prefill_table
+    from specdec.bench.serving.serve_report import PrefillChunkRun, PrefillRun, PrefillTrial, prefill_table
 
     def pre(through):
-        trial = {"long_prompt_tokens": 1490, "streams_through_window": through, "stream_tokens": [1500] * 4}
-        run = {"trials": [trial], "long_ttft_p50_s": 1.0, "window_gaps": 3, "window_gap_p50_s": 0.04,
-               "window_gap_p99_s": 0.05, "window_gap_max_s": 0.05, "gaps_before_p50_s": 0.006}
-        return {"runs": {"64": run}}
+        trial = PrefillTrial(1490, 1.0, 1.0, [0.04, 0.04, 0.05], 0.006, through, [1500] * 4)
+        run = PrefillChunkRun(64, [trial], 1.0, 1.0, 3, 0.04, 0.05, 0.05, 0.006)
+        return PrefillRun(1500, {"64": run})
 
     assert "| 64 | 1490 | 1000.0 | 4 | 3 |" in prefill_table(pre(4)) and "ended" not in prefill_table(pre(4))
     assert "Some streams ended before" in prefill_table(pre(0))

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import httpx
 
+from specdec.bench.serving.serve_report import PrefillChunkRun, PrefillRun, PrefillTrial
 from specdec.bench.serving.servers import BenchError, LocalServer, client, say
+from specdec.bench.tables import num
 from specdec.client import Completion, complete, run_async
 from specdec.errors import SpecdecError
 from specdec.measure import percentile
@@ -68,7 +70,8 @@ def fit_long_prompt(server: LocalServer, model: str, source: str, target: int) -
     return chars, tokens
 
 
-async def prefill_trial(server: LocalServer, model: str, long_text: str, background: list[str], args) -> dict:
+async def prefill_trial(server: LocalServer, model: str, long_text: str, background: list[str],
+                        args) -> PrefillTrial:
     url = server.url + "/v1/chat/completions"
     limits = httpx.Limits(max_connections=len(background) + 1)
     async with httpx.AsyncClient(timeout=args.timeout, limits=limits, trust_env=False) as c:
@@ -95,18 +98,15 @@ async def prefill_trial(server: LocalServer, model: str, long_text: str, backgro
                 window.append(b - a)
             elif b <= t_send:
                 before.append(b - a)
-    return {"long_prompt_tokens": long.prompt_tokens,
-            "long_ttft_s": t_first - t_send, "window_s": t_first - t_send, "window_gaps_s": window,
-            "gaps_before_p50_s": percentile(before, 50),
-            "streams_through_window": sum(bool(s.chunk_s) and absolute(s)[-1] >= t_first for s in bg),
-            "stream_tokens": [s.tokens for s in bg]}
+    return PrefillTrial(long.prompt_tokens, t_first - t_send, t_first - t_send, window, percentile(before, 50),
+                        sum(bool(s.chunk_s) and absolute(s)[-1] >= t_first for s in bg), [s.tokens for s in bg])
 
 
-def bench_prefill(texts: list[str], background: list[str], args, log_dir: Path) -> dict:
+def bench_prefill(texts: list[str], background: list[str], args, log_dir: Path) -> PrefillRun:
     from specdec.engine.scheduler import PREFILL_CHUNK
 
     source = "\n\n".join(texts)  # Spec-Bench summarization and rag first turns
-    out: dict = {"target_prompt_tokens": args.long_prompt_tokens, "runs": {}}
+    out = PrefillRun(args.long_prompt_tokens)
     chars = None
     for chunk in (PREFILL_CHUNK, 0):
         label = f"prefill-chunk-{chunk}"
@@ -117,7 +117,7 @@ def bench_prefill(texts: list[str], background: list[str], args, log_dir: Path) 
             model = server.model()
             if chars is None:
                 chars, tokens = fit_long_prompt(server, model, source, args.long_prompt_tokens)
-                out["long_prompt_chars"] = chars
+                out.long_prompt_chars = chars
                 say(f"long prompt: {chars} characters, {tokens} tokens by the server's count", "serve-bench")
             else:
                 prompt_tokens(server, model, long_prompt(source, chars, "warm-up"))  # the same warm-up
@@ -126,28 +126,22 @@ def bench_prefill(texts: list[str], background: list[str], args, log_dir: Path) 
                 t = run_async(prefill_trial(server, model, long_prompt(source, chars, f"{label} #{rep}"),
                                             background, args))
                 trials.append(t)
-                gaps = t["window_gaps_s"]
-                say(f"{label} #{rep}: long TTFT {t['long_ttft_s'] * 1e3:.0f} ms, {len(gaps)} gaps in the window, "
-                    f"max {_ms(max(gaps, default=None))} ms, {t['streams_through_window']}/{len(background)} "
+                gaps = t.window_gaps_s
+                say(f"{label} #{rep}: long TTFT {t.long_ttft_s * 1e3:.0f} ms, {len(gaps)} gaps in the window, "
+                    f"max {num(max(gaps, default=None), 1, 1e3)} ms, {t.streams_through_window}/{len(background)} "
                     "streams ran through it", "serve-bench")
-            gaps = [g for t in trials for g in t["window_gaps_s"]]
-            ttfts = [t["long_ttft_s"] for t in trials]
-            out["runs"][str(chunk)] = {
-                "prefill_chunk": chunk, "trials": trials, "long_ttft_p50_s": percentile(ttfts, 50),
-                "long_ttft_max_s": max(ttfts), "window_gaps": len(gaps),
-                "window_gap_p50_s": percentile(gaps, 50), "window_gap_p99_s": percentile(gaps, 99),
-                "window_gap_max_s": max(gaps, default=None),
-                "gaps_before_p50_s": percentile([t["gaps_before_p50_s"] for t in trials
-                                                 if t["gaps_before_p50_s"] is not None], 50)}
+            gaps = [g for t in trials for g in t.window_gaps_s]
+            ttfts = [t.long_ttft_s for t in trials]
+            out.runs[str(chunk)] = PrefillChunkRun(
+                chunk, trials, percentile(ttfts, 50), max(ttfts), len(gaps), percentile(gaps, 50),
+                percentile(gaps, 99), max(gaps, default=None),
+                percentile([t.gaps_before_p50_s for t in trials if t.gaps_before_p50_s is not None], 50))
         except BenchError:
             raise
         except (SpecdecError, httpx.HTTPError) as e:
             raise server.failed(e) from None
         finally:
             server.stop()
-            out.setdefault("server_problems", []).extend(server.problems())
+            out.server_problems.extend(server.problems())
     return out
 
-
-def _ms(x: float | None) -> str:
-    return "-" if x is None else f"{x * 1e3:.1f}"

@@ -36,8 +36,8 @@ import httpx
 from specdec.atomic import write_text_atomic
 from specdec.bench.options import check_outputs, parse_ints, write_outputs
 from specdec.bench.serving import loadtest
-from specdec.bench.serving.load_types import LevelResult, LoadConfig
-from specdec.bench.serving.serve_report import POLICIES
+from specdec.bench.serving.load_types import LoadConfig
+from specdec.bench.serving.serve_report import POLICIES, PolicyRun, ServeLevel
 from specdec.bench.serving.servers import BenchError, LocalServer
 from specdec.bench.serving.servers import say as _say
 from specdec.bench.tables import num
@@ -109,18 +109,14 @@ def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict:
             "mean_batch": ratio("round_rows", "rounds")}
 
 
-def run_level(server: LocalServer, model: str, prompts: list[str], c: int, args) -> dict:
+def run_level(server: LocalServer, model: str, prompts: list[str], c: int, args) -> ServeLevel:
     rpc = args.requests_per_client if args.no_cover else max(args.requests_per_client, math.ceil(len(prompts) / c))
     cfg = LoadConfig(url=server.url, concurrency=(c,), requests_per_client=rpc, max_tokens=args.max_tokens,
                      temperature=0.0, stream=True, model=model, timeout_s=args.timeout)
     before = server.metrics()
     r = run_async(loadtest.run_level(cfg, prompts, c))
     spec = counter_deltas(before, server.metrics())
-    return {**asdict(r), "requests_per_client": rpc, "loadavg_1m": os.getloadavg()[0], **spec}
-
-
-def level_result(d: dict) -> LevelResult:
-    return LevelResult(**{k: d[k] for k in LevelResult.__dataclass_fields__})
+    return ServeLevel(**asdict(r), requests_per_client=rpc, loadavg_1m=os.getloadavg()[0], **spec)
 
 
 def warm_up(server: LocalServer, model: str, sets: dict[str, list[str]]) -> None:
@@ -132,34 +128,34 @@ def warm_up(server: LocalServer, model: str, sets: dict[str, list[str]]) -> None
 
 
 def bench_policy(policy: str, sets: dict[str, list[str]], levels: dict[str, tuple[int, ...]], args,
-                 log_dir: Path) -> dict:
+                 log_dir: Path) -> PolicyRun:
     profile = ["--profile", args.auto_profile] if policy == "auto" and args.auto_profile else []
     server = LocalServer(policy, ["--model", "default", "--drafter", "ngram", "--policy", policy, "--k", str(args.k),
                                   "--max-batch", str(args.max_batch), *profile], log_dir)
-    out: dict = {"sets": {}}
+    out = PolicyRun()
     try:
         server.start(args.startup_timeout)
-        out["startup_s"] = server.startup_s
+        out.startup_s = server.startup_s
         model = server.model()
         say(f"{policy}: warm-up (one short request per prompt set)")
         warm_up(server, model, sets)
         for name, prompts in sets.items():
-            out["sets"][name] = []
+            out.sets[name] = []
             for c in levels[name]:
                 rec = run_level(server, model, prompts, c, args)
-                out["sets"][name].append(rec)
-                spec, acc = rec["draft_tokens_per_output_token"], rec["acceptance_rate"]
-                say(f"{policy} {name} c={c}: {rec['requests'] - rec['failed']}/{rec['requests']} ok, "
-                    f"{rec['throughput_tok_s']:.1f} tok/s, drafted/token {num(spec, 2)}, accepted {num(acc, 2)}")
+                out.sets[name].append(rec)
+                spec, acc = rec.draft_tokens_per_output_token, rec.acceptance_rate
+                say(f"{policy} {name} c={c}: {rec.requests - rec.failed}/{rec.requests} ok, "
+                    f"{rec.throughput_tok_s:.1f} tok/s, drafted/token {num(spec, 2)}, accepted {num(acc, 2)}")
         final = server.metrics()
-        out["final_metrics"] = {k: v for k, v in final.items() if k.startswith("specdec:spec_decode")}
+        out.final_metrics = {k: v for k, v in final.items() if k.startswith("specdec:spec_decode")}
     except BenchError:
         raise
     except (SpecdecError, httpx.HTTPError) as e:  # every request of a level failed, or the server went away
         raise server.failed(e) from None
     finally:
         server.stop()
-        out["server_problems"] = server.problems()
+        out.server_problems = server.problems()
     return out
 
 
@@ -183,7 +179,7 @@ def run_serve_bench(args) -> int:
     from specdec.bench.hardware.profile import measure_bandwidth
     from specdec.bench.prompts import load_prompts, select
     from specdec.bench.serving.loadtest_report import plot_series
-    from specdec.bench.serving.serve_report import goals, report
+    from specdec.bench.serving.serve_report import ServeBenchRun, goals, report
     from specdec.provenance import provenance
 
     resolve_args(args)
@@ -191,36 +187,36 @@ def run_serve_bench(args) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: stop the servers
     sets = prompt_sets(args.prompts, args.per_category, args.copy_per_category)
     config = {k: v for k, v in vars(args).items() if k not in ("levels", "policy_list", "func")}
-    result: dict = {"machine": provenance(), "config": config, "loadavg_start": os.getloadavg(),
-                    "prompt_sets": sets, "levels": args.levels, "policies": {}}
+    result = ServeBenchRun(config, list(os.getloadavg()), sets, {k: list(v) for k, v in args.levels.items()},
+                           machine=provenance())
     say("measuring read bandwidth (1 GiB, 5 reps)")
     bw = measure_bandwidth(1 << 30, 5)
-    result["bandwidth"] = bw
-    result["machine"]["bandwidth_gbs"] = round(bw["read_GBps"], 2)
+    result.bandwidth = bw
+    result.machine["bandwidth_gbs"] = round(bw["read_GBps"], 2)
     print(f"read bandwidth: {bw['read_GBps']:.2f} GB/s (best {bw['read_GBps_best']:.2f}), copy "
           f"{bw['copy_GBps']:.2f} GB/s", flush=True)
     logs = Path(tempfile.mkdtemp(prefix="serve-bench-logs-"))  # the servers' output; kept when a step fails
     try:
         for policy in args.policy_list:
-            result["policies"][policy] = bench_policy(policy, sets, args.levels, args, logs)
+            result.policies[policy] = bench_policy(policy, sets, args.levels, args, logs)
         if not args.skip_prefill:
             items = load_prompts(args.prompts)
             source = [p.turns[0] for p in select(items, ["summarization", "rag"])]
             background = [p.turns[0] for p in select(items, ["writing"], 4)]
-            result["prefill"] = bench_prefill(source, background, args, logs)
+            result.prefill = bench_prefill(source, background, args, logs)
     except BenchError as e:
         partial = None
         if args.json:
             partial = Path(args.json).with_suffix(".partial.json")
-            write_text_atomic(partial, json.dumps(finite(result), indent=1, allow_nan=False))
+            write_text_atomic(partial, json.dumps(finite(result.to_json()), indent=1, allow_nan=False))
         print(f"specdec: error: {e}\n(partial results: {partial or 'not kept: no --json'}; server logs: {logs})",
               file=sys.stderr)
         return 1
     shutil.rmtree(logs, ignore_errors=True)
-    result["loadavg_end"] = os.getloadavg()
-    result["goals"] = goals(result["policies"])
+    result.loadavg_end = list(os.getloadavg())
+    result.goals = goals(result.policies)
     text = report(result)
-    series = {p: [level_result(r) for r in res["sets"]["mixed"]] for p, res in result["policies"].items()}
-    write_outputs(args, text, finite(result), lambda path: plot_series(series, path))
+    series = {p: list(res.sets["mixed"]) for p, res in result.policies.items()}
+    write_outputs(args, text, finite(result.to_json()), lambda path: plot_series(series, path))
     print(text)
-    return 1 if args.strict and not all(g["pass"] for g in result["goals"]) else 0
+    return 1 if args.strict and not all(g.passed for g in result.goals) else 0
