@@ -9,38 +9,63 @@ pages) after the load and after decoding, plain greedy decode speed, and whether
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from specdec.atomic import write_text_atomic
+from specdec.bench.engines.model_runs import Rss, SpecdecRun
 from specdec.bench.engines.real_models import child, ensure_file, llamacpp, team_size, warm
+from specdec.bench.results import Result
 from specdec.bench.tables import num, table
 from specdec.provenance import provenance
 
 MODES = ("memory", "mapped, first load", "mapped, later load")
 
 
-def measure(path: Path, args, out: Path) -> dict:
+@dataclass
+class LlamacppLoad:
+    load_s: float
+    rss: Rss  # after the load
+
+
+@dataclass
+class ShapeMaps:
+    """One shape: specdec's three modes, each in processes of their own, and both placements alternated in one."""
+
+    file_bytes: int
+    llamacpp: LlamacppLoad
+    runs: dict[str, list[SpecdecRun]]  # mode (MODES) -> one run a round
+    alternated: dict[str, list[float]]  # "memory", "mapped" -> decode tok/s, round by round
+
+
+@dataclass
+class MapWeightsRun(Result):
+    """map-weights.json."""
+
+    provenance: dict
+    results: dict[str, ShapeMaps]  # by shape
+
+
+def measure(path: Path, args, out: Path) -> ShapeMaps:
     """One shape: llama.cpp once, then specdec's three modes alternated args.rounds times."""
     from specdec.models.gguf.plane_cache import cache_path
 
     warm(path)
     ref = llamacpp(path, [1, 2, 3], 2, None, team_size(args))
-    runs: dict[str, list[dict]] = {m: [] for m in MODES}
+    runs: dict[str, list[SpecdecRun]] = {m: [] for m in MODES}
     for r in range(args.rounds):
         for mode in MODES:
             extra = ["--new-tokens", str(args.new_tokens), "--ttft-tokens", "0", "--rows", "1", "--reps", "1"]
             if mode != "memory":
                 extra.append("--map-weights")
             if mode == "mapped, first load":
-                precision = runs["memory"][-1]["precision"]
+                precision = runs["memory"][-1].precision
                 cache_path(path, precision).unlink(missing_ok=True)
             warm(path)
             runs[mode].append(child(str(path), out / f"{path.stem}-{r}-{MODES.index(mode)}.json", args, *extra))
-    return {"file_bytes": path.stat().st_size, "llamacpp": {"load_s": ref["load_s"], "rss": ref["rss_after_load"]},
-            "runs": runs, "alternated": alternate(path, args)}
+    return ShapeMaps(path.stat().st_size, LlamacppLoad(ref.load_s, ref.rss_after_load), runs, alternate(path, args))
 
 
 def alternate(path: Path, args) -> dict[str, list[float]]:
@@ -61,37 +86,38 @@ def alternate(path: Path, args) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {m: [] for m in engines}
     for r in range(args.speed_rounds):
         for m in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
-            out[m].append(decode_run(engines[m], ids, args.new_tokens)["decode_tokens_per_s"])
+            out[m].append(decode_run(engines[m], ids, args.new_tokens).decode_tokens_per_s)
     print(f"[{path.name}] alternated: " + "; ".join(f"{m} {' '.join(f'{v:.1f}' for v in vs)}"
                                                      for m, vs in out.items()), file=sys.stderr, flush=True)
     return out
 
 
-def row(shape: str, mode: str, m: dict) -> list[str]:
-    runs, gb = m["runs"][mode], m["file_bytes"]
+def row(shape: str, mode: str, m: ShapeMaps) -> list[str]:
+    runs, gb = m.runs[mode], m.file_bytes
     med = (lambda f: statistics.median(f(r) for r in runs))
-    base = m["runs"]["memory"]
-    speed = med(lambda r: r["plain"]["decode_tokens_per_s"])
-    same = all(r["plain"]["token_ids"] == b["plain"]["token_ids"] for r, b in zip(runs, base))
-    ratio = [r["plain"]["decode_tokens_per_s"] / b["plain"]["decode_tokens_per_s"] for r, b in zip(runs, base)]
-    return [shape, mode, num(med(lambda r: r["load_s"]), 1), num(m["llamacpp"]["load_s"], 1),
-            num(med(lambda r: (r["rss_after_load"]["RssAnon"] - r["rss_before_load"]["RssAnon"]) / gb), 2),
-            num(med(lambda r: r["rss_after_load"]["RssAnon"] / gb), 2),
-            num(med(lambda r: r["rss_end"]["RssAnon"]) / 1e9, 2), num(med(lambda r: r["rss_end"]["RssFile"]) / 1e9, 2),
+    base = m.runs["memory"]
+    speed = med(lambda r: r.plain.decode_tokens_per_s)
+    same = all(r.plain.token_ids == b.plain.token_ids for r, b in zip(runs, base))
+    ratio = [r.plain.decode_tokens_per_s / b.plain.decode_tokens_per_s for r, b in zip(runs, base)]
+    return [shape, mode, num(med(lambda r: r.load_s), 1), num(m.llamacpp.load_s, 1),
+            num(med(lambda r: (r.rss_after_load["RssAnon"] - r.rss_before_load["RssAnon"]) / gb), 2),
+            num(med(lambda r: r.rss_after_load["RssAnon"] / gb), 2),
+            num(med(lambda r: r.rss_end["RssAnon"]) / 1e9, 2), num(med(lambda r: r.rss_end["RssFile"]) / 1e9, 2),
             num(speed, 1), " ".join(f"{x:.2f}" for x in ratio), "yes" if same else "NO"]
 
 
-def speed_row(shape: str, m: dict) -> list[str]:
-    a = m["alternated"]
+def speed_row(shape: str, m: ShapeMaps) -> list[str]:
+    a = m.alternated
     ratios = [x / y for x, y in zip(a["mapped"], a["memory"])]
     return [shape, num(statistics.median(a["memory"]), 1), num(statistics.median(a["mapped"]), 1),
             num(statistics.median(ratios), 2), " ".join(f"{r:.2f}" for r in ratios)]
 
 
-def page(results: dict, prov: dict, args) -> str:
+def page(run: MapWeightsRun, args) -> str:
+    results, prov = run.results, run.provenance
     rows = [row(shape, mode, m) for shape, m in results.items() for mode in MODES]
-    lcp = [[shape, num(m["llamacpp"]["rss"]["RssAnon"] / 1e9, 2), num(m["llamacpp"]["rss"]["RssFile"] / 1e9, 2),
-            num(m["file_bytes"] / 1e9, 2)] for shape, m in results.items()]
+    lcp = [[shape, num(m.llamacpp.rss["RssAnon"] / 1e9, 2), num(m.llamacpp.rss["RssFile"] / 1e9, 2),
+            num(m.file_bytes / 1e9, 2)] for shape, m in results.items()]
     return "\n".join([
         "# --map-weights: the planes in memory or mapped from the cache", "",
         f"{prov['cpu']}, {prov['cores']} cores ({prov['isa']}), read bandwidth {num(prov['bandwidth_gbs'], 1)} GB/s, "
@@ -129,13 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    prov = provenance(bandwidth=True)
-    results = {}
+    run = MapWeightsRun(provenance(bandwidth=True), {})
     for shape in args.shapes.split(","):
-        results[shape] = measure(ensure_file(shape, Path(args.files_dir)), args, out)
-    write_text_atomic(out / "map-weights.json", json.dumps({"provenance": prov, "results": results}, indent=1))
+        run.results[shape] = measure(ensure_file(shape, Path(args.files_dir)), args, out)
+    run.save(out / "map-weights.json")
     if args.page:
-        write_text_atomic(args.page, page(results, prov, args))
+        write_text_atomic(args.page, page(run, args))
         print(f"wrote {args.page}", file=sys.stderr)
     return 0
 

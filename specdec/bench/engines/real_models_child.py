@@ -8,12 +8,12 @@ long prompt. `specdec real-models` runs it once per file and reads the JSON it w
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from specdec.bench.engines.model_runs import DecodeRun, Experts, SpecdecRun, TtftRun, VerifyCurve
 from specdec.models.target import TargetTraits
 
 
@@ -41,7 +41,7 @@ class NoEos:
         return getattr(self._tok, name)
 
 
-def decode_run(engine, ids: list[int], new_tokens: int, drafter=None, k="auto") -> dict:
+def decode_run(engine, ids: list[int], new_tokens: int, drafter=None, k="auto") -> DecodeRun:
     """One greedy generation; decode rate = tokens after the first / time after the first."""
     from specdec.drafters.base import NoDrafter
     from specdec.engine.calibrate import policy_for
@@ -57,11 +57,9 @@ def decode_run(engine, ids: list[int], new_tokens: int, drafter=None, k="auto") 
     decode_s = s.total_s - s.ttft_s
     gaps = [b - a for a, b in zip(s.token_times, s.token_times[1:])]
     itl = statistics.median(gaps) if gaps else 0.0
-    return {"tokens": n, "finish": r.finish_reason, "ttft_s": s.ttft_s, "seconds": s.total_s, "wall_s": wall,
-            "decode_tokens_per_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else None,
-            "tokens_per_s": n / s.total_s if s.total_s > 0 else None,
-            "itl_tokens_per_s": 1 / itl if itl > 0 else None, "drafted": s.drafted, "accepted": s.accepted,
-            "alpha": s.alpha, "tokens_per_pass": s.mean_tokens_per_round, "token_ids": r.token_ids}
+    return DecodeRun(n, r.finish_reason, s.ttft_s, s.total_s, (n - 1) / decode_s if n > 1 and decode_s > 0 else None,
+                     1 / itl if itl > 0 else None, r.token_ids, wall, n / s.total_s if s.total_s > 0 else None,
+                     s.drafted, s.accepted, s.alpha, s.mean_tokens_per_round)
 
 
 def experts_touched(model, layers, context: int, rows: list[int]) -> dict[str, float]:
@@ -116,44 +114,41 @@ def main(argv: list[str] | None = None) -> int:
     traits = TargetTraits.of(model)
     engine = Engine(model, tok if args.keep_eos else NoEos(tok))
     ids = encode_prompt(tok, args.prompt, chat=True)
-    out = {"model": args.model, "name": loaded.name, "precision": traits.precision,
-           "threads": torch.get_num_threads(), "load_s": load_s, "rss_before_load": before,
-           "rss_after_load": after_load, "prompt_ids": ids,
-           "chat_template": bool(tok.chat_template), "ignore_eos": not args.keep_eos,
-           "weight_bytes_per_token": traits.weight_bytes_per_token}
+    out = SpecdecRun(args.model, loaded.name, traits.precision, torch.get_num_threads(), load_s, before, after_load,
+                     ids, bool(tok.chat_template), not args.keep_eos, traits.weight_bytes_per_token)
     say = lambda m: print(f"[{Path(args.model).name}] {m}", file=sys.stderr, flush=True)  # noqa: E731
-    say(f"loaded in {load_s:.1f} s ({loaded.name}, {out['precision']}); decoding {args.new_tokens} tokens")
+    say(f"loaded in {load_s:.1f} s ({loaded.name}, {out.precision}); decoding {args.new_tokens} tokens")
     decode_run(engine, ids, 2)  # warm-up: first-call costs (kernel load, allocations)
-    out["plain"] = decode_run(engine, ids, args.new_tokens)
-    say(f"plain: {out['plain']['decode_tokens_per_s']:.2f} tok/s (decode)")
+    out.plain = decode_run(engine, ids, args.new_tokens)
+    say(f"plain: {out.plain.decode_tokens_per_s:.2f} tok/s (decode)")
     if args.ngram:
-        out["ngram"] = decode_run(engine, ids, args.new_tokens, NgramDrafter(4, 1))
-        say(f"ngram: {out['ngram']['decode_tokens_per_s']:.2f} tok/s, alpha {out['ngram']['alpha']}")
+        out.ngram = decode_run(engine, ids, args.new_tokens, NgramDrafter(4, 1))
+        say(f"ngram: {out.ngram.decode_tokens_per_s:.2f} tok/s, alpha {out.ngram.alpha}")
     rows = list(range(1, args.rows + 1))
     times = time_passes(model, args.context, rows, args.reps)
     # the fastest of the reps: on a machine shared with other work, contention only ever adds time
     med = {n: min(v) for n, v in times.items()}
-    out["verify"] = {"context": args.context, "reps": args.reps, "rule": "fastest of reps",
-                     "times_s": {str(n): med[n] for n in rows}, "cost": {str(n): med[n] / med[1] for n in rows},
-                     "step_s": med[1], "median_times_s": {str(n): statistics.median(times[n]) for n in rows}}
+    out.verify = VerifyCurve(args.context, args.reps, "fastest of reps", {str(n): med[n] for n in rows},
+                             {str(n): med[n] / med[1] for n in rows}, med[1],
+                             {str(n): statistics.median(times[n]) for n in rows})
     say("verify curve: " + " ".join(f"{n}:{med[n] / med[1]:.2f}" for n in rows))
     layers = list(TargetTraits.of(model).expert_layers)  # the native experts count what a pass reads
     if layers:
-        out["experts"] = {"per_layer": model.cfg.num_experts, "per_token": model.cfg.experts_per_token,
-                          "touched": experts_touched(model, layers, args.context, rows)}
-        say("experts a pass reads per layer: " + " ".join(f"{n}:{t:.1f}" for n, t in out["experts"]["touched"].items()))
+        out.experts = Experts(model.cfg.num_experts, model.cfg.experts_per_token,
+                              experts_touched(model, layers, args.context, rows))
+        say("experts a pass reads per layer: " + " ".join(f"{n}:{t:.1f}" for n, t in out.experts.touched.items()))
     if args.ttft_tokens:
         long_ids = (ids * (args.ttft_tokens // len(ids) + 1))[: args.ttft_tokens]
-        out["ttft_ids_len"] = len(long_ids)
+        out.ttft_ids_len = len(long_ids)
         r = decode_run(engine, long_ids, 1)
-        out["ttft"] = {"prompt_tokens": len(long_ids), "ttft_s": r["ttft_s"], "wall_s": r["wall_s"]}
-        say(f"TTFT {len(long_ids)} tokens: {r['ttft_s']:.2f} s")
+        out.ttft = TtftRun(len(long_ids), r.ttft_s, r.wall_s)
+        say(f"TTFT {len(long_ids)} tokens: {r.ttft_s:.2f} s")
     if args.lookup_cost:
         from specdec.bench.hardware.profile import demo_context, time_ngram
 
-        out["lookup"] = time_ngram(NgramDrafter(4, 1), demo_context(tok, args.context * 2), 5)
-    out["rss_end"] = rss()
-    Path(args.json).write_text(json.dumps(out, indent=1))
+        out.lookup = time_ngram(NgramDrafter(4, 1), demo_context(tok, args.context * 2), 5)
+    out.rss_end = rss()
+    out.save(args.json)
     return 0
 
 
