@@ -5,12 +5,8 @@ from __future__ import annotations
 
 from specdec.bench import stats
 from specdec.bench.records import OVERALL, BenchReport
-from specdec.bench.tables import num, signed_pct, table
+from specdec.bench.tables import num, signed_pct, speedup, table
 from specdec.theory.plots import pyplot, save
-
-
-def x(v, digits: int = 2) -> str:
-    return "-" if v is None else f"{v:.{digits}f}x"
 
 
 def leaderboard(report: BenchReport) -> str:
@@ -22,8 +18,8 @@ def leaderboard(report: BenchReport) -> str:
         if not m["baseline"]:
             continue
         r = report.results[m["name"]]
-        rows.append([m["name"]] + [x(r.categories[c].speedup if c in r.categories else None) for c in cats]
-                    + [x(r.overall.speedup), num(r.overall.tokens_per_pass)])
+        rows.append([m["name"]] + [speedup(r.categories[c].speedup if c in r.categories else None) for c in cats]
+                    + [speedup(r.overall.speedup), num(r.overall.tokens_per_pass)])
     return table(["Method"] + cats + ["Overall", "Mean accepted tokens"], rows)
 
 
@@ -46,9 +42,10 @@ def details(report: BenchReport) -> str:
         for g, v in list(r.categories.items()) + [(OVERALL, r.overall)]:
             p = report.prediction(v)
             a_pos = ", ".join(num(a) for a in v.acceptance_by_position[:4]) or "-"
-            rows.append([m["name"], g, num(v.baseline_tokens_per_s, 1), num(v.tokens_per_s, 1), x(v.speedup),
-                         x(v.decode_speedup), x(v.robust_speedup), x(p and p.speedup), signed_pct(p and p.error),
-                         x(p and p.speedup_iid), num(v.tokens_per_pass), num(v.alpha), a_pos,
+            rows.append([m["name"], g, num(v.baseline_tokens_per_s, 1), num(v.tokens_per_s, 1), speedup(v.speedup),
+                         speedup(v.decode_speedup), speedup(v.robust_speedup), speedup(p and p.speedup),
+                         signed_pct(p and p.error), speedup(p and p.speedup_iid), num(v.tokens_per_pass),
+                         num(v.alpha), a_pos,
                          num(v.ttft_s, 0, 1000), num(v.itl_p50_s, 1, 1000), num(v.itl_p99_s, 1, 1000),
                          num(v.burst_share, 0, 100, "%"),
                          f"({num(v.identical_rate, 0, 100, '%')})" if m["name"] in other
@@ -57,8 +54,8 @@ def details(report: BenchReport) -> str:
 
 
 def _auto_section(report: BenchReport) -> list[str]:
-    rows = [[g, x(v.get("auto")), f"k={v.get('best_fixed_k')}: {x(v.get('best_fixed'))}",
-             signed_pct(v.get("gain_vs_best")), x(v.get("default")), signed_pct(v.get("gain_vs_default"))]
+    rows = [[g, speedup(v.get("auto")), f"k={v.get('best_fixed_k')}: {speedup(v.get('best_fixed'))}",
+             signed_pct(v.get("gain_vs_best")), speedup(v.get("default")), signed_pct(v.get("gain_vs_default"))]
             for g, v in report.auto_k.items() if v]
     header = ["Category", "auto", "best fixed k", "auto vs best", f"default k={report.config.get('default_k')}",
               "auto vs default"]
@@ -69,7 +66,7 @@ def _auto_section(report: BenchReport) -> list[str]:
 def _hf_section(report: BenchReport) -> list[str]:
     hf = report.hf
     cols = list(hf[OVERALL])
-    rows = [[g] + [x(hf[g][c]) for c in cols] for g in report.categories + [OVERALL]]
+    rows = [[g] + [speedup(hf[g][c]) for c in cols] for g in report.categories + [OVERALL]]
     return ["", "## Against Hugging Face transformers generate (fp32, same weights)", "",
             "Ratios of mean tokens/s on the same prompts.", "", table(["Category"] + cols, rows), "",
             "Hugging Face plain greedy output identical to ours: "
@@ -79,9 +76,9 @@ def _hf_section(report: BenchReport) -> list[str]:
 
 def _llamacpp_section(report: BenchReport) -> list[str]:
     lc, info = report.llamacpp, report.config.get("llamacpp") or {}
-    rows = [[n, num(v["tokens_per_s"], 1), num(v["decode_tokens_per_s"], 1), num(v["ttft_s"], 0, 1000), x(v["speedup"]),
-             x(v["decode_speedup"])] for n, v in lc["methods"].items()]
-    own = "; ".join(f"{name}: " + ", ".join(f"{g} {x(r)}" for g, r in by_group.items())
+    rows = [[n, num(v["tokens_per_s"], 1), num(v["decode_tokens_per_s"], 1), num(v["ttft_s"], 0, 1000),
+             speedup(v["speedup"]), speedup(v["decode_speedup"])] for n, v in lc["methods"].items()]
+    own = "; ".join(f"{name}: " + ", ".join(f"{g} {speedup(r)}" for g, r in by_group.items())
                     for name, by_group in lc["lookup_over_llamacpp_plain"].items())
     same = ", ".join(f"{name}'s equals llama.cpp plain's on {num(v, 0, 100, '%')}"
                      for name, v in lc["lookup_identical_to_llamacpp_plain"].items())

@@ -8,6 +8,11 @@ def num(v: float | None, digits: int = 2, scale: float = 1.0, suffix: str = "") 
     return "-" if v is None else f"{v * scale:.{digits}f}{suffix}"
 
 
+def speedup(v: float | None, digits: int = 2) -> str:
+    """A ratio as a speedup (1.234 -> "1.23x"); "-" for None."""
+    return num(v, digits, suffix="x")
+
+
 def signed_pct(v: float | None) -> str:
     """A relative change as a signed whole percentage (0.05 -> "+5%"); "-" for None."""
     return "-" if v is None else f"{v * 100:+.0f}%"
