@@ -1,4 +1,4 @@
-"""`specdec bench --kernels`: the forward pass on the GGUF's own blocks against the fp16 path and llama.cpp, in
+"""`specdec bench kernels`: the forward pass on the GGUF's own blocks against the fp16 path and llama.cpp, in
 one run (issue 10). Writes OUT/gguf-kernels.json (with the machine's provenance) and .md
 (specdec.bench.hardware.kernels_report).
 
@@ -25,6 +25,7 @@ import torch
 from specdec.bench.hardware.kernels_report import PATHS, IsaTimes, KernelsRun, PageEffect, PathResult
 from specdec.bench.hardware.long_context import decode_rate, file_edit_prompt, log
 from specdec.bench.hardware.profile import measure_bandwidth, time_passes
+from specdec.bench.results import encode
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.calibrate import policy_for
 from specdec.engine.generate import Engine, GenerationConfig
@@ -77,7 +78,7 @@ def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_t
         out.isa = isa_effect(model, precision, edit, 1 if quick else 4)
     del model, engine
     out.pages = pages_effect(precision, 2 if quick else 6)
-    shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in out.to_json().items()}
+    shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in encode(out).items()}
     log(f"{precision}: {json.dumps(shown)}")
     return out
 
@@ -151,7 +152,7 @@ def run_kernels_bench(args) -> int:
 
     kernels = decode_kernels()
     if kernels is None:
-        raise SpecdecError("bench --kernels measures the native kernels, and they are not available here")
+        raise SpecdecError("bench kernels measures the native kernels, and they are not available here")
     fp16 = load_model("default", "fp16")
     tok = fp16.tokenizer
     del fp16
