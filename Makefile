@@ -93,12 +93,12 @@ serve-bench: setup
 # bench --endpoint against the local bench and loadtest, on the same prompts: servers with policy never, always and
 # auto; writes artifacts/endpoint-bench.{json,md} and each tool's JSON.
 endpoint-bench: setup
-	$(BIN)/specdec bench --endpoint-check --prompts $(SPEC_BENCH) --out artifacts
+	$(BIN)/specdec bench endpoint-check --prompts $(SPEC_BENCH) --out artifacts
 
 # Long contexts: decode and verify cost at 512-8k positions, time to first token, n-gram on long copy-heavy
 # prompts, the prefix cache, and llama.cpp side by side when node-llama-cpp is installed (`make llamacpp`).
 long-context: setup
-	$(BIN)/specdec bench --long-context --prompts $(SPEC_BENCH) --out artifacts
+	$(BIN)/specdec bench long-context --prompts $(SPEC_BENCH) --out artifacts
 
 clean:
 	rm -rf $(VENV) artifacts
@@ -142,7 +142,7 @@ llamacpp-matrix: setup llamacpp
 
 # The forward pass on the GGUF's own blocks against fp16 and llama.cpp (needs node-llama-cpp for the last part).
 gguf-bench: setup
-	$(BIN)/specdec bench --kernels --out artifacts
+	$(BIN)/specdec bench kernels --out artifacts
 
 # Real model shapes (random-weight Q4_K_M GGUFs, written once into artifacts/real-models/) and Gemma 3 270M: specdec
 # beside llama.cpp (needs `make llamacpp`), verify-cost curves, TTFT, memory, projected speedups; writes

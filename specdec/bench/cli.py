@@ -39,12 +39,12 @@ def register(sub) -> None:
 
     b = sub.add_parser("bench", help="plain vs speculative decoding on Spec-Bench (or JSONL) prompts")
     b.add_argument("--prompts", metavar="FILE.jsonl",
-                   help="Spec-Bench question.jsonl, or JSONL lines of {\"prompt\": ...} (required, but by --kernels)")
+                   help="Spec-Bench question.jsonl, or JSONL lines of {\"prompt\": ...} (required)")
     b.add_argument("--categories", help="comma-separated categories (default: all in the file)")
     b.add_argument("--per-category", type=int, default=None, metavar="N", action=AT_LEAST_1,
-                   help="first N prompts of each category (default: all; 2 with --endpoint-check)")
+                   help="first N prompts of each category (default: all)")
     b.add_argument("--max-new-tokens", type=int, default=None, action=AT_LEAST_1,
-                   help="default 256; --kernels 96, --long-context 128, --endpoint-check 64")
+                   help="tokens generated per prompt (default 256)")
     add_model_args(b)
     b.add_argument("--k", default=str(DEFAULT_K), help=f"tokens drafted per round, or 'auto' (default {DEFAULT_K})")
     b.add_argument("--profile", metavar="FILE.json", help="a `specdec profile` output, for the predicted speedup")
@@ -60,16 +60,17 @@ def register(sub) -> None:
     e.add_argument("--endpoint", metavar="URL", help="bench this server instead of a local model")
     e.add_argument("--baseline", metavar="URL", help="the same model with speculation off: speedups against it")
     e.add_argument("--concurrency", default=None,
-                   help="comma-separated client counts, one level each (default 1; 1,4 with --endpoint-check)")
+                   help="comma-separated client counts, one level each (default 1)")
     e.add_argument("--endpoint-model", metavar="NAME", help="model to ask for (default: the first of /v1/models)")
     e.add_argument("--api-key", metavar="KEY", help="sent to both servers as 'Authorization: Bearer KEY'")
     e.add_argument("--timeout", type=float, default=300.0, metavar="SECONDS", action=POSITIVE, help="per request")
     b.add_argument("--drift-margin", type=float, default=0.10, action=NON_NEGATIVE,
                    help="flag categories whose acceptance rate differs from the overall one by more (absolute)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
-    from specdec.bench.suites import add_suite_args
+    from specdec.bench.suites import add_suite_args, add_suite_commands
 
     add_suite_args(b)
+    add_suite_commands(b)
     b.set_defaults(func=run_bench, suite=None)
 
 

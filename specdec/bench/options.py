@@ -1,5 +1,5 @@
 """Command-line pieces shared by bench's commands (`bench`, `profile`, `loadtest`, `loadtest --servers`,
-`bench --endpoint-check`): comma-separated integers, and the --json/--markdown/--plot files, checked before a run
+`bench endpoint-check`): comma-separated integers, and the --json/--markdown/--plot files, checked before a run
 so that none is lost to a bad path at its end, then each written whole or not at all (specdec.atomic).
 
 It sits below every command module, so that the commands and the runs they start share it without importing

@@ -1,9 +1,15 @@
-"""`specdec bench --kernels`, `--long-context` and `--endpoint-check`: measurements of their own, each in one
+"""`specdec bench kernels`, `bench long-context` and `bench endpoint-check`: measurements of their own, each in one
 run so that its ratios share one machine state, written into --out as JSON (with the machine's provenance) and
-Markdown. They share `bench`'s --prompts, --categories, --per-category, --max-new-tokens, --k and --concurrency,
-with defaults of their own."""
+Markdown. Each is a subcommand of `bench` with only the options it reads (`specdec bench kernels --help`); plain
+`specdec bench` is the Spec-Bench report, local or against --endpoint.
+
+The old spellings `bench --kernels`, `--long-context` and `--endpoint-check` still work for this release, with a
+note; they share `bench`'s options, so resolve_suite_args refuses those a suite does not read."""
 
 from __future__ import annotations
+
+import argparse
+import sys
 
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1
@@ -13,33 +19,76 @@ from specdec.inputs import AT_LEAST_1
 NEW_TOKENS = {None: 256, "kernels": 96, "long_context": 128, "endpoint_check": 64}
 PER_CATEGORY = {None: None, "endpoint_check": 2}
 CONCURRENCY = {None: "1", "endpoint_check": "1,4"}
+HELP = {
+    "kernels": "the bundled GGUF's precision paths (fp16, gguf, gguf-q16, gguf-q8): floors, decode and n-gram speed, "
+               "verify cost, TTFT, huge pages, ISA builds, and llama.cpp on the same GGUF",
+    "long_context": "contexts of 512 to 8k positions: decode and verify cost, TTFT, n-gram on long copy-heavy "
+                    "prompts, the prefix cache, llama.cpp beside it",
+    "endpoint_check": "`specdec serve` under policies never, always and auto: bench --endpoint against the local "
+                      "bench and loadtest, on the same prompts",
+}
+QUICK = "a smoke test: two paths (kernels) or two contexts (long-context), fewer repetitions"
+
+
+def command(suite: str) -> str:
+    return suite.replace("_", "-")
+
+
+def add_suite_commands(bench) -> None:
+    """The suites as subcommands of `bench`. Their options default to argparse.SUPPRESS, so that what is not
+    given keeps bench's own default (the suite's, set by resolve_suite_args)."""
+    modes = bench.add_subparsers(dest="suite_command", metavar="SUITE", title="suites (each `specdec bench SUITE "
+                                 "--help` lists its options); without one, bench runs the Spec-Bench report")
+    for suite in HELP:
+        p = modes.add_parser(command(suite), help=HELP[suite], description=HELP[suite] + ".",
+                             argument_default=argparse.SUPPRESS)
+        if suite != "kernels":
+            p.add_argument("--prompts", metavar="FILE.jsonl", required=True,
+                           help="Spec-Bench question.jsonl, or JSONL lines of {\"prompt\": ...}")
+        p.add_argument("--out", metavar="DIR", help="where it writes its JSON and Markdown (default artifacts)")
+        p.add_argument("--max-new-tokens", type=int, action=AT_LEAST_1,
+                       help=f"tokens generated per run (default {NEW_TOKENS[suite]})")
+        if suite == "endpoint_check":
+            p.add_argument("--categories", help="comma-separated categories (default: all in the file)")
+            p.add_argument("--per-category", type=int, metavar="N", action=AT_LEAST_1,
+                           help=f"first N prompts of each category (default {PER_CATEGORY[suite]})")
+            p.add_argument("--k", help="tokens drafted per round by the servers (default 5)")
+            p.add_argument("--concurrency", help=f"comma-separated client counts (default {CONCURRENCY[suite]})")
+            p.add_argument("--max-batch", type=int, action=AT_LEAST_1, help="the servers' --max-batch (default 8)")
+        else:
+            p.add_argument("--quick", action="store_true", help=QUICK)
+        p.set_defaults(suite_command=suite)
 
 
 def add_suite_args(parser) -> None:
-    s = parser.add_argument_group("suites: measurements of their own, each in one run, written into --out (JSON "
-                                  "and Markdown, with the machine's provenance)")
+    """The old spellings (`bench --kernels`) and the options they share with bench."""
+    s = parser.add_argument_group("suites, old spelling (works for this release; use `specdec bench SUITE`)")
     one = s.add_mutually_exclusive_group()
-    one.add_argument("--kernels", dest="suite", action="store_const", const="kernels",
-                     help="the bundled GGUF's precision paths (fp16, gguf, gguf-q16, gguf-q8): floors, decode and "
-                          "n-gram speed, verify cost, TTFT, huge pages, ISA builds, and llama.cpp on the same GGUF")
-    one.add_argument("--long-context", dest="suite", action="store_const", const="long_context",
-                     help="contexts of 512 to 8k positions: decode and verify cost, TTFT, n-gram on long copy-heavy "
-                          "prompts, the prefix cache, llama.cpp beside it")
-    one.add_argument("--endpoint-check", dest="suite", action="store_const", const="endpoint_check",
-                     help="`specdec serve` under policies never, always and auto: bench --endpoint against the local "
-                          "bench and loadtest, on the same prompts")
+    for suite in HELP:
+        one.add_argument("--" + command(suite), dest="suite_flag", action="store_const", const=suite,
+                         help=f"`specdec bench {command(suite)}`")
     s.add_argument("--out", metavar="DIR", default="artifacts", help="where a suite writes (default artifacts)")
-    s.add_argument("--quick", action="store_true",
-                   help="a smoke test of --kernels (two paths) or --long-context (two contexts), fewer repetitions")
+    s.add_argument("--quick", action="store_true", help=QUICK)
     s.add_argument("--max-batch", type=int, default=8, action=AT_LEAST_1,
-                   help="--endpoint-check: the servers' --max-batch")
+                   help="endpoint-check: the servers' --max-batch")
+
+
+def which_suite(args) -> str | None:
+    """The suite bench runs (None: the Spec-Bench report), from the subcommand or the old flag."""
+    sub, flag = getattr(args, "suite_command", None), getattr(args, "suite_flag", None)
+    if sub and flag and sub != flag:
+        raise SpecdecError(f"bench {command(sub)} and --{command(flag)} name two suites: give one")
+    if flag and not sub:
+        print(f"specdec: note: `bench --{command(flag)}` is now `specdec bench {command(flag)}`; the flag works "
+              "for this release", file=sys.stderr)
+    return sub or flag
 
 
 def resolve_suite_args(args) -> None:
-    """Defaults that depend on what bench runs; options that do not apply to it refused."""
+    """args.suite, and the defaults that depend on it; options that do not apply to it refused."""
     from specdec.engine.calibrate import parse_k
 
-    suite = args.suite
+    suite = args.suite = which_suite(args)
     if args.max_new_tokens is None:
         args.max_new_tokens = NEW_TOKENS[suite]
     if args.per_category is None:
@@ -51,23 +100,23 @@ def resolve_suite_args(args) -> None:
                            'or JSONL lines of {"prompt": ...})')
     if suite is None:
         if args.quick or args.out != "artifacts" or args.max_batch != 8:
-            raise SpecdecError("--out, --quick and --max-batch apply to --kernels, --long-context and --endpoint-check")
+            raise SpecdecError("--out, --quick and --max-batch apply to the suites (`specdec bench kernels`, "
+                               "`long-context`, `endpoint-check`)")
         return
-    flag = "--" + suite.replace("_", "-")
     given = [f for f, v in (("--endpoint", args.endpoint), ("--baseline", args.baseline), ("--compare", args.compare),
                             ("--profile", args.profile), ("--json", args.json), ("--markdown", args.markdown),
                             ("--plot", args.plot), ("--model", args.model != "default" or None)) if v]
     if suite != "endpoint_check" and args.concurrency != "1":
         given.append("--concurrency")
     if given:
-        raise SpecdecError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to {flag} (it writes "
-                           "into --out)")
+        raise SpecdecError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to `bench "
+                           f"{command(suite)}` (it writes into --out)")
     if suite == "endpoint_check":
         args.k = parse_k(args.k)
         if args.k == "auto":
-            raise SpecdecError("--endpoint-check runs the servers with a fixed --k")
+            raise SpecdecError("bench endpoint-check runs the servers with a fixed --k")
     if args.quick and suite == "endpoint_check":
-        raise SpecdecError("--quick applies to --kernels and --long-context")
+        raise SpecdecError("--quick applies to `bench kernels` and `bench long-context`")
 
 
 def run_suite(args) -> int:

@@ -1,2 +1,2 @@
-"""The hardware and the kernels: `specdec profile` (pass costs), `bench --kernels`, prefill, long contexts,
+"""The hardware and the kernels: `specdec profile` (pass costs), `bench kernels`, prefill, long contexts,
 `choose-path`."""

@@ -1,4 +1,4 @@
-"""The report of `specdec bench --kernels` (specdec.bench.hardware.kernels_bench): per precision path its floors,
+"""The report of `specdec bench kernels` (specdec.bench.hardware.kernels_bench): per precision path its floors,
 decode and n-gram speeds, verify cost and time to first token; against fp16; huge pages; the integer kernel's
 ISA builds; llama.cpp on the same GGUF."""
 
@@ -70,7 +70,7 @@ class PathResult:
 
 @dataclass
 class KernelsRun(Result):
-    """`specdec bench --kernels`: gguf-kernels.json."""
+    """`specdec bench kernels`: gguf-kernels.json."""
 
     date: str
     threads: int
@@ -109,7 +109,7 @@ def render(r: KernelsRun) -> str:
     by = {p.precision: p for p in r.paths}
     fp16 = by["fp16"]
     lines += ["", "Against the fp16 path:", ""]
-    for name in [n for n in PATHS[1:] if n in by]:  # bench --kernels --quick measures two paths
+    for name in [n for n in PATHS[1:] if n in by]:  # bench kernels --quick measures two paths
         p = by[name]
         lines.append(f"- {name}: plain decoding {p.plain_decode_tok_s / fp16.plain_decode_tok_s:.2f}x, "
                      f"prefill {fp16.ttft_432_s / p.ttft_432_s:.2f}x (short prompt) and "

@@ -1,4 +1,4 @@
-"""`specdec bench --long-context`: long contexts on the bundled model, measured in one run so that every ratio
+"""`specdec bench long-context`: long contexts on the bundled model, measured in one run so that every ratio
 shares one machine state (`--quick`: contexts 512 and 3072, fewer repetitions).
 
 1. This machine: read bandwidth (a sum over 1 GiB), the fp32 multiply-add peak of the native kernels' FMA and the rate

@@ -1,4 +1,4 @@
-"""The report of `specdec bench --long-context` (specdec.bench.hardware.long_context): tables of the decode pass against
+"""The report of `specdec bench long-context` (specdec.bench.hardware.long_context): tables of the decode pass against
 its floors per context, time to first token, n-gram on long prompts, the prefix cache and llama.cpp, then each
 goal's PASS/FAIL line."""
 
@@ -60,7 +60,7 @@ class PrefixRun:
 
 @dataclass
 class LongContextRun(Result):
-    """`specdec bench --long-context`: long-context.json."""
+    """`specdec bench long-context`: long-context.json."""
 
     bandwidth_gb_s: float
     fma_peak_gmac_s: float
@@ -86,7 +86,7 @@ def render(r: LongContextRun) -> str:
     products = ("" if r.products_gmac_s is None else
                 f", the matrix products' {r.products_gmac_s:.0f} G/s ({r.products_arithmetic}; {r.threads} threads)")
     lines = ["# Long contexts on the bundled model", "",
-             "Measured by `specdec bench --long-context` (`make long-context`) in one run; greedy; 2 threads.", "",
+             "Measured by `specdec bench long-context` (`make long-context`) in one run; greedy; 2 threads.", "",
              f"Machine: read bandwidth {r.bandwidth_gb_s:.1f} GB/s, fp32 multiply-add peak "
              f"{r.fma_peak_gmac_s:.0f} G/s{products}; weights {r.weight_bytes / 1e6:.0f} MB "
              f"a pass, KV cache {r.kv_bytes_per_position / 1e3:.1f} KB a position.", "",

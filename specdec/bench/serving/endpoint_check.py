@@ -1,4 +1,4 @@
-"""`specdec bench --endpoint-check`: does `bench --endpoint` measure what the local bench and `specdec loadtest`
+"""`specdec bench endpoint-check`: does `bench --endpoint` measure what the local bench and `specdec loadtest`
 measure? One run, so the ratios share one machine state: this machine's read bandwidth; the local bench (plain vs
 n-gram k); then `specdec serve` under the policies never, always and auto (same model, drafter, k, max batch), with
 `bench --endpoint` (always and auto, each against never) and `loadtest` against each server, on the same prompts.

@@ -1,5 +1,5 @@
 """`specdec serve` subprocesses on 127.0.0.1 for the benchmarks that measure whole servers (`specdec loadtest
---servers`, `specdec bench --endpoint-check`): started on a free port, waited for until GET /health answers,
+--servers`, `specdec bench endpoint-check`): started on a free port, waited for until GET /health answers,
 stopped by their own PID. Nothing connects anywhere but 127.0.0.1."""
 
 from __future__ import annotations
