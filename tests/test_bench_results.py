@@ -126,3 +126,17 @@ def test_recorded_map_weights_run_reads_renders_and_writes_back():
     assert MapWeightsRun.from_json(json.loads(json.dumps(run.to_json()))) == run
     text = page(run, argparse.Namespace(new_tokens=64, rounds=2, speed_rounds=6))
     assert "| llama-3.2-1b | memory |" in text and "| llama-3.1-8b | mapped, later load |" in text
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"machine": {}, "bandwidth": {}}', "run.json: missing field 'config'"),
+    ('{"machine": {}, "config": {}, "bandwidth": {}, "shapes": {"m": {"file": 3}}}', "shapes.m.file: expected a str"),
+    ("[1, 2]", "run.json: expected an object, got [1, 2]"),
+])
+def test_rendering_a_bad_real_models_file_is_one_line_and_writes_no_page(tmp_path, capsys, content, message):
+    from specdec.cli import main
+
+    (tmp_path / "run.json").write_text(content)
+    assert main(["real-models", "--render", str(tmp_path / "run.json"), "--page", str(tmp_path / "page.md")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not (tmp_path / "page.md").exists()

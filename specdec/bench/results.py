@@ -1,7 +1,8 @@
 """The typed results of the bench's suites and harnesses: `Result`, the base of each suite's dataclasses, writes
 one as JSON and reads it back with every field checked against its declared type. The shapes themselves live
-beside the report that renders them (kernels_report, long_context_report, serve_report, real_models_page);
-Spec-Bench's are in specdec.bench.records.
+beside the report that renders them (hardware/kernels_report, hardware/long_context_report, serving/serve_report,
+engines/map_weights; engines/model_runs for one model measured by specdec and by llama.cpp, and `real-models`);
+Spec-Bench's are in specdec.bench.records, the load test's in serving/load_types.
 
 A field that is a dataclass, a list or a dict of them, or optional, is read recursively; a key the class does not
 declare, a missing field without a default, or a value of the wrong type is one line naming the file and the path
