@@ -29,7 +29,7 @@ def markdown(report) -> str:
         if "baseline" in lv:
             tput = lv["endpoint"]["load"]["throughput_tok_s"], lv["baseline"]["load"]["throughput_tok_s"]
             out.append(f"- c={lv['concurrency']}: throughput {tput[0]:.1f} against {tput[1]:.1f} tok/s: "
-                       f"{render.x(tput[0] / tput[1] if tput[1] else None)} (all requests of the level, prefill "
+                       f"{tables.speedup(tput[0] / tput[1] if tput[1] else None)} (all requests of the level, prefill "
                        "included)")
         for k in ep["servers"]:
             c, g = lv[k]["counters"], lv[k]["gauges"]

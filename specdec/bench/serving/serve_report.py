@@ -56,7 +56,7 @@ class Goal:
 class PrefillTrial:
     """Four streams, then one long prompt (prefill_bench.prefill_trial)."""
 
-    long_prompt_tokens: int
+    long_prompt_tokens: int | None  # usage.prompt_tokens, where the server sends usage
     long_ttft_s: float
     window_s: float  # [long request sent, its first token]
     window_gaps_s: list[float]  # the streams' inter-chunk gaps that overlap the window
