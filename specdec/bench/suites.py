@@ -75,7 +75,7 @@ def add_suite_args(parser) -> None:
 
 def which_suite(args) -> str | None:
     """The suite bench runs (None: the Spec-Bench report), from the subcommand or the old flag."""
-    sub, flag = getattr(args, "suite_command", None), getattr(args, "suite_flag", None)
+    sub, flag = args.suite_command, args.suite_flag
     if sub and flag and sub != flag:
         raise SpecdecError(f"bench {command(sub)} and --{command(flag)} name two suites: give one")
     if flag and not sub:

@@ -245,9 +245,12 @@ def timed_chat(worker: LlamaCppWorker, text: str, max_tokens: int, lookup: bool 
     r = worker.request(messages=[{"role": "user", "content": text}], max_tokens=max_tokens, lookup=lookup)
     n, ttft, last = len(r["tokens"]), r["ttft_s"], r.get("last_token_s")
     decode_s = last - ttft if n > 1 and last is not None and ttft is not None else 0.0
-    return ChatTiming(r["prompt_tokens"], ttft, (n - 1) / decode_s if decode_s > 0 else None, n,
-                      last if last is not None else ttft, worker.info.get("load_s"), worker.info.get("threads"),
-                      True, lookup, r["finish"] == "eos", r["text"], r.get("drafted"), r.get("accepted"))
+    return ChatTiming(prompt_tokens=r["prompt_tokens"], ttft_s=ttft,
+                      decode_tok_s=(n - 1) / decode_s if decode_s > 0 else None, new_tokens=n,
+                      wall_s=last if last is not None else ttft, load_s=worker.info.get("load_s"),
+                      threads=worker.info.get("threads"), chat=True, lookup=lookup,
+                      stopped_on_eog=r["finish"] == "eos", text=r["text"], drafted=r.get("drafted"),
+                      accepted=r.get("accepted"))
 
 
 def plain_and_lookup(gguf: Path, text: str, max_tokens: int, threads: int, say=print) -> PlainAndLookup | None:

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from specdec.bench.engines.model_runs import DecodeRun, LlamacppRun, RealModelsRun, ShapeRun, SpecdecRun, TtftRun
+from specdec.bench.engines.model_runs import DecodeRun, LlamacppRun, RealModelsRun, Rss, ShapeRun, SpecdecRun, TtftRun
 from specdec.errors import SpecdecError
 from specdec.provenance import provenance
 
@@ -82,7 +82,9 @@ def child(model: str, out: Path, args, *extra: str) -> SpecdecRun:
     return SpecdecRun.load(out)
 
 
-def proc_rss(pid: int) -> dict:
+def proc_rss(pid: int | str = "self") -> Rss:
+    """Resident memory of a process (this one by default), bytes: RssAnon (heap: weights copied, KV, activations),
+    RssFile (mapped file pages: GGUF blocks read in place), VmHWM (peak resident), VmRSS."""
     out = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, val = line.partition(":")
@@ -104,9 +106,11 @@ def llamacpp(path: Path, ids: list[int], new_tokens: int, ttft_ids: list[int] | 
         r = w.request(tokens=ids, max_tokens=new_tokens)
         times, n = r["token_times"], len(r["tokens"])
         gaps = sorted(b - a for a, b in zip(times, times[1:]))
-        out.plain = DecodeRun(n, r["finish"], r["ttft_s"], r["seconds"],
-                              (n - 1) / (times[-1] - times[0]) if n > 1 else None,
-                              1 / gaps[len(gaps) // 2] if gaps and gaps[len(gaps) // 2] > 0 else None, r["tokens"])
+        out.plain = DecodeRun(
+            tokens=n, finish=r["finish"], ttft_s=r["ttft_s"], seconds=r["seconds"],
+            decode_tokens_per_s=(n - 1) / (times[-1] - times[0]) if n > 1 else None,
+            itl_tokens_per_s=1 / gaps[len(gaps) // 2] if gaps and gaps[len(gaps) // 2] > 0 else None,
+            token_ids=r["tokens"])
         print(f"[{path.name}] llama.cpp plain: {out.plain.decode_tokens_per_s or 0:.2f} tok/s (decode), "
               f"{n} tokens, finish {r['finish']}", file=sys.stderr, flush=True)
         if ttft_ids:
@@ -191,8 +195,9 @@ def run(args) -> int:
                    spec_bench_prompt("summarization"))
         ttft_ids = long_prompt(sd.prompt_ids, args.ttft_tokens)
         lc = llamacpp(path, sd.prompt_ids, args.gemma_new_tokens, ttft_ids, team_size(args))
-        report.gemma = ShapeRun(str(path), path.stat().st_size, sd, lc, bw / path.stat().st_size, list(load),
-                                list(os.getloadavg()))
+        report.gemma = ShapeRun(file=str(path), file_bytes=path.stat().st_size, specdec=sd, llamacpp=lc,
+                                floor_tokens_per_s=bw / path.stat().st_size, load_before=list(load),
+                                load_after=list(os.getloadavg()))
         save(report, out_dir, args.page)
     for shape in shapes:
         path = ensure_file(shape, Path(args.files_dir))
@@ -205,10 +210,11 @@ def run(args) -> int:
         lc = llamacpp(path, sd.prompt_ids, args.new_tokens, ttft_ids, team_size(args))
         # a mixture of experts reads k of its experts a token: its floor counts the bytes a token reads
         read = sd.weight_bytes_per_token if sd.experts else path.stat().st_size
-        report.shapes[shape] = ShapeRun(str(path), path.stat().st_size, sd, lc, bw / read, list(load),
-                                        list(os.getloadavg()))
-        report.shapes[shape].projections = projections(sd.verify.cost, sd.verify.step_s, bundled, args.acceptance,
-                                                       ACCEPTANCE_METHOD, DRAFT_ALPHAS, acceptance_auto(args))
+        report.shapes[shape] = ShapeRun(
+            file=str(path), file_bytes=path.stat().st_size, specdec=sd, llamacpp=lc, floor_tokens_per_s=bw / read,
+            load_before=list(load), load_after=list(os.getloadavg()),
+            projections=projections(sd.verify.cost, sd.verify.step_s, bundled, args.acceptance, ACCEPTANCE_METHOD,
+                                    DRAFT_ALPHAS, acceptance_auto(args)))
         save(report, out_dir, args.page)  # after each model: a run cut short keeps what it measured
     add_depths(report, args)
     save(report, out_dir, args.page)

@@ -14,18 +14,8 @@ import time
 from pathlib import Path
 
 from specdec.bench.engines.model_runs import DecodeRun, Experts, SpecdecRun, TtftRun, VerifyCurve
+from specdec.bench.engines.real_models import proc_rss
 from specdec.models.target import TargetTraits
-
-
-def rss() -> dict:
-    """Resident memory of this process, bytes: RssAnon (heap: weights copied, KV, activations), RssFile (mapped
-    file pages: GGUF blocks read in place), VmHWM (peak resident)."""
-    out = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, val = line.partition(":")
-        if key in ("RssAnon", "RssFile", "VmHWM", "VmRSS"):
-            out[key] = int(val.split()[0]) * 1024
-    return out
 
 
 class NoEos:
@@ -57,9 +47,11 @@ def decode_run(engine, ids: list[int], new_tokens: int, drafter=None, k="auto") 
     decode_s = s.total_s - s.ttft_s
     gaps = [b - a for a, b in zip(s.token_times, s.token_times[1:])]
     itl = statistics.median(gaps) if gaps else 0.0
-    return DecodeRun(n, r.finish_reason, s.ttft_s, s.total_s, (n - 1) / decode_s if n > 1 and decode_s > 0 else None,
-                     1 / itl if itl > 0 else None, r.token_ids, wall, n / s.total_s if s.total_s > 0 else None,
-                     s.drafted, s.accepted, s.alpha, s.mean_tokens_per_round)
+    return DecodeRun(tokens=n, finish=r.finish_reason, ttft_s=s.ttft_s, seconds=s.total_s,
+                     decode_tokens_per_s=(n - 1) / decode_s if n > 1 and decode_s > 0 else None,
+                     itl_tokens_per_s=1 / itl if itl > 0 else None, token_ids=r.token_ids, wall_s=wall,
+                     tokens_per_s=n / s.total_s if s.total_s > 0 else None, drafted=s.drafted, accepted=s.accepted,
+                     alpha=s.alpha, tokens_per_pass=s.mean_tokens_per_round)
 
 
 def experts_touched(model, layers, context: int, rows: list[int]) -> dict[str, float]:
@@ -105,17 +97,19 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.models.loader import load_model
     from specdec.models.tokenizer import encode_prompt
 
-    before = rss()
+    before = proc_rss()
     t0 = time.perf_counter()
     loaded = load_model(args.model, map_weights=args.map_weights)
     load_s = time.perf_counter() - t0
-    after_load = rss()
+    after_load = proc_rss()
     model, tok = loaded.model, loaded.tokenizer
     traits = TargetTraits.of(model)
     engine = Engine(model, tok if args.keep_eos else NoEos(tok))
     ids = encode_prompt(tok, args.prompt, chat=True)
-    out = SpecdecRun(args.model, loaded.name, traits.precision, torch.get_num_threads(), load_s, before, after_load,
-                     ids, bool(tok.chat_template), not args.keep_eos, traits.weight_bytes_per_token)
+    out = SpecdecRun(model=args.model, name=loaded.name, precision=traits.precision,
+                     threads=torch.get_num_threads(), load_s=load_s, rss_before_load=before,
+                     rss_after_load=after_load, prompt_ids=ids, chat_template=bool(tok.chat_template),
+                     ignore_eos=not args.keep_eos, weight_bytes_per_token=traits.weight_bytes_per_token)
     say = lambda m: print(f"[{Path(args.model).name}] {m}", file=sys.stderr, flush=True)  # noqa: E731
     say(f"loaded in {load_s:.1f} s ({loaded.name}, {out.precision}); decoding {args.new_tokens} tokens")
     decode_run(engine, ids, 2)  # warm-up: first-call costs (kernel load, allocations)
@@ -128,9 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     times = time_passes(model, args.context, rows, args.reps)
     # the fastest of the reps: on a machine shared with other work, contention only ever adds time
     med = {n: min(v) for n, v in times.items()}
-    out.verify = VerifyCurve(args.context, args.reps, "fastest of reps", {str(n): med[n] for n in rows},
-                             {str(n): med[n] / med[1] for n in rows}, med[1],
-                             {str(n): statistics.median(times[n]) for n in rows})
+    out.verify = VerifyCurve(context=args.context, reps=args.reps, rule="fastest of reps",
+                             times_s={str(n): med[n] for n in rows}, cost={str(n): med[n] / med[1] for n in rows},
+                             step_s=med[1], median_times_s={str(n): statistics.median(times[n]) for n in rows})
     say("verify curve: " + " ".join(f"{n}:{med[n] / med[1]:.2f}" for n in rows))
     layers = list(TargetTraits.of(model).expert_layers)  # the native experts count what a pass reads
     if layers:
@@ -147,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         from specdec.bench.hardware.profile import demo_context, time_ngram
 
         out.lookup = time_ngram(NgramDrafter(4, 1), demo_context(tok, args.context * 2), 5)
-    out.rss_end = rss()
+    out.rss_end = proc_rss()
     out.save(args.json)
     return 0
 

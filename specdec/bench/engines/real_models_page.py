@@ -45,13 +45,14 @@ def projections(cost: dict[str, float], step_s: float, bundled: SpecdecRun, acce
     ngram = {}
     for cat, r in [*res["categories"].items(), ("overall", res["overall"])]:
         p = plan(r["alpha"], c_ngram, MAX_K, curve)
-        ngram[cat] = NgramProjection(r["alpha"], _rounds(r, c_ngram, curve), p.best_k, p.best_speedup)
+        ngram[cat] = NgramProjection(alpha=r["alpha"], rounds=_rounds(r, c_ngram, curve), plan_k=p.best_k,
+                                     plan=p.best_speedup)
         if res_auto is not None:
             ngram[cat].rounds_auto = _rounds(res_auto["overall"] if cat == "overall" else
                                              res_auto["categories"][cat], c_ngram, curve)
     draft = {str(a): DraftProjection((p := plan(a, c_draft, MAX_K, curve)).best_k, p.best_speedup) for a in alphas}
-    return Projections(c_ngram, c_draft, f"{acceptance_path} ({method})", ngram, draft,
-                       f"{auto[0]} ({auto[1]})" if auto else None)
+    return Projections(c_ngram=c_ngram, c_draft=c_draft, acceptance=f"{acceptance_path} ({method})", ngram=ngram,
+                       draft=draft, acceptance_auto=f"{auto[0]} ({auto[1]})" if auto else None)
 
 
 def gb(n: float) -> str:
@@ -194,8 +195,10 @@ def depths(shapes: dict[str, ShapeRun]) -> dict[str, DepthProjection]:
                  for n in next(iter(by_depth.values())).specdec.verify.times_s}
         one = {d: e.specdec.verify.times_s["1"] for d, e in by_depth.items()}
         grows = all(one[a] < one[b] for a, b in zip(sorted(one), sorted(one)[1:]))  # else the fit is noise
-        out[base] = DepthProjection(SHAPES[base].layers, sorted(by_depth), 1 / sd, 1 / lc, times, times["1"],
-                                    {n: t / times["1"] for n, t in times.items()}, grows)
+        out[base] = DepthProjection(layers=SHAPES[base].layers, from_depths=sorted(by_depth),
+                                    specdec_tokens_per_s=1 / sd, llamacpp_tokens_per_s=1 / lc, times_s=times,
+                                    step_s=times["1"], cost={n: t / times["1"] for n, t in times.items()},
+                                    passes_grow=grows)
     return out
 
 

@@ -67,13 +67,14 @@ def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_t
     planes = (TargetTraits.of(model).act_bits or 0) // 8  # int8 dot products per multiply-add (0: fp32 FMA)
     compute_floor = model.macs_per_token * planes / rates["int8"] if planes else model.macs_per_token / rates["fp32"]
     out = PathResult(
-        precision, model.weight_bytes_per_token,
+        precision=precision, weight_bytes_per_token=model.weight_bytes_per_token,
         # a decode step also reads the KV cache: at the mean context of the plain run, prompt + half the new tokens
-        model.kv_bytes_per_token() * (len(edit) + new_tokens / 2), compute_floor,
-        decode_rate(plain), decode_rate(ngram), decode_rate(ngram) / decode_rate(plain),
-        plain.token_ids == ngram.token_ids,
-        decode_rate(auto), decode_rate(auto) / decode_rate(plain), plain.token_ids == auto.token_ids,
-        one, six, six / one, ttft(model, prompts["432"]), ttft(model, prompts["1000"]))
+        kv_bytes_per_step=model.kv_bytes_per_token() * (len(edit) + new_tokens / 2), compute_floor_s=compute_floor,
+        plain_decode_tok_s=decode_rate(plain), ngram_decode_tok_s=decode_rate(ngram),
+        ngram_speedup=decode_rate(ngram) / decode_rate(plain), identical=plain.token_ids == ngram.token_ids,
+        ngram_auto_tok_s=decode_rate(auto), ngram_auto_speedup=decode_rate(auto) / decode_rate(plain),
+        identical_auto=plain.token_ids == auto.token_ids, pass_1_row_s=one, pass_6_rows_s=six, verify_6_cost=six / one,
+        ttft_432_s=ttft(model, prompts["432"]), ttft_1000_s=ttft(model, prompts["1000"]))
     if TargetTraits.of(model).act_bits and model.kernels.cpu_has_vnni():
         out.isa = isa_effect(model, precision, edit, 1 if quick else 4)
     del model, engine
@@ -172,8 +173,9 @@ def run_kernels_bench(args) -> int:
     lcpp = plain_and_lookup(bundled_gguf_path(), texts["432"], args.max_new_tokens, torch.get_num_threads(), log)
     machine = provenance()
     machine["bandwidth_gbs"] = round(bw / 1e9, 2)
-    r = KernelsRun(time.strftime("%Y-%m-%d %H:%M"), torch.get_num_threads(), bw / 1e9, bw_median / 1e9, rates,
-                   args.max_new_tokens, {n: len(v) for n, v in prompts.items()}, paths, lcpp, machine)
+    r = KernelsRun(date=time.strftime("%Y-%m-%d %H:%M"), threads=torch.get_num_threads(), bandwidth_GBps=bw / 1e9,
+                   bandwidth_median_GBps=bw_median / 1e9, rates=rates, new_tokens=args.max_new_tokens,
+                   prompt_tokens={n: len(v) for n, v in prompts.items()}, paths=paths, llamacpp=lcpp, machine=machine)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     r.save(out / "gguf-kernels.json")

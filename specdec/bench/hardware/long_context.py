@@ -109,10 +109,11 @@ def measure_ngram(model, tokenizer, prompts: dict[str, str], new_tokens: int, co
         auto = engine.generate([ids], cfg, NgramDrafter(4, 1), Auto(cost, max_k=8))[0]
         base = decode_rate(plain)
         rows.append(NgramRow(
-            name, len(ids), len(plain.token_ids), base, plain.stats.ttft_s,
-            decode_rate(fixed), decode_rate(fixed) / base,
-            (fixed.stats.generated_tokens - 1) / max(1, len(fixed.stats.rounds)),
-            decode_rate(auto), decode_rate(auto) / base, plain.token_ids == fixed.token_ids == auto.token_ids))
+            prompt=name, prompt_tokens=len(ids), new_tokens=len(plain.token_ids), plain_tok_s=base,
+            ttft_s=plain.stats.ttft_s, k5_tok_s=decode_rate(fixed), k5_speedup=decode_rate(fixed) / base,
+            k5_tokens_per_pass=(fixed.stats.generated_tokens - 1) / max(1, len(fixed.stats.rounds)),
+            auto_tok_s=decode_rate(auto), auto_speedup=decode_rate(auto) / base,
+            identical=plain.token_ids == fixed.token_ids == auto.token_ids))
     return rows
 
 
@@ -123,8 +124,9 @@ def measure_prefix(model, tokenizer, document: str) -> PrefixRun:
             for q in ("Who is this article about?", "List three facts from it.")]
     first = engine.generate([asks[0]], GenerationConfig(1), None, 1)[0]
     second = engine.generate([asks[1]], GenerationConfig(1), None, 1)[0]
-    return PrefixRun([len(a) for a in asks], second.stats.cached_tokens, first.stats.ttft_s, second.stats.ttft_s,
-                     second.stats.ttft_s / first.stats.ttft_s)
+    return PrefixRun(prompt_tokens=[len(a) for a in asks], cached_tokens=second.stats.cached_tokens,
+                     first_ttft_s=first.stats.ttft_s, second_ttft_s=second.stats.ttft_s,
+                     ratio=second.stats.ttft_s / first.stats.ttft_s)
 
 
 def run_long_context(args) -> int:
@@ -154,8 +156,9 @@ def run_long_context(args) -> int:
         log(f"passes at context {ctx}")
         t = time_passes(model, ctx, ROWS, reps)
         med = {n: statistics.median(v) for n, v in t.items()}
-        passes.append(ContextPass(ctx, med[1], (weights + kv * ctx) / bw, pass_floor(model, rates, ctx),
-                                  {str(n): med[n] / med[1] for n in ROWS}))
+        passes.append(ContextPass(context=ctx, step_s=med[1], floor_s=(weights + kv * ctx) / bw,
+                                  compute_floor_s=pass_floor(model, rates, ctx),
+                                  verify_cost={str(n): med[n] / med[1] for n in ROWS}))
     at3k = next(p for p in passes if p.context == 3072)
     cost = PassCost(tuple((n, at3k.verify_cost[str(n)] * at3k.step_s) for n in ROWS))  # the auto policy's input
 
@@ -164,7 +167,7 @@ def run_long_context(args) -> int:
         log(f"time to first token at {n}")
         ids = torch.randint(0, model.cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(n)).tolist()
         r = Engine(model, tok).generate([ids], GenerationConfig(1), None, 1)[0]
-        ttft.append(TtftPoint(n, r.stats.ttft_s, prefill_floor(model, rates, n)))
+        ttft.append(TtftPoint(prompt_tokens=n, ttft_s=r.stats.ttft_s, compute_floor_s=prefill_floor(model, rates, n)))
 
     prompts = long_prompts(tok, 3100, args.prompts)
     ngram = measure_ngram(model, tok, prompts, args.max_new_tokens, cost)
@@ -176,9 +179,10 @@ def run_long_context(args) -> int:
 
     machine = provenance()
     machine["bandwidth_gbs"] = round(bw / 1e9, 2)
-    result = LongContextRun(bw / 1e9, peak / 1e9, weights, kv, passes, ttft, ngram, prefix, llama,
-                            torch.get_num_threads(), rates[0] / 1e9,
-                            products["arithmetic"] if products else "torch", machine)
+    result = LongContextRun(bandwidth_gb_s=bw / 1e9, fma_peak_gmac_s=peak / 1e9, weight_bytes=weights,
+                            kv_bytes_per_position=kv, passes=passes, ttft=ttft, ngram=ngram, prefix=prefix,
+                            llamacpp=llama, threads=torch.get_num_threads(), products_gmac_s=rates[0] / 1e9,
+                            products_arithmetic=products["arithmetic"] if products else "torch", machine=machine)
     report = render(result)
     print(report)
     out = Path(args.out)

@@ -98,8 +98,10 @@ async def prefill_trial(server: LocalServer, model: str, long_text: str, backgro
                 window.append(b - a)
             elif b <= t_send:
                 before.append(b - a)
-    return PrefillTrial(long.prompt_tokens, t_first - t_send, t_first - t_send, window, percentile(before, 50),
-                        sum(bool(s.chunk_s) and absolute(s)[-1] >= t_first for s in bg), [s.tokens for s in bg])
+    return PrefillTrial(long_prompt_tokens=long.prompt_tokens, long_ttft_s=t_first - t_send, window_s=t_first - t_send,
+                        window_gaps_s=window, gaps_before_p50_s=percentile(before, 50),
+                        streams_through_window=sum(bool(s.chunk_s) and absolute(s)[-1] >= t_first for s in bg),
+                        stream_tokens=[s.tokens for s in bg])
 
 
 def bench_prefill(texts: list[str], background: list[str], args, log_dir: Path) -> PrefillRun:
@@ -133,9 +135,11 @@ def bench_prefill(texts: list[str], background: list[str], args, log_dir: Path) 
             gaps = [g for t in trials for g in t.window_gaps_s]
             ttfts = [t.long_ttft_s for t in trials]
             out.runs[str(chunk)] = PrefillChunkRun(
-                chunk, trials, percentile(ttfts, 50), max(ttfts), len(gaps), percentile(gaps, 50),
-                percentile(gaps, 99), max(gaps, default=None),
-                percentile([t.gaps_before_p50_s for t in trials if t.gaps_before_p50_s is not None], 50))
+                prefill_chunk=chunk, trials=trials, long_ttft_p50_s=percentile(ttfts, 50), long_ttft_max_s=max(ttfts),
+                window_gaps=len(gaps), window_gap_p50_s=percentile(gaps, 50), window_gap_p99_s=percentile(gaps, 99),
+                window_gap_max_s=max(gaps, default=None),
+                gaps_before_p50_s=percentile([t.gaps_before_p50_s for t in trials
+                                              if t.gaps_before_p50_s is not None], 50))
         except BenchError:
             raise
         except (SpecdecError, httpx.HTTPError) as e:
