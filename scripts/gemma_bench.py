@@ -29,7 +29,7 @@ from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.models.linear import GgufLinear, Linear
 from specdec.models.loader import load_model
-from specdec.models.tokenizer import encode_prompt
+from specdec.models.text.tokenizer import encode_prompt
 
 QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from specdec.models.loader import load_model
-from specdec.models.tokenizer import encode_prompt
+from specdec.models.text.tokenizer import encode_prompt
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 

@@ -150,7 +150,7 @@ def audit_arm(tree: Path | None, label: str, args, log_dir: Path) -> dict[str, d
 
 CURVE = """
 import json, statistics, sys
-from specdec.bench.hardware.profile import time_passes
+from specdec.models.timing import time_passes
 from specdec.runtime import ModelSpec, build
 target, _ = build(ModelSpec("default", "none"))
 t = time_passes(target.model, 256, list(range(1, 10)), 20)

@@ -38,7 +38,7 @@ class Generator:
         from specdec.engine.generate import Engine
         from specdec.engine.policy import Never
         from specdec.engine.sequence import GenerationConfig
-        from specdec.models.tokenizer import encode_prompt
+        from specdec.models.text.tokenizer import encode_prompt
         from specdec.sampling.warp import SamplingConfig
 
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)

@@ -315,7 +315,7 @@ def _real_worker_missing() -> str | None:
 def test_the_real_worker_on_the_bundled_gguf():
     from specdec.bench.runner import encode_turns
     from specdec.models.gguf.convert import bundled_model_dir
-    from specdec.models.tokenizer import Tokenizer
+    from specdec.models.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(bundled_model_dir())
     worker = LlamaCppWorker(lc.worker_command(lc.gguf_path("default"), 2), timeout_s=120)

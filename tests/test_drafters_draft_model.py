@@ -9,7 +9,7 @@ import torch
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.errors import SpecdecError
-from specdec.models.tokenizer import Tokenizer
+from specdec.models.text.tokenizer import Tokenizer
 from specdec.sampling.verify import PAD
 from specdec.sampling.warp import SamplingConfig
 from tests.conftest import greedy_reference_rows, write_word_tokenizer

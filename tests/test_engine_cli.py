@@ -301,7 +301,7 @@ def test_generate_with_a_head_or_a_cascade_equals_plain(capsys, tmp_path, tiny_c
     import torch
 
     from specdec.heads.eagle import HeadConfig, default_taps
-    from specdec.models.tokenizer import Tokenizer
+    from specdec.models.text.tokenizer import Tokenizer
     from specdec.models.transformer import Transformer
     from specdec.train.distill import init_head
 

@@ -161,7 +161,7 @@ BATCH_N = 16
 @pytest.fixture(scope="module")
 def plain_for(bundled):
     """plain_for(precision) -> (ids, plain greedy outputs) of the bundled model: a written-out loop, no engine."""
-    from specdec.models.tokenizer import encode_prompt
+    from specdec.models.text.tokenizer import encode_prompt
 
     made = {}
 

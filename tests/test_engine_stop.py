@@ -301,7 +301,7 @@ def test_incremental_stop_check_equals_decoding_the_whole_output(seed):
 @pytest.mark.parametrize("seed", range(4))
 def test_incremental_stop_check_equals_it_on_the_bundled_tokenizer(bundled_path, seed):
     """Byte-level BPE (merges, a leading-space marker, multi-byte characters over several tokens)."""
-    from specdec.models.tokenizer import Tokenizer
+    from specdec.models.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(bundled_path)
     rng = random.Random(seed)

@@ -24,7 +24,7 @@ from specdec.errors import SpecdecError
 from specdec.models.checkpoint import load_weights
 from specdec.models.gemma3 import FULL, SLIDING, Gemma3, Gemma3Config
 from specdec.models.loader import load_model
-from specdec.models.tokenizer import Tokenizer
+from specdec.models.text.tokenizer import Tokenizer
 from tests.conftest import divergence_message, greedy_reference
 from tests.test_engine_model import mismatch_report, ours_prefill_then_decode, verify_vs_one_token
 
@@ -433,7 +433,7 @@ def test_gguf_tokenizer(converted):
 def test_a_raw_prompt_starts_with_bos_when_the_tokenizer_asks(converted, bundled):
     """Gemma degenerates without <bos>: a prompt given as raw text (generate --no-chat, /v1/completions, bench
     without a template) gets it, once; SmolLM's tokenizer asks for none and gets none."""
-    from specdec.models.tokenizer import encode_prompt, encode_text
+    from specdec.models.text.tokenizer import encode_prompt, encode_text
 
     tok = Tokenizer.from_dir(converted)
     assert encode_prompt(tok, "hello world", chat=False) == [2, *tok.encode("hello world")]

@@ -235,7 +235,7 @@ def test_real_top1_agrees_with_fp32(real_dir, real_q16):  # noqa: F811
     over 48 prompts of up to 256 tokens (4,237 positions, the same single near-tie). The floor, 0.998, allows two
     more near-ties, so a change of summation order in the kernels does not fail it; anything wrong falls far below
     it (gguf-q8, a smaller change than any bug, measures 0.967 on these positions)."""
-    from specdec.models.tokenizer import encode_prompt
+    from specdec.models.text.tokenizer import encode_prompt
 
     if not QUESTIONS.is_file():
         pytest.skip(f"{QUESTIONS} is not here")

@@ -21,7 +21,7 @@ import torch
 
 import specdec.models.gguf.convert as gc
 from specdec.errors import SpecdecError
-from specdec.models.tokenizer import IncrementalDecoder, Tokenizer
+from specdec.models.text.tokenizer import IncrementalDecoder, Tokenizer
 
 # ---- a tiny llama GGUF ------------------------------------------------------------------------------------------
 

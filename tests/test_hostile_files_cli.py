@@ -402,7 +402,7 @@ def head(tmp_path, model) -> Path:
     """An (untrained) EAGLE-3 head for the tiny model, saved as `specdec train-draft` saves one."""
     from specdec.heads.eagle import EagleHead, HeadConfig, default_taps
     from specdec.models.config import ModelConfig
-    from specdec.models.tokenizer import Tokenizer
+    from specdec.models.text.tokenizer import Tokenizer
 
     cfg = ModelConfig.from_dir(model)
     path = tmp_path / "head"

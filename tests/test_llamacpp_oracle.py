@@ -77,7 +77,7 @@ MATRIX = [  # one line per model and precision
 
 def specdec_tokenizer(gguf):
     from specdec.models.loader import resolve_model_dir
-    from specdec.models.tokenizer import Tokenizer
+    from specdec.models.text.tokenizer import Tokenizer
 
     return Tokenizer.from_dir(resolve_model_dir(oracle.model_spec(gguf)))
 
@@ -187,7 +187,7 @@ def test_llamacpp_logits_are_causal_and_deterministic():
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """reference(name) -> (gguf, prompt ids, llama.cpp's logits on the file, on its F32 copy), made once."""
-    from specdec.models.tokenizer import encode_prompt
+    from specdec.models.text.tokenizer import encode_prompt
 
     made = {}
 

@@ -1,4 +1,4 @@
-"""`specdec choose-path` and the choice it remembers (kernels/path_choice.py): measured on a tiny GGUF, written to
+"""`specdec choose-path` and the choice it remembers (models/gguf/path_choice.py): measured on a tiny GGUF, written to
 the cache, read back by the loader as the file's default (said on stderr), and forgotten when the file changes."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import pytest
 
 from specdec.cli import main
-from specdec.kernels.path_choice import PathChoice, key, remember, remembered
+from specdec.models.gguf.path_choice import PathChoice, key, remember, remembered
 from specdec.models.gguf.synth import write
 from specdec.models.loader import load_model
 from tests.test_gguf_kernels import kernels  # noqa: F401 (fixture)

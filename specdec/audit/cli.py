@@ -222,7 +222,7 @@ def check_args(args, prompts: tuple[str, ...]) -> None:
 def load_tokenizer(spec: str):
     """The tokenizer of a model ('default', a folder, a .gguf), or of a folder that holds only tokenizer.json."""
     from specdec.models.loader import resolve_model_dir
-    from specdec.models.tokenizer import Tokenizer
+    from specdec.models.text.tokenizer import Tokenizer
 
     folder = Path(spec).expanduser()
     return Tokenizer.from_dir(folder if (folder / "tokenizer.json").is_file() else resolve_model_dir(spec))

@@ -16,7 +16,7 @@ import torch
 from specdec.bench.prompts import Prompt
 from specdec.engine.stats import RoundRecord
 from specdec.measure import decode_tokens_per_s, tokens_per_s
-from specdec.models.tokenizer import encode_text
+from specdec.models.text.tokenizer import encode_text
 
 
 @dataclass

@@ -99,7 +99,7 @@ def run_generate(args) -> int:
     from specdec.engine.calibrate import AUTO_MAX_K, parse_k, policy_for
     from specdec.engine.generate import Engine, GenerationConfig
     from specdec.engine.trace import build_trace, write_trace
-    from specdec.models.tokenizer import IncrementalDecoder, encode_prompt
+    from specdec.models.text.tokenizer import IncrementalDecoder, encode_prompt
     from specdec.runtime import ModelSpec, build
     from specdec.sampling.warp import SamplingConfig
 

@@ -78,7 +78,7 @@ def demo(args) -> int:
     from specdec.drafters.base import NoDrafter
     from specdec.engine.calibrate import AUTO_MAX_K, parse_k, policy_for
     from specdec.engine.generate import Engine, GenerationConfig
-    from specdec.models.tokenizer import encode_prompt
+    from specdec.models.text.tokenizer import encode_prompt
     from specdec.runtime import ModelSpec, build
 
     use_colour = not args.no_color and sys.stdout.isatty()

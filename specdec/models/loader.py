@@ -17,7 +17,7 @@ GEMMA_TYPES = ("gemma3_text", "gemma2")  # model_type values models.gemma3 runs
 @dataclass
 class LoadedModel:
     model: object  # Transformer or HFAdapter: forward(), new_cache(), cfg
-    tokenizer: object  # specdec.models.tokenizer.Tokenizer
+    tokenizer: object  # specdec.models.text.tokenizer.Tokenizer
     name: str
     path: Path
     backend: str  # "specdec" | "transformers"
@@ -49,7 +49,7 @@ def resolve_model_dir(spec: str, lean: bool = False) -> Path:
 
 def default_precision(path: Path, spec: str | None, device: str, model_type: str | None) -> str:
     """bf16 on CUDA; on CPU, for a GGUF whose blocks the kernels read, the integer path `specdec choose-path`
-    measured fastest for this file on this CPU (kernels/path_choice.py), else gguf-q16: the fastest path whose top-1
+    measured fastest for this file on this CPU (models/gguf/path_choice.py), else gguf-q16: the fastest path whose top-1
     agreement with the fp32 model is >= 0.999 (docs/results/quality-gguf.md); else fp16."""
     if device == "cuda":
         return "bf16"
@@ -63,7 +63,7 @@ def default_precision(path: Path, spec: str | None, device: str, model_type: str
         runnable = (for_model_type(model_type) or ARCHS["llama"]).runnable
         source = gguf_source(path, spec)
         if source is not None and runnable(source) and decode_kernels() is not None:
-            from specdec.kernels.path_choice import remembered
+            from specdec.models.gguf.path_choice import remembered
 
             choice = remembered(source)
             if choice is None:
@@ -118,7 +118,7 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
     context)."""
     from safetensors import SafetensorError
 
-    from specdec.models.tokenizer import Tokenizer
+    from specdec.models.text.tokenizer import Tokenizer
 
     if precision is not None and precision not in PRECISIONS:
         raise SpecdecError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")

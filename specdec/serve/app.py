@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.engine.sequence import ContextExceeded, GenerationConfig, Sequence, context_room, cut_at_stop
 from specdec.errors import SpecdecError
-from specdec.models.tokenizer import IncrementalDecoder, encode_messages, encode_text
+from specdec.models.text.tokenizer import IncrementalDecoder, encode_messages, encode_text
 from specdec.sampling.warp import SamplingConfig
 from specdec.serve import protocol
 from specdec.serve.pacing import Pace, RatePrior, paced

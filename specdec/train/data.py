@@ -52,7 +52,7 @@ def answers(loaded, texts: Sequence[str], max_new_tokens: int, batch: int = 32) 
     (gguf-q8): the labels the head learns are the target's own next-token choices along these texts, taken by
     `hidden_states`, so only the texts come from here."""
     from specdec.engine.generate import Engine, GenerationConfig
-    from specdec.models.tokenizer import encode_prompt
+    from specdec.models.text.tokenizer import encode_prompt
 
     engine = Engine(loaded.model, loaded.tokenizer)
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)

@@ -75,7 +75,7 @@ def alternate(path: Path, args) -> dict[str, list[float]]:
     from specdec.engine.generate import Engine
     from specdec.kernels.cores import configure
     from specdec.models.loader import load_model
-    from specdec.models.tokenizer import encode_prompt
+    from specdec.models.text.tokenizer import encode_prompt
 
     configure(team_size(args))
     loaded = {"memory": load_model(str(path)), "mapped": load_model(str(path), map_weights=True)}

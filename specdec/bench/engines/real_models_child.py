@@ -58,7 +58,7 @@ def experts_touched(model, layers, context: int, rows: list[int]) -> dict[str, f
     """Rows -> the distinct experts a verify pass of that many rows read, per layer on average: passes of random
     tokens after `context` cached ones (random weights route as random text would not: read it as the shape of the
     curve between k and the experts a layer has)."""
-    from specdec.bench.hardware.profile import primed, timed
+    from specdec.models.timing import primed, timed
 
     run, out = primed(model, context, rows), {}  # the context's prefill is not counted
     for n in rows:
@@ -91,11 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     from specdec.kernels.cores import configure
 
     configure(args.threads)  # a fixed team: the one llama.cpp is given
-    from specdec.bench.hardware.profile import time_passes
     from specdec.drafters.ngram import NgramDrafter
     from specdec.engine.generate import Engine
     from specdec.models.loader import load_model
-    from specdec.models.tokenizer import encode_prompt
+    from specdec.models.text.tokenizer import encode_prompt
+    from specdec.models.timing import time_passes
 
     before = proc_rss()
     t0 = time.perf_counter()

@@ -1,5 +1,5 @@
 """`specdec choose-path --model FILE`: time gguf-q16 and gguf-q8 on a GGUF's own matrices here, say what each costs
-in agreement with llama.cpp, and remember the faster as the file's default on this CPU (kernels/path_choice.py).
+in agreement with llama.cpp, and remember the faster as the file's default on this CPU (models/gguf/path_choice.py).
 
 Both paths are loaded once and their passes alternated (a 1-row pass and a verify pass of --rows rows after
 --context cached tokens, --reps times each, the fastest kept: other load only ever adds time). The rule: the lower
@@ -34,10 +34,10 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from specdec.bench.hardware.profile import primed, timed
-    from specdec.kernels.path_choice import PATHS, PathChoice, remember
+    from specdec.models.gguf.path_choice import PATHS, PathChoice, remember
     from specdec.models.gguf.weights import runnable
     from specdec.models.loader import load_model
+    from specdec.models.timing import primed, timed
     from specdec.provenance import cpu_name
 
     path = Path(args.model).expanduser()
@@ -76,7 +76,7 @@ def llamacpp_agreement(path: Path) -> dict[str, float] | None:
     """Top-1 agreement of each path's logits with llama.cpp's on the file, over TEXT's tokens (None without
     llama.cpp)."""
     from specdec.bench.engines import llamacpp_oracle as oracle
-    from specdec.kernels.path_choice import PATHS
+    from specdec.models.gguf.path_choice import PATHS
     from specdec.models.loader import load_model
 
     if oracle.missing() is not None:

@@ -24,7 +24,7 @@ import torch
 
 from specdec.bench.hardware.kernels_report import PATHS, IsaTimes, KernelsRun, PageEffect, PathResult
 from specdec.bench.hardware.long_context import decode_rate, file_edit_prompt, log
-from specdec.bench.hardware.profile import measure_bandwidth, time_passes
+from specdec.bench.hardware.profile import measure_bandwidth
 from specdec.bench.results import encode
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.calibrate import policy_for
@@ -32,7 +32,8 @@ from specdec.engine.generate import Engine, GenerationConfig
 from specdec.errors import SpecdecError
 from specdec.models.loader import load_model
 from specdec.models.target import TargetTraits
-from specdec.models.tokenizer import encode_prompt
+from specdec.models.text.tokenizer import encode_prompt
+from specdec.models.timing import time_passes
 
 QUICK_PATHS = ("fp16", "gguf-q16")
 

@@ -30,12 +30,13 @@ import torch
 
 from specdec.bench.engines.llamacpp_compare import plain_and_lookup
 from specdec.bench.hardware.long_context_report import ROWS, ContextPass, LongContextRun, NgramRow, PrefixRun, TtftPoint
-from specdec.bench.hardware.profile import compute_floor, measure_bandwidth, time_passes
+from specdec.bench.hardware.profile import compute_floor, measure_bandwidth
 from specdec.bench.prompts import load_prompts, select
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.engine.policy import Auto, PassCost
-from specdec.models.tokenizer import encode_prompt
+from specdec.models.text.tokenizer import encode_prompt
+from specdec.models.timing import time_passes
 
 
 def log(*a) -> None:

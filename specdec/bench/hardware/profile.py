@@ -16,13 +16,14 @@ import statistics
 import sys
 import time
 import tracemalloc
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from specdec.errors import SpecdecError
 from specdec.kernels.cores import sharing
 from specdec.models.target import TargetTraits
+from specdec.models.timing import Tick, time_pairs, time_passes
 from specdec.provenance import provenance
 from specdec.sampling.verify import PAD
 from specdec.theory.economics import CostCurve, batch_capacity, first_exceeding, fit_knee
@@ -32,56 +33,6 @@ PROFILE_FORMAT, PROFILE_VERSION = "specdec-profile", 1
 KNEE_THRESHOLD = 1.5
 KNEE_RULE = (f"threshold: the first n whose pass costs more than {KNEE_THRESHOLD} 1-row passes; "
              "roofline: the knee of max(1, n / knee) fitted to T(n)/T(1) by least squares")
-Tick = Callable[[], None]
-
-
-def primed(model, context: int, rows: Sequence[int]):
-    """A pass over n rows after `context` cached tokens, for each n in rows, ready to time: n -> a function that
-    runs it (the cache prefilled with random tokens, every pass rewriting the same positions; warmed up)."""
-    limit = model.cfg.max_position_embeddings
-    if context < 1 or context + max(rows) > limit:
-        raise SpecdecError(f"context {context} + {max(rows)} rows does not fit the model's {limit} positions")
-    g = torch.Generator().manual_seed(0)
-    vocab = model.cfg.vocab_size
-    cache = model.new_cache(1, context + max(rows) + 1)
-    model.forward(torch.randint(0, vocab, (1, context), generator=g), torch.zeros(1, dtype=torch.long), cache,
-                  last_only=torch.tensor([context - 1]), prefill=True)
-    start = torch.tensor([context])
-    toks = {n: torch.randint(0, vocab, (1, n), generator=g) for n in rows}  # [1, n] each
-    run = {n: (lambda t=toks[n]: model.forward(t, start, cache)) for n in rows}
-    for n in (rows[0], rows[-1]):  # warm-up
-        run[n]()
-    return run
-
-
-def timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def time_passes(model, context: int, rows: Sequence[int], reps: int, tick: Tick = lambda: None) -> dict[int, list]:
-    """Seconds of target passes over n rows after `context` cached tokens, reps times per n (rep-major,
-    alternating direction, so that drift spreads over every n)."""
-    run = primed(model, context, rows)
-    times: dict[int, list] = {n: [] for n in rows}
-    for rep in range(reps):
-        for n in (rows if rep % 2 == 0 else list(reversed(rows))):
-            times[n].append(timed(run[n]))
-            tick()
-    return times
-
-
-def time_pairs(a, b, context: int, reps: int, tick: Tick = lambda: None) -> tuple[list, list]:
-    """Seconds of one-row passes of models a and b after `context` cached tokens, alternated pass by pass (the
-    order flipped every rep), so that a burst of other load meets both: what a ratio of their costs needs."""
-    run_a, run_b = primed(a, context, [1])[1], primed(b, context, [1])[1]
-    ta, tb = [], []
-    for rep in range(reps):
-        for run, out in ((run_a, ta), (run_b, tb)) if rep % 2 == 0 else ((run_b, tb), (run_a, ta)):
-            out.append(timed(run))
-        tick()
-    return ta, tb
 
 
 def context_entry(context: int, times: dict[int, list]) -> dict:
@@ -97,7 +48,7 @@ def context_entry(context: int, times: dict[int, list]) -> dict:
 def demo_context(tokenizer, length: int) -> list[int]:
     """A realistic context for n-gram lookup: the demo's code-editing prompt, repeated to `length` tokens."""
     from specdec.engine.demo import DEMO_PROMPT
-    from specdec.models.tokenizer import encode_prompt
+    from specdec.models.text.tokenizer import encode_prompt
 
     ids = encode_prompt(tokenizer, DEMO_PROMPT, chat=True) if tokenizer else list(range(1, 300))
     return (ids * (length // len(ids) + 1))[:length]
