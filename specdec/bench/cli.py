@@ -16,7 +16,7 @@ AUTO_FIXED_KS = (2, 4, 6, 8)  # with --k auto, these and the default k run too, 
 
 
 def register(sub) -> None:
-    from specdec.engine.cli import add_model_args
+    from specdec.engine.cli import add_chat_template_arg, add_model_args
 
     p = sub.add_parser("profile", help="measure verify cost curve, draft cost, knee, memory and bandwidth")
     add_model_args(p)
@@ -46,6 +46,7 @@ def register(sub) -> None:
     b.add_argument("--max-new-tokens", type=int, default=None, action=AT_LEAST_1,
                    help="tokens generated per prompt (default 256)")
     add_model_args(b)
+    add_chat_template_arg(b)
     b.add_argument("--k", default=str(DEFAULT_K), help=f"tokens drafted per round, or 'auto' (default {DEFAULT_K})")
     b.add_argument("--profile", metavar="FILE.json", help="a `specdec profile` output, for the predicted speedup")
     b.add_argument("--json", metavar="FILE", help="write everything, per prompt too, as JSON")
@@ -98,6 +99,9 @@ def run_bench(args) -> int:
     from specdec.bench.suites import resolve_suite_args, run_suite
 
     resolve_suite_args(args)
+    if args.chat_template and (args.suite or args.endpoint or args.baseline):
+        raise SpecdecError("--chat-template applies to a local model's bench (a server applies its own template, "
+                           "and the suites run the bundled model with its own)")
     if args.suite:
         return run_suite(args)
     if args.endpoint or args.baseline:
@@ -110,6 +114,7 @@ def run_bench(args) -> int:
     from specdec.bench.runner import run_bench as run_all
     from specdec.drafters.base import NoDrafter
     from specdec.engine.calibrate import parse_k
+    from specdec.engine.cli import chat_template_for, say_chat_template
     from specdec.engine.generate import Engine
     from specdec.engine.policy import Auto, PassCost
     from specdec.runtime import ModelSpec, build
@@ -126,7 +131,9 @@ def run_bench(args) -> int:
         llamacpp_cmd = worker_command(gguf_path(args.model), torch.get_num_threads())
     prof = Profile.load(args.profile) if args.profile else None
     source = f"file {args.profile}" if prof else None
+    chosen = chat_template_for(args)
     target, drafter = build(ModelSpec.from_args(args))
+    say_chat_template(target.tokenizer, chosen, "each prompt goes to the model as raw text (turns joined)")
     if isinstance(drafter, NoDrafter):
         raise SpecdecError("bench compares plain decoding with a drafter: choose --drafter ngram or draft-model")
     if prof and (prof.model, prof.precision) != (target.name, target.model.precision):

@@ -37,12 +37,22 @@ def add_model_args(p, drafter_default: str = "ngram") -> None:
                         "model)")
 
 
+def add_chat_template_arg(p) -> None:
+    """--chat-template, on the commands that turn a chat into a prompt (generate, serve, bench)."""
+    from specdec.models.text.chat_templates import builtin_names
+
+    p.add_argument("--chat-template", metavar="NAME|FILE",
+                   help=f"the chat template chats go through: a built-in ({builtin_names()}) or a Jinja file; "
+                        "it wins over the model's own, which is the default (docs/serving.md)")
+
+
 def register(sub) -> None:
     g = sub.add_parser("generate", help="generate text with speculative decoding")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a file")
     add_model_args(g)
+    add_chat_template_arg(g)
     g.add_argument("--k", default="auto",
                    help="tokens drafted per round: an integer, or auto (default): each round's k, 0 to 8, from "
                         "this machine's pass costs (measured at start, under a second) and the acceptance so far")
@@ -111,7 +121,10 @@ def run_generate(args) -> int:
     if args.lossy_typical_acceptance:
         print("specdec: warning: --lossy-typical-acceptance is LOSSY: the output is not the model's own",
               file=sys.stderr)
+    chosen = chat_template_for(args)
     target, drafter = build(ModelSpec.from_args(args))
+    if args.chat:
+        say_chat_template(target.tokenizer, chosen, "the prompt goes to the model as raw text")
     ids = encode_prompt(target.tokenizer, text, args.chat)
     engine = Engine(target.model, target.tokenizer, args.device)
     engine.check_prompts([ids])  # before --k auto measures pass costs
@@ -143,6 +156,25 @@ def run_generate(args) -> int:
           f"a = {'n/a' if a is None else f'{a:.2f}'}, ttft {summary['ttft_s'] * 1000:.0f} ms, "
           f"finish: {result.finish_reason}]", file=sys.stderr)
     return 0
+
+
+def chat_template_for(args):
+    """The --chat-template given, read and checked before the model loads (None: the model's own, if any)."""
+    from specdec.models.text.chat_templates import read_chat_template
+
+    if args.chat_template and getattr(args, "chat", True) is False:
+        raise SpecdecError("--chat-template and --no-chat contradict each other: --no-chat sends the prompt raw")
+    return read_chat_template(args.chat_template)
+
+
+def say_chat_template(tokenizer, chosen, raw: str) -> str:
+    """Put the chosen template in force and say on stderr, in one line, which one is (or that `raw` happens)."""
+    from specdec.models.text.chat_templates import no_template_line, use_chat_template
+
+    label = use_chat_template(tokenizer, chosen)
+    line = f"chat template: {label}" if label != "none" else no_template_line(tokenizer, raw)
+    print(f"specdec: {line}", file=sys.stderr, flush=True)
+    return label
 
 
 def run_demo(args) -> int:
