@@ -282,7 +282,7 @@ def test_generate_and_bench_refuse_a_template_where_it_would_not_apply(tmp_path,
     (tmp_path / "p.jsonl").write_text('{"prompt": "w1 w2"}\n')
     assert main(["bench", "--prompts", str(tmp_path / "p.jsonl"), "--endpoint", "http://127.0.0.1:9",
                  "--chat-template", "chatml"]) == 2
-    assert "applies to a local model" in capsys.readouterr().err
+    assert "--chat-template apply to a local model" in capsys.readouterr().err
 
 
 def test_bench_says_in_one_line_that_prompts_go_raw(tmp_path, capsys):

@@ -99,9 +99,6 @@ def run_bench(args) -> int:
     from specdec.bench.suites import resolve_suite_args, run_suite
 
     resolve_suite_args(args)
-    if args.chat_template and (args.suite or args.endpoint or args.baseline):
-        raise SpecdecError("--chat-template applies to a local model's bench (a server applies its own template, "
-                           "and the suites run the bundled model with its own)")
     if args.suite:
         return run_suite(args)
     if args.endpoint or args.baseline:
@@ -114,10 +111,9 @@ def run_bench(args) -> int:
     from specdec.bench.runner import run_bench as run_all
     from specdec.drafters.base import NoDrafter
     from specdec.engine.calibrate import parse_k
-    from specdec.engine.cli import chat_template_for, say_chat_template
+    from specdec.engine.cli import build_with_chat_template
     from specdec.engine.generate import Engine
     from specdec.engine.policy import Auto, PassCost
-    from specdec.runtime import ModelSpec, build
     from specdec.theory.profile import Profile
 
     k = parse_k(args.k)
@@ -131,9 +127,7 @@ def run_bench(args) -> int:
         llamacpp_cmd = worker_command(gguf_path(args.model), torch.get_num_threads())
     prof = Profile.load(args.profile) if args.profile else None
     source = f"file {args.profile}" if prof else None
-    chosen = chat_template_for(args)
-    target, drafter = build(ModelSpec.from_args(args))
-    say_chat_template(target.tokenizer, chosen, "each prompt goes to the model as raw text (turns joined)")
+    target, drafter = build_with_chat_template(args, "each prompt goes to the model as raw text (turns joined)")
     if isinstance(drafter, NoDrafter):
         raise SpecdecError("bench compares plain decoding with a drafter: choose --drafter ngram or draft-model")
     if prof and (prof.model, prof.precision) != (target.name, target.model.precision):
@@ -203,8 +197,9 @@ def run_endpoint_bench(args) -> int:
 
     if not args.endpoint:
         raise SpecdecError("--baseline needs --endpoint (the server with speculation on)")
-    if args.compare or args.profile:
-        raise SpecdecError("--compare and --profile apply to a local model, not to --endpoint")
+    if args.compare or args.profile or args.chat_template:
+        raise SpecdecError("--compare, --profile and --chat-template apply to a local model, not to --endpoint (a "
+                           "server applies its own template)")
     check_outputs(args)
     levels = tuple(parse_ints(args.concurrency, "--concurrency"))
     prompts = select(load_prompts(args.prompts), parse_categories(args.categories), args.per_category)

@@ -110,7 +110,6 @@ def run_generate(args) -> int:
     from specdec.engine.generate import Engine, GenerationConfig
     from specdec.engine.trace import build_trace, write_trace
     from specdec.models.text.tokenizer import IncrementalDecoder, encode_prompt
-    from specdec.runtime import ModelSpec, build
     from specdec.sampling.warp import SamplingConfig
 
     text = read_prompt(args)
@@ -121,10 +120,7 @@ def run_generate(args) -> int:
     if args.lossy_typical_acceptance:
         print("specdec: warning: --lossy-typical-acceptance is LOSSY: the output is not the model's own",
               file=sys.stderr)
-    chosen = chat_template_for(args)
-    target, drafter = build(ModelSpec.from_args(args))
-    if args.chat:
-        say_chat_template(target.tokenizer, chosen, "the prompt goes to the model as raw text")
+    target, drafter = build_with_chat_template(args, "the prompt goes to the model as raw text")
     ids = encode_prompt(target.tokenizer, text, args.chat)
     engine = Engine(target.model, target.tokenizer, args.device)
     engine.check_prompts([ids])  # before --k auto measures pass costs
@@ -165,6 +161,18 @@ def chat_template_for(args):
     if args.chat_template and getattr(args, "chat", True) is False:
         raise SpecdecError("--chat-template and --no-chat contradict each other: --no-chat sends the prompt raw")
     return read_chat_template(args.chat_template)
+
+
+def build_with_chat_template(args, raw: str):
+    """runtime.build for generate and bench: --chat-template read and checked before the model loads, put in force
+    after it, and said in one line on stderr (`raw`: what happens without any template; nothing with --no-chat)."""
+    from specdec.runtime import ModelSpec, build
+
+    chosen = chat_template_for(args)
+    target, drafter = build(ModelSpec.from_args(args))
+    if getattr(args, "chat", True):
+        say_chat_template(target.tokenizer, chosen, raw)
+    return target, drafter
 
 
 def say_chat_template(tokenizer, chosen, raw: str) -> str:
