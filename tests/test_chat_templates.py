@@ -408,3 +408,17 @@ def test_gemma_without_a_template_refuses_chats_and_with_gemma_carries_its_turn_
     with served(target, drafter) as client:
         r = ask(client, "chat", "What is the capital of France?", max_tokens=8)
         assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] == len(ids)
+
+
+def test_the_python_api_takes_chat_template_and_warns_without_one(tmp_path):
+    import specdec
+
+    folder = str(word_folder(tmp_path, template=None))
+    with pytest.warns(UserWarning, match=r"raw text: give chat_template=NAME\|FILE \(built-in: chatml"):
+        gen = specdec.load(folder, drafter="none")
+    assert gen.target.tokenizer.chat_template is None
+    with pytest.raises(SpecdecError, match="chat_template=nope: no built-in template of that name"):
+        specdec.load(folder, drafter="none", chat_template="nope")
+    gen = specdec.load(folder, drafter="none", chat_template="chatml")
+    assert gen.target.tokenizer.chat_template == BUILTINS["chatml"].template
+    assert len(gen("w1 w2", max_new_tokens=3, k=0).token_ids) <= 3

@@ -143,9 +143,10 @@ async def read_json(request: Request) -> object:
 def make_sequence(s: AppState, req: GenRequest) -> Sequence:
     where = "messages" if req.kind == "chat" else "prompt"
     if req.kind == "chat" and not getattr(s.tokenizer, "chat_template", None):  # as vLLM: never a guessed join
-        raise APIError(400, no_template_line(s.tokenizer, "it cannot make these messages a prompt",
-                                             "restart the server with --chat-template NAME|FILE, or send raw "
-                                             "text to /v1/completions"), param="messages", code="no_chat_template")
+        raise APIError(400, no_template_line(s.tokenizer, "chat messages cannot be made a prompt",
+                                             "restart the server with --chat-template NAME|FILE",
+                                             ", or send raw text to /v1/completions"),
+                       param="messages", code="no_chat_template")
     try:
         if req.kind == "chat":
             ids = encode_messages(s.tokenizer, [dict(m) for m in req.messages])

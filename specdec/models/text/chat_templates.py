@@ -230,7 +230,7 @@ def suggestion(tokenizer, lead: str = "") -> str:
     return f"{lead}{fits[0]} fits this vocabulary" if fits else ""
 
 
-def no_template_line(tokenizer, consequence: str, how: str = "give --chat-template NAME|FILE") -> str:
+def no_template_line(tokenizer, consequence: str, how: str = "give --chat-template NAME|FILE", after: str = "") -> str:
     """The one line said where a chat goes as raw text, or is refused, for want of a template."""
     return (f"this model has no chat template, so {consequence}: {how} (built-in: {builtin_names()}"
-            f"{suggestion(tokenizer, '; ')})")
+            f"{suggestion(tokenizer, '; ')}){after}")
