@@ -58,13 +58,22 @@ class Generator:
 
 
 def load(model: str = "default", drafter: str = "ngram", precision: str | None = None, device: str = "cpu",
-         draft_model: str | None = None) -> Generator:
+         draft_model: str | None = None, chat_template: str | None = None) -> Generator:
     """A Generator for `model` ('default': the bundled SmolLM2-135M; a Hugging Face folder; a .gguf) drafting with
-    `drafter` (ngram, suffix, eagle, draft-model with `draft_model`, none, or a cascade such as "ngram,eagle")."""
+    `drafter` (ngram, suffix, eagle, draft-model with `draft_model`, none, or a cascade such as "ngram,eagle").
+    `chat_template`: a built-in name (chatml, llama3, llama2, mistral, gemma, phi3) or a Jinja file, in place of
+    the model's own; a model with neither warns once here that chat prompts go as raw text."""
+    import warnings
+
+    from specdec.models.text.chat_templates import no_template_line, read_chat_template, use_chat_template
     from specdec.runtime import ModelSpec, build
 
+    chosen = read_chat_template(chat_template, "chat_template=")
     target, drafter_ = build(ModelSpec(model=model, drafter=drafter, draft_model=draft_model, precision=precision,
                                        device=device))
+    if use_chat_template(target.tokenizer, chosen, "chat_template=NAME|FILE") == "none":
+        warnings.warn(no_template_line(target.tokenizer, "prompts go to it as raw text",
+                                       "give chat_template=NAME|FILE"), stacklevel=2)
     return Generator(target, drafter_)
 
 

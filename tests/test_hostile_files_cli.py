@@ -43,7 +43,7 @@ def gguf_bytes(tmp_path_factory) -> bytes:
     return path.read_bytes()
 
 
-INFORMATION = ("specdec: threads: ", "specdec: measuring this model's pass costs")
+INFORMATION = ("specdec: threads: ", "specdec: measuring this model's pass costs", "specdec: chat template: ")
 
 
 def fails(capsys, *argv, needle: str = "") -> str:

@@ -15,7 +15,7 @@ AUTO_FIXED_KS = (2, 4, 6, 8)  # with --policy auto, these fixed k run too, on th
 
 
 def register(sub) -> None:
-    from specdec.engine.cli import add_model_args
+    from specdec.engine.cli import add_chat_template_arg, add_model_args
     from specdec.engine.speculation import DEFAULT_K, add_speculation_args
 
     p = sub.add_parser("profile", help="measure verify cost curve, draft cost, knee, memory and bandwidth")
@@ -46,6 +46,7 @@ def register(sub) -> None:
     b.add_argument("--max-new-tokens", type=int, default=None, action=AT_LEAST_1,
                    help="tokens generated per prompt (default 256)")
     add_model_args(b)
+    add_chat_template_arg(b)
     add_speculation_args(b)
     b.add_argument("--profile", metavar="FILE.json",
                    help="a `specdec profile` output, for the predicted speedup and --policy auto (default: this "
@@ -112,10 +113,10 @@ def run_bench(args) -> int:
     from specdec.bench.runner import run_bench as run_all
     from specdec.drafters.base import NoDrafter
     from specdec.engine.calibrate import make_policy
+    from specdec.engine.cli import build_with_chat_template
     from specdec.engine.generate import Engine
     from specdec.engine.policy import PassCost
     from specdec.engine.speculation import DEFAULT_K, from_args
-    from specdec.runtime import ModelSpec, build
     from specdec.theory.profile import Profile
 
     how = from_args(args)
@@ -132,7 +133,7 @@ def run_bench(args) -> int:
         llamacpp_cmd = worker_command(gguf_path(args.model), torch.get_num_threads())
     if args.profile:
         Profile.load(args.profile)  # checked before the model loads
-    target, drafter = build(ModelSpec.from_args(args))
+    target, drafter = build_with_chat_template(args, "each prompt goes to the model as raw text (turns joined)")
     prof, source = planning_profile(target, drafter, how, args) if args.profile or how.policy == "auto" else (None,
                                                                                                               None)
     if prof and (prof.model, prof.precision) != (target.name, target.model.precision):
@@ -211,8 +212,9 @@ def run_endpoint_bench(args) -> int:
 
     if not args.endpoint:
         raise SpecdecError("--baseline needs --endpoint (the server with speculation on)")
-    if args.compare or args.profile:
-        raise SpecdecError("--compare and --profile apply to a local model, not to --endpoint")
+    if args.compare or args.profile or args.chat_template:
+        raise SpecdecError("--compare, --profile and --chat-template apply to a local model, not to --endpoint (a "
+                           "server applies its own template)")
     check_outputs(args)
     levels = tuple(parse_ints(args.concurrency, "--concurrency"))
     prompts = select(load_prompts(args.prompts), parse_categories(args.categories), args.per_category)

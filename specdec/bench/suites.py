@@ -106,7 +106,8 @@ def resolve_suite_args(args) -> None:
         return
     given = [f for f, v in (("--endpoint", args.endpoint), ("--baseline", args.baseline), ("--compare", args.compare),
                             ("--profile", args.profile), ("--json", args.json), ("--markdown", args.markdown),
-                            ("--plot", args.plot), ("--model", args.model != "default" or None)) if v]
+                            ("--plot", args.plot), ("--model", args.model != "default" or None),
+                            ("--chat-template", getattr(args, "chat_template", None))) if v]
     if suite != "endpoint_check" and args.concurrency != "1":
         given.append("--concurrency")
     if given:

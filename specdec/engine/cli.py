@@ -38,12 +38,22 @@ def add_model_args(p, drafter_default: str = "ngram") -> None:
                         "model)")
 
 
+def add_chat_template_arg(p) -> None:
+    """--chat-template, on the commands that turn a chat into a prompt (generate, serve, bench)."""
+    from specdec.models.text.chat_templates import builtin_names
+
+    p.add_argument("--chat-template", metavar="NAME|FILE",
+                   help=f"the chat template chats go through: a built-in ({builtin_names()}) or a Jinja file; "
+                        "it wins over the model's own, which is the default (docs/serving.md)")
+
+
 def register(sub) -> None:
     g = sub.add_parser("generate", help="generate text with speculative decoding")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a file")
     add_model_args(g)
+    add_chat_template_arg(g)
     add_speculation_args(g)
     g.add_argument("--temperature", type=float, default=0.0, action=NON_NEGATIVE, help="0 = greedy")
     g.add_argument("--top-p", type=float, default=1.0, action=TOP_P)
@@ -100,7 +110,6 @@ def run_generate(args) -> int:
     from specdec.engine.speculation import from_args
     from specdec.engine.trace import build_trace, write_trace
     from specdec.models.text.tokenizer import IncrementalDecoder, encode_prompt
-    from specdec.runtime import ModelSpec, build
     from specdec.sampling.warp import SamplingConfig
 
     text = read_prompt(args)
@@ -111,7 +120,7 @@ def run_generate(args) -> int:
     if args.lossy_typical_acceptance:
         print("specdec: warning: --lossy-typical-acceptance is LOSSY: the output is not the model's own",
               file=sys.stderr)
-    target, drafter = build(ModelSpec.from_args(args))
+    target, drafter = build_with_chat_template(args, "the prompt goes to the model as raw text")
     ids = encode_prompt(target.tokenizer, text, args.chat)
     engine = Engine(target.model, target.tokenizer, args.device)
     engine.check_prompts([ids])  # before --k auto reads (or measures) pass costs
@@ -143,6 +152,37 @@ def run_generate(args) -> int:
           f"a = {'n/a' if a is None else f'{a:.2f}'}, ttft {summary['ttft_s'] * 1000:.0f} ms, "
           f"finish: {result.finish_reason}]", file=sys.stderr)
     return 0
+
+
+def chat_template_for(args):
+    """The --chat-template given, read and checked before the model loads (None: the model's own, if any)."""
+    from specdec.models.text.chat_templates import read_chat_template
+
+    if args.chat_template and getattr(args, "chat", True) is False:
+        raise SpecdecError("--chat-template and --no-chat contradict each other: --no-chat sends the prompt raw")
+    return read_chat_template(args.chat_template)
+
+
+def build_with_chat_template(args, raw: str):
+    """runtime.build for generate and bench: --chat-template read and checked before the model loads, put in force
+    after it, and said in one line on stderr (`raw`: what happens without any template; nothing with --no-chat)."""
+    from specdec.runtime import ModelSpec, build
+
+    chosen = chat_template_for(args)
+    target, drafter = build(ModelSpec.from_args(args))
+    if getattr(args, "chat", True):
+        say_chat_template(target.tokenizer, chosen, raw)
+    return target, drafter
+
+
+def say_chat_template(tokenizer, chosen, raw: str) -> str:
+    """Put the chosen template in force and say on stderr, in one line, which one is (or that `raw` happens)."""
+    from specdec.models.text.chat_templates import no_template_line, use_chat_template
+
+    label = use_chat_template(tokenizer, chosen)
+    line = f"chat template: {label}" if label != "none" else no_template_line(tokenizer, raw)
+    print(f"specdec: {line}", file=sys.stderr, flush=True)
+    return label
 
 
 def run_demo(args) -> int:

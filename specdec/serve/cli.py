@@ -13,7 +13,7 @@ from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, PORT, ranged
 
 
 def register(sub) -> None:
-    from specdec.engine.cli import add_model_args
+    from specdec.engine.cli import add_chat_template_arg, add_model_args
     from specdec.engine.scheduler import PREFILL_CHUNK
     from specdec.engine.speculation import add_speculation_args
 
@@ -21,6 +21,7 @@ def register(sub) -> None:
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000, action=PORT)
     add_model_args(s)
+    add_chat_template_arg(s)
     add_speculation_args(s, "and round")
     s.add_argument("--row-floor", type=float, default=0.0, metavar="F", action=ranged(0, 1),
                    help="auto: draft only where every row's expected speed stays at least F times its speed "
@@ -116,8 +117,10 @@ def run_serve(args) -> int:
     import uvicorn
 
     from specdec.engine.calibrate import make_policy, planned_cost
+    from specdec.engine.cli import chat_template_for
     from specdec.engine.scheduler import Scheduler, SchedulerConfig
     from specdec.engine.speculation import from_args
+    from specdec.models.text.chat_templates import use_chat_template
     from specdec.runtime import ModelSpec, build
     from specdec.serve.app import ServeConfig, create_app
     from specdec.serve.live import LiveInfo, LiveStats
@@ -134,8 +137,12 @@ def run_serve(args) -> int:
     sched_cfg = SchedulerConfig(args.max_batch, args.max_queue, args.context, args.prefill_chunk or None,
                                 prefix_cache=args.prefix_cache or 0)
     spec = ModelSpec.from_args(args)
+    chosen = chat_template_for(args)  # a bad name or file, before the model loads
     check_bindable(args.host, args.port)  # before the model loads: a taken port is found in a second
     target, drafter = build(spec)
+    chat = use_chat_template(target.tokenizer, chosen)  # before the scheduler reads its end-of-turn token
+    if chat == "none":
+        chat = "none (chat requests get a 400 naming --chat-template; /v1/completions takes raw text)"
     policy = make_policy(how, planned_cost(target, how, args.max_batch, args.profile), drafter.free,
                          row_floor=args.row_floor)
     sched = Scheduler(target.model, target.tokenizer, drafter, policy, sched_cfg)
@@ -157,7 +164,8 @@ def run_serve(args) -> int:
     print(f"specdec: serving {name} ({target.model.precision}) on http://{args.host}:{args.port}/v1 - drafter "
           f"{drafter.name}, policy {how}, max batch {args.max_batch}, context "
           f"{sched.context} (KV pool up to {kv_gib:.1f} GiB, taken as sequences fill it), prefix cache {prefix}"
-          f", streams paced {args.pace}{', acceptance LOSSY (typical)' if args.lossy_typical_acceptance else ''}",
+          f", streams paced {args.pace}{', acceptance LOSSY (typical)' if args.lossy_typical_acceptance else ''}"
+          f", chat template {chat}",
           file=sys.stderr,
           flush=True)
     return serve_on_this_thread(worker, uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
