@@ -16,17 +16,13 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.models.gguf.weights import QTensor, dequantize, planes
+from tests.conftest import native_kernels
 from tests.test_gguf_convert import write_tiny_gguf
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    from specdec.kernels import decode_kernels
-
-    k = decode_kernels()
-    if k is None:
-        pytest.skip("the native kernels cannot be built here")
-    return k
+    return native_kernels()
 
 
 @pytest.fixture(params=["avx2", "vnni", "amx"])
