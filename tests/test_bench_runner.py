@@ -227,7 +227,7 @@ def counted_passes(monkeypatch):
     """Make the profile's timer count work instead of seconds: a pass "takes" its token-rows times its model's
     layers. The cost ratios the profile computes are then exact, whatever else runs on the machine; timed, the
     tiny model's c (a ratio of two sub-millisecond passes) read 7.31 with another test worker running."""
-    from specdec.bench.hardware import profile
+    from specdec.models import timing
     from specdec.models.transformer import Transformer
 
     work, forward = [0], Transformer.forward
@@ -242,7 +242,7 @@ def counted_passes(monkeypatch):
         return float(work[0] - before)
 
     monkeypatch.setattr(Transformer, "forward", counted)
-    monkeypatch.setattr(profile, "timed", timed)
+    monkeypatch.setattr(timing, "timed", timed)  # every timing of passes goes through it (models/timing.py)
 
 
 def test_draft_model_profile_and_bench_on_a_tiny_model(tiny, tmp_path, capsys, one_thread, monkeypatch):
