@@ -12,11 +12,11 @@ itself."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,8 +44,9 @@ PASS_LEVEL = 1e-3  # fixed seeds: the runs are deterministic
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, kernels):  # noqa: F811
-    """name -> a tiny-llama GGUF: the target, a stranger (seed 1) and a relative (the target's bytes, another file);
-    converted into a cache of the module's own."""
+    """name -> a tiny-llama GGUF: the target, a stranger (seed 1) and a relative (the target's bytes, another file).
+    The module runs with SPECDEC_CACHE in its own folder, so that their conversions leave nothing behind (the kernels
+    were loaded before, from the usual cache)."""
     folder = tmp_path_factory.mktemp("pair")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPECDEC_CACHE", str(folder / "cache"))
@@ -58,11 +59,9 @@ def files(tmp_path_factory, kernels):  # noqa: F811
 @pytest.fixture(scope="module")
 def models(files):
     """name -> LoadedModel: the target on gguf-q16, the stranger on gguf-q16, the relative on gguf-q8."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SPECDEC_CACHE", str(files["target"].parent / "cache"))
-        return {"target": load_model(str(files["target"]), "gguf-q16"),
-                "stranger": load_model(str(files["stranger"]), "gguf-q16"),
-                "relative": load_model(str(files["relative"]), "gguf-q8")}
+    return {"target": load_model(str(files["target"]), "gguf-q16"),
+            "stranger": load_model(str(files["stranger"]), "gguf-q16"),
+            "relative": load_model(str(files["relative"]), "gguf-q8")}
 
 
 def drafter(models, name: str) -> DraftModelDrafter:
@@ -120,10 +119,9 @@ def test_requests_joining_mid_run_equal_plain(models, plain, policy):
     assert sum(s.stats.accepted for s in seqs) > 0
 
 
-def test_generate_command_with_a_gguf_draft(files, plain, capsys, monkeypatch):
+def test_generate_command_with_a_gguf_draft(files, plain, capsys):
     """`specdec generate --drafter draft-model --draft-model FILE.gguf`: the draft's own cost said in one line, and
     the output the target's plain greedy one."""
-    monkeypatch.setenv("SPECDEC_CACHE", str(files["target"].parent / "cache"))
     args = ["generate", "--model", str(files["target"]), "--precision", "gguf-q16", "--drafter", "draft-model",
             "--draft-model", str(files["relative"]), "--draft-precision", "gguf-q8", "--prompt", "Hello there",
             "--no-chat", "--max-new-tokens", str(N), "--k", "3", "--json"]
@@ -203,12 +201,10 @@ def test_the_target_drafting_for_itself_at_temperature_1(models):
 
 # ---- at load: the tokenizers, the cost ------------------------------------------------------------------------------
 
-def test_a_draft_whose_vocabulary_differs_is_refused_naming_the_first_difference(tmp_path, files, models, capsys,
-                                                                                 monkeypatch):
+def test_a_draft_whose_vocabulary_differs_is_refused_naming_the_first_difference(tmp_path, files, models, capsys):
     """Tiny Phi-3's vocabulary is the bundled one with 64 more tokens: the target's is its beginning (the sizes are
     named); a llama shape padded to the same size has fillers where Phi-3 has named tokens (the first such id and
     both strings are named). Each is one line from the command, before any generation."""
-    monkeypatch.setenv("SPECDEC_CACHE", str(files["target"].parent / "cache"))
     phi3 = write(tmp_path / "phi3.gguf", "tiny-phi3", "Q8_0").path
     padded = write(tmp_path / "padded.gguf", replace(SHAPES["tiny-llama"], vocab=SHAPES["tiny-phi3"].vocab),
                    "Q8_0").path
@@ -244,4 +240,46 @@ def test_plain_loop_matches_the_engine_without_drafts(models, plain):
     """The reference itself: the engine with no drafter gives the written-out loop's tokens."""
     results = Engine(models["target"].model, None).generate(PROMPTS, GenerationConfig(N), NoDrafter(), 1)
     assert [r.token_ids for r in results] == plain
-    assert list(itertools.chain.from_iterable(plain))  # not empty
+
+
+# ---- serve ----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow  # two servers in subprocesses
+def test_serve_with_a_gguf_draft_under_concurrent_requests(files, kernels, tmp_path, monkeypatch):  # noqa: F811
+    """`specdec serve --drafter draft-model --draft-model FILE.gguf`, 3 slots, 8 clients at once: every greedy answer
+    equals the plain server's, drafts are accepted, and a seeded sampled answer is the same sent alone or among
+    others. The server says the draft's c at start."""
+    pytest.importorskip("openai")
+    import concurrent.futures
+
+    from tests.serving import Server
+
+    built = Path(kernels.__file__).parent  # this version's kernels, already built (kernels_dir)
+    cache = tmp_path / "cache"  # conversions of its own, and a copy of the kernels (under 2 MB)
+    shutil.copytree(built, cache / "kernels" / built.name)
+    monkeypatch.setenv("SPECDEC_CACHE", str(cache))
+    prompts = ["Hello there", "The capital of France is", "1 2 3 4 5 6", "def main():", "Once upon a time"]
+    common = ["--precision", "gguf-q16", "--max-batch", "3", "--k", "3"]
+
+    def ask(server, prompt: str, **kw) -> str:
+        c = server.client(None)
+        return c.completions.create(model=c.models.list().data[0].id, prompt=prompt, max_tokens=16, **kw)
+
+    plain = Server(files["target"], *common, "--drafter", "none")
+    try:
+        expected = {p: ask(plain, p, temperature=0).choices[0].text for p in prompts}
+    finally:
+        assert plain.stop() == 0, plain.output()
+    s = Server(files["target"], *common, "--drafter", "draft-model", "--draft-model", str(files["relative"]),
+               "--draft-precision", "gguf-q8", "--policy", "always")
+    try:
+        assert re.search(r"draft model relative\.gguf \(gguf-q8\): c = \d", s.output()), s.output()
+        seeded = {p: ask(s, p, temperature=1.0, seed=7).choices[0].text for p in prompts[:2]}
+        jobs = [(p, 0.0) for p in prompts] * 2 + [(p, 1.0) for p in prompts[:2]] * 2
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            got = list(pool.map(lambda job: (job, ask(s, job[0], temperature=job[1], seed=7)), jobs, timeout=600))
+        for (p, temperature), r in got:
+            assert r.choices[0].text == (expected[p] if temperature == 0 else seeded[p]), (p, temperature)
+        assert sum(r.usage.model_extra["speculative"]["accepted_tokens"] for _, r in got) > 0
+    finally:
+        assert s.stop() == 0, s.output()
