@@ -283,3 +283,29 @@ def test_serve_with_a_gguf_draft_under_concurrent_requests(files, kernels, tmp_p
         assert sum(r.usage.model_extra["speculative"]["accepted_tokens"] for _, r in got) > 0
     finally:
         assert s.stop() == 0, s.output()
+
+
+# ---- the pair's benchmark -------------------------------------------------------------------------------------------
+
+@pytest.mark.slow  # 2 GiB of bandwidth measurement, twice
+def test_the_pair_benchmark_writes_its_results_and_page(files, tmp_path):
+    """specdec.bench.engines.draft_pair on the tiny pair: the JSON reads back as its dataclass, the page states the
+    goals, and --render writes the same page from the JSON."""
+    from specdec.bench.engines import draft_pair
+    from specdec.bench.engines.model_runs import DraftPairRun
+
+    out, page = tmp_path / "pair.json", tmp_path / "pair.md"
+    args = ["--target", str(files["target"]), "--draft", str(files["stranger"]), "--precision", "gguf-q8",
+            "--draft-precision", "gguf-q8", "--context", "32", "--rows", "3", "--reps", "1", "--pairs", "3",
+            "--repeats", "2", "--new-tokens", "6", "--k", "2", "--json", str(out), "--page", str(page)]
+    assert draft_pair.main(args) == 0
+    run = DraftPairRun.load(out)
+    assert run.identical and run.plain.tokens == 6 and run.fixed.drafted > 0
+    assert len(run.c_runs) == 2 and len(run.verify) == 2 and set(run.cost) == {"1", "2", "3"}
+    assert set(run.projections) == {"0.6", "0.7", "0.8"} and run.vocabulary == SHAPES["tiny-llama"].vocab
+    text = page.read_text()
+    assert "| c at most 0.2 | c = " in text and "| greedy output identical to plain | yes" in text
+    assert "python -m specdec.bench.engines.draft_pair --target" in text
+    again = tmp_path / "again.md"
+    assert draft_pair.main(["--json", str(out), "--page", str(again), "--render", "--target", "x", "--draft", "y"]) == 0
+    assert again.read_text() == text
