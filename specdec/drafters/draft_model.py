@@ -192,16 +192,21 @@ class DraftCost:
     target_s: float  # ... and of the target's
     context: int  # cached tokens before each pass
     pairs: int
+    seconds: float  # the measuring took, both prefills of the context included
 
     def line(self) -> str:
         return (f"c = {self.c:.3f} (its one-token pass {self.draft_s * 1e3:.1f} ms over the target's "
-                f"{self.target_s * 1e3:.1f} ms, medians of {self.pairs} alternated pairs after {self.context} tokens)")
+                f"{self.target_s * 1e3:.1f} ms, medians of {self.pairs} alternated pairs after {self.context} tokens; "
+                f"measured in {self.seconds:.1f} s)")
 
 
-def draft_cost(target, draft, context: int = 64, reps: int = 5, tick: Tick = lambda: None) -> DraftCost:
-    """Measure c for `draft` (a model) drafting for `target`: about a second for a 1B draft of an 8B target, most
-    of it the two prefills of `context` tokens. `specdec profile` and every load of a draft model measure it here."""
+def draft_cost(target, draft, context: int = 32, reps: int = 5, tick: Tick = lambda: None) -> DraftCost:
+    """Measure c for `draft` (a model) drafting for `target`, after `context` tokens (fewer where a model holds
+    fewer positions): a second or two for a 1B draft of an 8B target, the two prefills included. `specdec profile`
+    and every load of a draft model measure it here."""
+    started = time.perf_counter()
     room = min(target.cfg.max_position_embeddings, draft.cfg.max_position_embeddings) - 1  # a pass after context
-    target_s, draft_s = time_pairs(target, draft, max(1, min(context, room - 1)), reps, tick)
+    context = max(1, min(context, room - 1))
+    target_s, draft_s = time_pairs(target, draft, context, reps, tick)
     t, d = statistics.median(target_s), statistics.median(draft_s)
-    return DraftCost(d / t, d, t, max(1, min(context, room - 1)), reps)
+    return DraftCost(d / t, d, t, context, reps, time.perf_counter() - started)
