@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", required=True, help="where the raw results go")
     p.add_argument("--page", default="", help="the Markdown page ('' for none)")
     p.add_argument("--render", action="store_true", help="measure nothing: write --page from --json")
+    p.add_argument("--note", default="", help="a paragraph for the page: why this pair, these paths")
     args = p.parse_args(argv)
 
     from specdec.errors import SpecdecError
