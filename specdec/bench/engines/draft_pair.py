@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             report.save(args.json)
         if args.page:
-            write_page(report, Path(args.page))
+            write_page(report, Path(args.page), args.json)
     except SpecdecError as e:
         print(f"specdec: error: {e}", file=sys.stderr)
         return 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from specdec.atomic import write_text_atomic
@@ -29,14 +30,26 @@ def break_even(c: float, cost: dict[str, float]) -> float | None:
     return next((a / 100 for a in range(1, 100) if plan(a / 100, c, MAX_K, curve).best_speedup > 1.0), None)
 
 
+def flattest(r: DraftPairRun) -> dict[str, float] | None:
+    """Where the fastest 1-row passes of the repeats lie more than SPREAD apart (the host's memory bandwidth changed
+    between them): the curve of the repeat with the slowest, from its medians (a repeat whose bandwidth changed midway
+    mixes the two in its fastest passes). None where they agree."""
+    one = [v.step_s for v in r.verify]
+    if max(one) <= SPREAD * min(one):
+        return None
+    med = max(r.verify, key=lambda v: v.step_s).median_times_s
+    return {n: t / med["1"] for n, t in med.items()}
+
+
 def _ms(s: float) -> str:
     return num(s, 1, 1e3)
 
 
-def header(r: DraftPairRun) -> list[str]:
+def header(r: DraftPairRun, json_path: str) -> list[str]:
     m, cfg = r.machine, r.config
+    note = cfg.get("note")
     loads = ", ".join(f"{x[0]:.2f}" for x in r.load_avg)
-    busy = r.team_changes or max(x[0] for x in r.load_avg) > 1.5
+    busy = r.team_changes or r.load_avg[0][0] > 0.5
     return [
         f"# A draft-model pair: {Path(r.draft).name} drafting for {Path(r.target).name}",
         "",
@@ -44,11 +57,12 @@ def header(r: DraftPairRun) -> list[str]:
         f"- read bandwidth (torch sum over 1 GiB, median of 5): {m['bandwidth_gbs']:.1f} GB/s at the start, "
         f"{m['bandwidth_end_gbs']:.1f} GB/s at the end",
         f"- {m['date_utc']}, git {m['git']}; threads {cfg['threads'] or 'auto'}",
-        f"- load average (1 min) at the start and after each part: {loads}; the thread team changed size "
-        f"{r.team_changes} time(s) during the run: "
-        f"{'a contended machine (other processes used these cores)' if busy else 'a quiet machine'}",
-        f"- command: `{m['command']}`",
-        f"- raw JSON: `{cfg['json']}`",
+        f"- load average (1 min) at the start and after each part: {loads} (the run's own threads count in it after "
+        f"the start); the thread team changed size {r.team_changes} time(s) during the run: "
+        f"{'other processes were using these cores' if busy else 'the machine was quiet when it started'}",
+        f"- command: `{m['command'].replace(shlex.quote(note), 'TEXT')}` (TEXT: the paragraph after the next)"
+        if note else f"- command: `{m['command']}`",
+        f"- raw JSON: `{json_path}`",
         "",
     ]
 
@@ -99,7 +113,7 @@ def verify_section(r: DraftPairRun) -> list[str]:
     lines.append(f"| **best** | {_ms(r.step_s)} | " + " | ".join(f"{r.cost[str(n)]:.2f}" for n in rows[1:]) + " |")
     one = [v.step_s for v in r.verify]
     wide = [v.times_s[str(rows[-1])] for v in r.verify]
-    if max(one) > SPREAD * min(one):
+    if flattest(r) is not None:
         lines += ["", f"The 1-row pass took {_ms(min(one))}-{_ms(max(one))} ms between repeats, the {rows[-1]}-row "
                   f"pass {_ms(min(wide))}-{_ms(max(wide))} ms: a pass over few rows is bound by memory bandwidth, "
                   "which other work on the host shares, and one over many rows by arithmetic, which it does not. The "
@@ -118,17 +132,16 @@ def projection_section(r: DraftPairRun) -> list[str]:
         "E[tokens/round] = (1 - a^(k+1)) / (1 - a), speedup = E / (k c + verify_cost(k+1)), against plain decoding. "
         f"The draft model's c = {r.c:.3f}; n-gram's c = {r.c_ngram:.5f}, its measured lookup "
         f"({num(r.lookup['seconds_per_round'], 1, 1e6)} µs a round of k = {r.lookup['k']}, on a "
-        f"{r.lookup['context']}-token context) over the target's 1-row pass.", "",
-        "| a | draft model | n-gram | on the flattest repeat's medians: draft model | n-gram |",
-        "|---|---|---|---|---|"]
-    flat = max(r.verify, key=lambda v: v.median_times_s["1"])  # the slowest 1-row passes: the flattest curve
-    med = flat.median_times_s  # its medians: a repeat whose bandwidth changed midway has mixed fastest passes
-    other = project(r.c, r.c_ngram, {n: t / med["1"] for n, t in med.items()}) if med["1"] > SPREAD * r.step_s else None
+        f"{r.lookup['context']}-token context) over the target's 1-row pass.", ""]
+    flat = flattest(r)
+    other = project(r.c, r.c_ngram, flat) if flat is not None else None
     cell = lambda x, k: f"{speedup(x)} (k = {k})"  # noqa: E731
+    lines += ["| a | draft model | n-gram |" + (" on the flattest repeat's medians: draft model | n-gram |" if other
+                                                else ""), "|---|---|---|" + ("---|---|" if other else "")]
     for a in ALPHAS:
         p, q = r.projections[str(a)], other[str(a)] if other else None
-        flat = f"{cell(q.draft_speedup, q.draft_k)} | {cell(q.ngram_speedup, q.ngram_k)}" if q else "- | -"
-        lines.append(f"| {a} | {cell(p.draft_speedup, p.draft_k)} | {cell(p.ngram_speedup, p.ngram_k)} | {flat} |")
+        lines.append(f"| {a} | {cell(p.draft_speedup, p.draft_k)} | {cell(p.ngram_speedup, p.ngram_k)} |"
+                     + (f" {cell(q.draft_speedup, q.draft_k)} | {cell(q.ngram_speedup, q.ngram_k)} |" if q else ""))
     lines += ["", "At the same a, n-gram lookup is always ahead: it drafts for free. The two rates are not the same "
               "in use: lookup drafts only where the text repeats itself (a copy, an edit, code), and a draft model "
               "drafts everywhere, so the draft model earns its place on text that lookup cannot predict. "
@@ -154,7 +167,8 @@ def decode_section(r: DraftPairRun) -> list[str]:
     return [*lines, ""]
 
 
-def write_page(r: DraftPairRun, path: Path) -> None:
+def write_page(r: DraftPairRun, path: Path, json_path: str) -> None:
+    """The page of run r (read from, or saved to, json_path) at path."""
     gb = lambda n: f"{n / 1e9:.2f} GB"  # noqa: E731
     intro = [
         f"The files are **random-weight** GGUFs from `specdec synth-gguf` with llama.cpp's Q4_K_M type mix "
@@ -164,6 +178,6 @@ def write_page(r: DraftPairRun, path: Path) -> None:
         f"kernels, the target on {r.target_precision} and the draft on {r.draft_precision}, each with its own KV "
         f"cache; loading both, the tokenizer check and c at load took {r.load_s:.1f} s.", "",
         *([r.config["note"], ""] if r.config.get("note") else [])]
-    lines = [*header(r), *intro, *goals(r), *cost_section(r), *verify_section(r), *projection_section(r),
+    lines = [*header(r, json_path), *intro, *goals(r), *cost_section(r), *verify_section(r), *projection_section(r),
              *decode_section(r)]
     write_text_atomic(path, "\n".join(lines))
