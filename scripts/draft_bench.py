@@ -25,9 +25,10 @@ from specdec.bench.render import markdown
 from specdec.bench.report import build_report
 from specdec.bench.runner import engine_method, mark_identity, run_bench
 from specdec.drafters.base import NoDrafter
-from specdec.engine.calibrate import AUTO_MAX_K, calibrate, parse_k
+from specdec.engine.calibrate import planned_cost
 from specdec.engine.generate import Engine
 from specdec.engine.policy import Auto
+from specdec.engine.speculation import DEFAULT_K, speculation
 from specdec.runtime import ModelSpec, build
 from specdec.train.data import HOLDOUT
 
@@ -105,13 +106,14 @@ def main() -> int:
                 m.min_confidence = 0.0
             if name.endswith("~") and hasattr(m, "rated"):
                 m.rated = False
-        k = parse_k(args.head_k if args.head_k and name.rstrip("!~").endswith("eagle") else args.k)
+        how = speculation(args.head_k if args.head_k and name.rstrip("!~").endswith("eagle") else args.k)
+        k = "auto" if how.policy == "auto" else how.k
         if "eagle" in name and costs is None:
             costs = head_cost(target, drafter)
         if k == "auto" and pass_cost is None:  # measured once: every method plans over the same costs
-            pass_cost = calibrate(target.model, AUTO_MAX_K + 1, 1)
+            pass_cost = planned_cost(target, how)
         # its own planner per method: each learns its acceptance
-        policy = Auto(copy.deepcopy(pass_cost), max_k=AUTO_MAX_K, explore=not drafter.free) if k == "auto" else k
+        policy = Auto(copy.deepcopy(pass_cost), max_k=DEFAULT_K, explore=not drafter.free) if k == "auto" else k
         methods.append(method(f"{label} k={k}", Engine(target.model, target.tokenizer), drafter, policy, "plain", k))
     samples = run_bench(prompts, methods, target.tokenizer, args.max_new_tokens)
     if not args.temperature:

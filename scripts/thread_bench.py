@@ -24,9 +24,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdec.bench.hardware.profile import measure_bandwidth  # noqa: E402
-from specdec.engine.calibrate import make_policy  # noqa: E402
+from specdec.engine.calibrate import make_policy, planned_cost  # noqa: E402
 from specdec.engine.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 from specdec.engine.sequence import GenerationConfig  # noqa: E402
+from specdec.engine.speculation import Speculation  # noqa: E402
 from specdec.provenance import cpu_name, git_revision  # noqa: E402
 from specdec.runtime import ModelSpec, build  # noqa: E402
 
@@ -52,7 +53,8 @@ def main() -> int:
     args = ap.parse_args()
     target, drafter = build(ModelSpec(args.model, "ngram", None, None, None, "cpu", 4, 1, None))
     model, tok = target.model, target.tokenizer
-    policy = make_policy("auto", 5, model, args.requests, None, drafter.free)
+    how = Speculation("auto", 5)
+    policy = make_policy(how, planned_cost(target, how, args.requests), drafter.free)
     sched = Scheduler(model, tok, drafter, policy, SchedulerConfig(args.requests, 64, 2048))
     questions = [json.loads(line)["turns"][0] for line in SPEC_BENCH.open()][::40][: args.requests]
     prompts = [tok.encode(tok.apply_chat_template([{"role": "user", "content": q}])) for q in questions]

@@ -26,45 +26,54 @@ class Generator:
     target: Any  # models.loader.LoadedModel
     drafter: Any  # drafters.base.Drafter
     _engine: Any = field(default=None, repr=False)
-    _auto: Any = field(default=None, repr=False)  # the planner behind k="auto", measured on first use
+    # one policy per way of speculating, kept across calls (an `auto` planner goes on learning the acceptance)
+    _policies: dict = field(default_factory=dict, repr=False)
 
     def __call__(self, prompt: str | list[str], max_new_tokens: int = 128, k: int | str = "auto",
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                 stop: tuple[str, ...] = (), chat: bool = True):
+                 stop: tuple[str, ...] = (), chat: bool = True, policy: str | None = None):
         """GenerationResult (text, token_ids, finish_reason, stats) of one prompt, or a list of them for a list.
-        `k`: draft length, an integer or "auto" (the planner: drafts only where they pay); `chat`: through the
-        model's chat template when it has one."""
+        `k` and `policy` as the command line's --k and --policy (engine/speculation.py): "auto" (the default: up to
+        DEFAULT_K drafts a round, where they pay) or an integer (exactly that many; 0: plain decoding), and "auto",
+        "fixed" or "never"; `chat`: through the model's chat template when it has one."""
         from specdec.engine.calibrate import policy_for
         from specdec.engine.generate import Engine
-        from specdec.engine.policy import Never
         from specdec.engine.sequence import GenerationConfig
+        from specdec.engine.speculation import speculation
         from specdec.models.text.tokenizer import encode_prompt
         from specdec.sampling.warp import SamplingConfig
 
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts or not all(isinstance(p, str) for p in prompts):
             raise SpecdecError("prompt: a string, or a non-empty list of strings")
-        if not (k == "auto" or (isinstance(k, int) and not isinstance(k, bool) and k >= 0)):
-            raise SpecdecError(f"k: an integer >= 0 or 'auto', got {k!r}")
+        how = speculation(k, policy, names=("k", "policy"), zero_is_never=True)
         cfg = GenerationConfig(max_new_tokens, SamplingConfig(temperature, top_k, top_p, seed), tuple(stop))
         if self._engine is None:
             self._engine = Engine(self.target.model, self.target.tokenizer)
-        if k == "auto" and self._auto is None:
-            self._auto = policy_for("auto", self.target.model, self.drafter)
+        if how not in self._policies:
+            self._policies[how] = policy_for(how, self.target, self.drafter)
         ids = [encode_prompt(self.target.tokenizer, p, chat) for p in prompts]
-        policy = self._auto if k == "auto" else Never() if k == 0 else k  # k = 0: plain decoding
-        results = self._engine.generate(ids, cfg, self.drafter, policy)
+        results = self._engine.generate(ids, cfg, self.drafter, self._policies[how])
         return results[0] if isinstance(prompt, str) else results
 
 
 def load(model: str = "default", drafter: str = "ngram", precision: str | None = None, device: str = "cpu",
-         draft_model: str | None = None) -> Generator:
+         draft_model: str | None = None, chat_template: str | None = None) -> Generator:
     """A Generator for `model` ('default': the bundled SmolLM2-135M; a Hugging Face folder; a .gguf) drafting with
-    `drafter` (ngram, suffix, eagle, draft-model with `draft_model`, none, or a cascade such as "ngram,eagle")."""
+    `drafter` (ngram, suffix, eagle, draft-model with `draft_model`, none, or a cascade such as "ngram,eagle").
+    `chat_template`: a built-in name (chatml, llama3, llama2, mistral, gemma, phi3) or a Jinja file, in place of
+    the model's own; a model with neither warns once here that chat prompts go as raw text."""
+    import warnings
+
+    from specdec.models.text.chat_templates import no_template_line, read_chat_template, use_chat_template
     from specdec.runtime import ModelSpec, build
 
+    chosen = read_chat_template(chat_template, "chat_template=")
     target, drafter_ = build(ModelSpec(model=model, drafter=drafter, draft_model=draft_model, precision=precision,
                                        device=device))
+    if use_chat_template(target.tokenizer, chosen, "chat_template=NAME|FILE") == "none":
+        warnings.warn(no_template_line(target.tokenizer, "prompts go to it as raw text",
+                                       "give chat_template=NAME|FILE"), stacklevel=2)
     return Generator(target, drafter_)
 
 

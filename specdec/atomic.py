@@ -4,8 +4,10 @@ truncated one); the failure is one SpecdecError line naming the file."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -92,3 +94,43 @@ def savefig_atomic(fig, path: str | os.PathLike, **kwargs) -> None:
     fmt = Path(path).suffix.lstrip(".").lower() or "png"
     with atomic_file(path) as f:
         fig.savefig(f, format=fmt, **kwargs)
+
+
+class KeyedStore:
+    """A JSON object in one file whose entries are keyed by what they were measured for (a model file, the CPU, the
+    kernels' build, ...): read whole, where a missing, torn or foreign file reads as empty (what it held is measured
+    again), and written whole. Where the file cannot be written, entries live on in this process's memory and the
+    first failure says so in one line: measuring again next time is the only cost."""
+
+    def __init__(self, path: Path, what: str):
+        self.path, self.what = Path(path), what  # what: the entries, for the one line ("path choices")
+        self.memory: dict = {}  # entries that could not be written
+        self.warned = False
+
+    def read(self) -> dict:
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            data = {}
+        return {**(data if isinstance(data, dict) else {}), **self.memory}
+
+    def get(self, key: str):
+        return self.read().get(key)
+
+    def put(self, key: str, entry) -> bool:
+        """Add `entry` under `key`, written whole; False when only this process's memory holds it now."""
+        data = self.read()
+        data[key] = entry
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.path, json.dumps(data, indent=1))
+            return True
+        except (OSError, SpecdecError) as e:
+            self.memory[key] = entry
+            if not self.warned:
+                self.warned = True
+                why = str(e).removeprefix(f"cannot write {self.path}: ") if isinstance(e, SpecdecError) else \
+                    (e.strerror or str(e))
+                print(f"specdec: cannot write {self.path} ({why}): {self.what} measured now are kept in memory only, "
+                      "and measured again by the next process", file=sys.stderr, flush=True)
+            return False

@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "specdec.bench.cli",
     "specdec.bench.engines.real_models",
     "specdec.bench.hardware.choose_path",
+    "specdec.bench.hardware.expect",
     "specdec.serve.cli",
     "specdec.bench.serving.loadtest_cli",
     "specdec.audit.cli",
@@ -28,7 +29,8 @@ COMMAND_MODULES = (
 # The commands that run a model's passes in this process: they size their thread team at start and print it when
 # their first pass starts.
 # Every command takes --threads; the others pass it on to the servers and children they start (SPECDEC_THREADS).
-RUNS_PASSES = ("generate", "demo", "serve", "bench", "profile", "train-draft", "export-draft", "choose-path")
+RUNS_PASSES = ("generate", "demo", "serve", "bench", "profile", "train-draft", "export-draft", "choose-path",
+               "expect")
 
 
 class UsageError(SpecdecError):
@@ -53,10 +55,28 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     for p in sub.choices.values():
-        p.add_argument("--threads", default=None, metavar="N",
-                       help="threads a pass runs on: a number, or auto (the default, or SPECDEC_THREADS): one per "
-                            "CPU the affinity mask and cgroup quota allow, fewer while other processes use them")
+        add_threads(p, default=None)
     return parser
+
+
+def subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """The parsers of `parser`'s subcommands (`bench kernels` is one of `bench`'s), each once (an alias names the
+    same parser twice)."""
+    found: dict[int, argparse.ArgumentParser] = {}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found.update((id(p), p) for p in action.choices.values())
+    return list(found.values())
+
+
+def add_threads(parser: argparse.ArgumentParser, default) -> None:
+    """--threads on `parser` and on every subcommand nested in it, at any depth. A nested one's default is
+    SUPPRESS: argparse copies a subcommand's values over its parent's, so `bench --threads 2 kernels` keeps the 2."""
+    parser.add_argument("--threads", default=default, metavar="N",
+                        help="threads a pass runs on: a number, or auto (the default, or SPECDEC_THREADS): one per "
+                             "CPU the affinity mask and cgroup quota allow, fewer while other processes use them")
+    for child in subparsers(parser):
+        add_threads(child, default=argparse.SUPPRESS)
 
 
 def size_team(args) -> None:

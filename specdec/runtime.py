@@ -138,3 +138,11 @@ def load_head(path: str | None, model: str, target):
                            f"{target.model.cfg.num_layers}")
     # where the target runs on the native CPU kernels, so does the head's layer
     return EagleDrafter(head, target.model.embed, MIN_CONFIDENCE, kernels=traits.kernels)
+
+
+def drafter_for(spec: ModelSpec, target):
+    """The drafter (or cascade) `spec` names, for a target loaded already (`specdec expect` tries several)."""
+    from specdec.drafters.cascade import CascadeDrafter
+
+    members = [_drafter(name, spec, target) for name in spec.drafter.split(",")]
+    return members[0] if len(members) == 1 else CascadeDrafter(members)

@@ -211,6 +211,30 @@ def divergence_message(model, prompt, expected, got) -> str:
             f"the target's top-1 minus top-2 logit there is {gap:.3g}")
 
 
+# ---- the native kernels ----------------------------------------------------------------------------------------
+
+def in_ci() -> bool:
+    """CI=true, as .ci/run (and GitHub Actions, GitLab...) set it."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def native_kernels():
+    """The native kernels (decode_kernels()), or the test skipped where they cannot be had. With CI=true a build
+    that failed fails the test instead, so that CI cannot go green with the native tests skipped; SPECDEC_NO_KERNELS
+    (the kernels off on purpose) still skips."""
+    from specdec.kernels import OFF, decode_kernels, kernels_off
+
+    kernels = decode_kernels()
+    if kernels is None:
+        if kernels_off():
+            pytest.skip(f"{OFF} is set: the native kernels are off")
+        if in_ci():
+            pytest.fail("the native kernels could not be built, and with CI=true that fails the run instead of "
+                        "skipping the native tests (`specdec kernels` says why)", pytrace=False)
+        pytest.skip("the native kernels cannot be built here")
+    return kernels
+
+
 # ---- the order files run in ------------------------------------------------------------------------------------
 
 # The files that take longest (whole file, either suite: over 20 s each on the 2-core CI machine), longest first,

@@ -26,16 +26,24 @@ CONTEXT = 128  # the tiny model's positions
 PROMPTS = ["w1 w2 w3 w4 w5 w1 w2 w3", "w7 w8 w9", "w2 w2 w2 w2 w2 w2", "w10 w11 w12 w13 w10 w11",
            "w5", "w20 w21 w22 w23 w24 w25 w26 w27 w20 w21 w22"]
 START_TIMEOUT_S = 90
+# The tiny model's chat template: the messages' words, one message a line (a chat's prompt is its words).
+JOIN_TEMPLATE = r"{% for m in messages %}{{ m['content'] }}{% if not loop.last %}{{ '\n' }}{% endif %}{% endfor %}"
 
 
-def write_served_model(folder: Path, context: int = CONTEXT, endless: bool = False) -> Path:
+def write_served_model(folder: Path, context: int = CONTEXT, endless: bool = False,
+                       chat_template: str | None = JOIN_TEMPLATE) -> Path:
     """The tiny model over WORDS in `folder`. endless: its end-of-sequence token is one it cannot produce (an id
-    past its vocabulary), so a request holds its slot for all of its max_tokens."""
+    past its vocabulary), so a request holds its slot for all of its max_tokens. chat_template: its own (None:
+    none, and chat requests get a 400)."""
     write_tiny_model(folder, vocab=len(WORDS), max_pos=context, std=0.3)
     write_word_tokenizer(folder, [*WORDS, "<never>"] if endless else WORDS)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
     if endless:
-        (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<never>", "unk_token": WORDS[0]}))
+        config["eos_token"] = "<never>"
         (folder / "generation_config.json").unlink(missing_ok=True)  # transformers' default eos id is a word here
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
     return folder
 
 

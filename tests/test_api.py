@@ -27,12 +27,12 @@ def test_speculative_text_is_plain_decodings(gen):
 def test_a_list_of_prompts_gives_a_list_and_auto_k_plans(gen):
     out = gen([PROMPT, "Name three colours."], max_new_tokens=8)
     assert [len(r.token_ids) > 0 for r in out] == [True, True]
-    assert gen._auto is not None  # k="auto": the planner, measured once
+    assert [h.policy for h in gen._policies].count("auto") == 1  # k="auto": the planner, made once and kept
 
 
 @pytest.mark.parametrize("call, fragment", [
     (lambda g: g([], max_new_tokens=4), "non-empty list"),
-    (lambda g: g(PROMPT, k=-1), "k: an integer"),
+    (lambda g: g(PROMPT, k=-1), "k must be an integer"),
     (lambda g: g(PROMPT, temperature=-1.0), "temperature"),
     (lambda g: g(PROMPT, max_new_tokens=0), "max new tokens"),
 ])

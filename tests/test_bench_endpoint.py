@@ -231,15 +231,17 @@ def test_against_two_specdec_servers_on_a_tiny_model(tmp_path, prompts):
     """Speculation on and off in two real `specdec serve` processes: identical text, acceptance from our
     counters, the same number of tokens."""
     from tests.conftest import write_tiny_model, write_word_tokenizer
-    from tests.serving import Server
+    from tests.serving import JOIN_TEMPLATE, Server
 
     words = ["<unk>", "<eos>", *"fix a b and c write d e f".split()]
     folder = tmp_path / "m"
     folder.mkdir()
     write_tiny_model(folder, vocab=len(words), max_pos=128, std=0.3)
-    write_word_tokenizer(folder, words)
-    spec = Server(folder, "--policy", "always", "--k", "3", "--max-batch", "2")
-    base = Server(folder, "--policy", "never", "--max-batch", "2")
+    write_word_tokenizer(folder, words)  # no chat template of its own: the servers are given one
+    (tmp_path / "join.jinja").write_text(JOIN_TEMPLATE)
+    chat = ("--chat-template", str(tmp_path / "join.jinja"))
+    spec = Server(folder, "--policy", "always", "--k", "3", "--max-batch", "2", *chat)
+    base = Server(folder, "--policy", "never", "--max-batch", "2", *chat)
     try:
         r = bench(prompts, tmp_path, spec, base, "--concurrency", "1,2")
     finally:

@@ -48,7 +48,7 @@ def test_each_suite_gets_its_own_defaults(ran):
     assert (k["suite"], k["max_new_tokens"], k["out"], k["quick"]) == ("kernels", 96, "artifacts", False)
     assert (lc["suite"], lc["max_new_tokens"], lc["prompts"]) == ("long_context", 128, "q")
     assert (ec["suite"], ec["max_new_tokens"], ec["per_category"], ec["concurrency"], ec["k"], ec["max_batch"]) == (
-        "endpoint_check", 64, 2, "1,4", 5, 8)
+        "endpoint_check", 64, 2, "1,4", 8, 8)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -59,7 +59,7 @@ def test_each_suite_gets_its_own_defaults(ran):
     (["bench", "long-context"], "required: --prompts"),
     (["bench", "long-context", "--quick", "--prompts", "q", "--max-batch", "2"], "unrecognized arguments: --max-batch"),
     (["bench", "endpoint-check", "--prompts", "q", "--quick"], "unrecognized arguments: --quick"),
-    (["bench", "endpoint-check", "--prompts", "q", "--k", "auto"], "runs the servers with a fixed --k"),
+    (["bench", "endpoint-check", "--prompts", "q", "--k", "0"], "--k must be an integer >= 1"),
     (["bench", "--kernels", "long-context", "--prompts", "q"], "name two suites: give one"),
     (["bench", "--prompts", "q", "--quick"], "--out, --quick and --max-batch apply to the suites"),
     (["bench", "kernels", "--max-new-tokens", "0"], "--max-new-tokens"),

@@ -235,19 +235,22 @@ def test_json_and_trace(capsys, tmp_path, reuse_bundled):
 
 
 def test_k_auto_is_the_default_and_keeps_the_output(capsys, tmp_path, tiny_cli_model):
-    """Without --k, generate plans each round's k from pass costs it measures at start; the output is plain
-    greedy decoding's, and the JSON says k was auto. An explicit k is kept."""
+    """Without --k, generate plans each round's k (up to the default cap) from this model's pass costs; the output is
+    plain greedy decoding's, and the JSON says the policy was auto. An explicit k is a fixed k; --policy auto with
+    --k N plans up to N."""
     common = ["--model", str(tiny_cli_model), "--prompt", "w1 w2 w3 w4 w1 w2 w3 w4 w1 w2", "--no-chat",
               "--max-new-tokens", "20", "--json"]
     code, plain, err = run_cli(capsys, *common, "--drafter", "none")
     assert code == 0, err
-    for extra, k in (([], "auto"), (["--k", "auto"], "auto"), (["--k", "3"], 3)):
+    for extra, policy, k in (([], "auto", 8), (["--k", "auto"], "auto", 8), (["--k", "3"], "fixed", 3),
+                             (["--k", "3", "--policy", "auto"], "auto", 3), (["--policy", "never"], "never", 0)):
         code, out, err = run_cli(capsys, *common, *extra, "--trace", str(tmp_path / "trace.json"))
         assert code == 0, err
         report = json.loads(out)
-        assert report["k"] == k and report["token_ids"] == json.loads(plain)["token_ids"]
+        assert (report["policy"], report["k"]) == (policy, k)
+        assert report["token_ids"] == json.loads(plain)["token_ids"]
         trace = json.loads((tmp_path / "trace.json").read_text())  # the explainer page needs an integer depth
-        assert trace["k"] == (8 if k == "auto" else k) and trace["k_policy"] == ("auto" if k == "auto" else "fixed")
+        assert trace["k"] == k and trace["k_policy"] == policy
         assert all(len(r["drafted"]) <= trace["k"] for r in trace["rounds"])
 
 

@@ -16,17 +16,13 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.models.gguf.weights import QTensor, dequantize, planes
+from tests.conftest import native_kernels
 from tests.test_gguf_convert import write_tiny_gguf
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    from specdec.kernels import decode_kernels
-
-    k = decode_kernels()
-    if k is None:
-        pytest.skip("the native kernels cannot be built here")
-    return k
+    return native_kernels()
 
 
 @pytest.fixture(params=["avx2", "vnni", "amx"])
@@ -279,7 +275,7 @@ def test_tiny_gguf_runs_on_its_own_blocks(kernels, tiny_q, cache_here):
 
     ids = list(range(3, 40))
     ref = load_model(str(tiny_q), "fp32").model
-    assert load_model(str(tiny_q)).model.precision == "gguf-q16"  # the default for a GGUF whose blocks it reads
+    assert load_model(str(tiny_q)).model.precision in ("gguf-q16", "gguf-q8")  # the faster here, by default
     want = logits_of(ref, ids, len(ids))
     # gguf: the fp16 KV cache is the only difference; gguf-q16: and activations 128 times finer than q8's
     for precision, tol in (("gguf", 2e-3), ("gguf-q16", 2e-3), ("gguf-q8", 5e-2)):

@@ -94,12 +94,11 @@ def test_off_switch_gives_ordinary_tensors(monkeypatch):
 
 @pytest.mark.parametrize("precision", ["gguf-q16", "fp16"])
 def test_placement_never_changes_the_logits(precision, monkeypatch, tmp_path):
-    from specdec.kernels import decode_kernels
     from specdec.models.loader import load_model
+    from tests.conftest import native_kernels
     from tests.test_gguf_kernels import logits_of, write_tiny_gguf
 
-    if decode_kernels() is None:  # built (or found) before the cache moves to tmp_path
-        pytest.skip("the native kernels are not available here")
+    native_kernels()  # built (or found) before the cache moves to tmp_path
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "tinyq.gguf"
     write_tiny_gguf(path, all_quantized=True)

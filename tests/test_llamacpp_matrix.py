@@ -44,6 +44,7 @@ import pytest
 
 from specdec.bench.engines import llamacpp_oracle as oracle
 from specdec.models.gguf.synth import write
+from tests.conftest import native_kernels
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(oracle.missing() is not None, reason=str(oracle.missing()))]
 
@@ -65,10 +66,7 @@ TOP1_SLACK = 3 / len(IDS)  # against the file: positions of top-1 below llama.cp
 def cells(tmp_path_factory):
     """cell(shape, quant) -> (gguf, llama.cpp's logits [n, vocab] on the file, on its F32 copy), made once each;
     specdec converts into a cache of its own (the kernels are built, or found, in the usual one first)."""
-    from specdec.kernels import decode_kernels
-
-    if decode_kernels() is None:
-        pytest.skip("the native kernels cannot be built here")
+    native_kernels()
     folder = tmp_path_factory.mktemp("matrix")
     made = {}
 

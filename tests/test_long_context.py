@@ -10,7 +10,7 @@ import torch
 
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.errors import SpecdecError
-from tests.conftest import prefill_rows
+from tests.conftest import native_kernels, prefill_rows
 from tests.test_engine_model import mismatch_report, verify_vs_one_token
 
 VOCAB = 96
@@ -23,9 +23,9 @@ def tokens(n: int, seed: int) -> list[int]:
 
 @pytest.fixture
 def long_model(tiny_model):
+    native_kernels()
     model = tiny_model("fp16", vocab=VOCAB, std=0.1, max_pos=MAX_POS)
-    if model.kernels is None:
-        pytest.skip("the native kernels are not available here")
+    assert model.kernels is not None
     return model
 
 
@@ -42,9 +42,9 @@ def test_the_avx512_attention_gives_the_avx2_bits(tiny_model, hidden, heads):
     """Attention's 512-bit tiles (a key block's 64 keys, or 64 value dims; at d = 80 an AVX2 tile finishes each
     value row) run every lane's chain as the AVX2 tiles do, so a CPU's ISA never changes an output: a ragged
     verify pass over two partitions of keys, and a prefill, give the same bits either way."""
+    if not native_kernels().cpu_has_vnni():
+        pytest.skip("needs a CPU with AVX-512")
     model = tiny_model("fp16", vocab=VOCAB, std=0.1, max_pos=1024, hidden=hidden, heads=heads)
-    if model.kernels is None or not model.kernels.cpu_has_vnni():
-        pytest.skip("needs the native kernels on a CPU with AVX-512")
     prompts = [tokens(n, s) for n, s in ((600, 6), (300, 7))]
     drafts = [tokens(5, 16), tokens(2, 17)]
     out = {}

@@ -95,3 +95,44 @@ def test_a_step_loop_that_fails_stops_http_too():
         for s, h in previous.items():
             signal.signal(s, h)
     assert http.told
+
+
+def test_a_gguf_is_served_by_its_stem_and_a_second_start_measures_nothing(tmp_path, monkeypatch, capsys):
+    """The served id is the file's stem (what a user would guess), and the path as given or absolute names the model
+    too; the first start measures the path choice and the pass costs, the second reads both from the cache."""
+    from fastapi.testclient import TestClient
+
+    from specdec.cli import main
+    from specdec.kernels import decode_kernels
+    from specdec.models.gguf.synth import write
+    from specdec.serve import cli
+
+    if decode_kernels() is None:
+        pytest.skip("the native kernels cannot be built here")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "My-Model-Q4_K_M.gguf", "tiny-llama", "Q4_K_M")
+    apps = []
+    monkeypatch.setattr(cli, "serve_on_this_thread", lambda worker, server: apps.append(server.config.app) or 0)
+    port = ["--port", str(free_port()), "--max-batch", "2"]
+    for start in (1, 2):
+        capsys.readouterr()
+        assert main(["serve", "--model", "My-Model-Q4_K_M.gguf", *port]) == 0
+        err = capsys.readouterr().err
+        measured = ("measured at this first load" in err, "measuring this model's pass costs" in err)
+        assert measured == ((True, True) if start == 1 else (False, False)), err
+        assert "serving My-Model-Q4_K_M (" in err and "policy auto (k <= 8)" in err
+    client = TestClient(apps[-1])
+    assert [m["id"] for m in client.get("/v1/models").json()["data"]] == ["My-Model-Q4_K_M"]
+    state = apps[-1].state.specdec
+    assert {"My-Model-Q4_K_M.gguf", str(tmp_path / "My-Model-Q4_K_M.gguf")} <= set(state.cfg.aliases)
+    missing = client.post("/v1/completions", json={"model": "other", "prompt": "w", "max_tokens": 1})
+    assert missing.status_code == 404 and "My-Model-Q4_K_M" in missing.text
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

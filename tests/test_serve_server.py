@@ -62,7 +62,7 @@ def test_chat_and_completions_with_and_without_streaming(server):
     spec = u.model_extra["speculative"]
     assert spec["drafted_tokens"] >= spec["accepted_tokens"] >= 0 and spec["mean_tokens_per_round"] > 0
     comp = c.completions.create(model=name, prompt=PROMPTS[0], max_tokens=12, temperature=0)
-    assert comp.choices[0].text == chat.choices[0].message.content  # no chat template: the same prompt
+    assert comp.choices[0].text == chat.choices[0].message.content  # the join template: the same prompt
 
     pieces, finish, usage = [], None, None
     for ch in c.chat.completions.create(model=name, messages=[{"role": "user", "content": PROMPTS[0]}],

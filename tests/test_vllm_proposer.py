@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from specdec.engine.policy import LearnedPassCost
+from specdec.engine.speculation import DEFAULT_K, Speculation
 from specdec.errors import SpecdecError
 from specdec.integrations.vllm import ENV, Proposer, ProposerConfig
 
@@ -115,8 +116,9 @@ class Batch:
 
 def make(policy="auto", k=6, cost=lambda w: 0.01, drafter="ngram", row_floor=0.97):
     clock = Clock()
-    p = Proposer(vllm_config(k), ProposerConfig(drafter=drafter, policy=policy, report_s=0, row_floor=row_floor),
-                 clock=clock)
+    fixed_k = k if policy in ("always", "fixed") else "auto"  # auto: the default cap, at most vLLM's k
+    p = Proposer(vllm_config(k), ProposerConfig(drafter=drafter, policy=policy, k=fixed_k, report_s=0,
+                                                row_floor=row_floor), clock=clock)
     return p, Batch(p, clock, cost)
 
 
@@ -283,15 +285,18 @@ def test_drafts_keep_within_the_model_length():
 def test_configuration_from_the_environment(tmp_path):
     assert ProposerConfig.from_env({}) == ProposerConfig()
     cfg = ProposerConfig.from_env({ENV: '{"drafter": "suffix", "policy": "always", "k": 4}'})
-    assert (cfg.drafter, cfg.policy, cfg.k) == ("suffix", "always", 4)
+    assert (cfg.drafter, cfg.policy, cfg.k) == ("suffix", "always", 4) and cfg.how() == Speculation("fixed", 4)
+    assert ProposerConfig.from_env({ENV: '{"k": 5}'}).how() == Speculation("fixed", 5)  # as --k 5 everywhere
+    assert ProposerConfig.from_env({ENV: '{"k": "auto"}'}).how() == Speculation("auto", DEFAULT_K)
     assert ProposerConfig.from_env({ENV: '{"row_floor": 1}'}).row_floor == 1.0
     f = tmp_path / "cfg.json"
     f.write_text(json.dumps({"drafter": "ngram,suffix"}))
     assert ProposerConfig.from_env({ENV: str(f)}).drafter == "ngram,suffix"
     bad = {
         '{"drafter": "ngram", "kk": 3}': "unknown field(s) kk",
-        '{"policy": "sometimes"}': "policy must be one of auto, always, never",
-        '{"k": 0}': "k must be an integer >= 1",
+        '{"policy": "sometimes"}': "SPECDEC_VLLM: policy must be one of auto, fixed, never",
+        '{"k": 0}': "SPECDEC_VLLM: k must be an integer >= 1",
+        '{"policy": "fixed"}': "SPECDEC_VLLM: policy fixed drafts the same number of tokens every round: give k",
         '{"drafter": ': "not valid JSON",
         '{"drafter": 5}': "drafter has the wrong type: 5",
         '{"ngram_max": "4"}': "ngram_max has the wrong type",
@@ -312,8 +317,27 @@ def test_drafters_that_need_a_model_and_a_k_beyond_vllms_are_refused():
         Proposer(vllm_config(), ProposerConfig(drafter="bogus"))
     with pytest.raises(SpecdecError, match="exceeds vLLM's num_speculative_tokens = 4"):
         Proposer(vllm_config(k=4), ProposerConfig(k=8))
-    with pytest.raises(SpecdecError, match="policy to never"):
-        Proposer(vllm_config(), ProposerConfig(drafter="none"))
+    assert Proposer(vllm_config(k=4), ProposerConfig()).k == 4  # auto: the default cap, at most vLLM's
+    assert Proposer(vllm_config(), ProposerConfig(drafter="none")).how == Speculation("never", 0)  # as everywhere
+
+
+def test_what_a_run_learned_of_the_step_costs_seeds_the_next(tmp_path, monkeypatch, capsys):
+    """The learned step costs go to the cache with each summary line; the next proposer on the same model, vLLM
+    and CPU starts from them (and says so), and keeps learning."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    clock = Clock()
+    p = Proposer(vllm_config(6), ProposerConfig(report_s=1e-9), clock=clock)
+    b = Batch(p, clock, lambda w: 0.01 + 0.001 * w)
+    b.add(prompt(0, 30), budget=300, rid=0)
+    for _ in range(30):
+        b.step()
+    learned = p.learned.curve()
+    assert learned and "pass costs learned from vLLM's step times" in capsys.readouterr().err
+    again = Proposer(vllm_config(6), ProposerConfig(report_s=0), clock=Clock())
+    seeded = again.learned.curve()  # as of the last summary line: within a step or two of the end
+    assert [n for n, _ in seeded] == [n for n, _ in learned]
+    assert [t for _, t in seeded] == pytest.approx([t for _, t in learned], rel=0.05)
+    assert f"from the {len(learned)} widths the last run learned" in capsys.readouterr().err
 
 
 def test_vllm_servers_listen_on_loopback_and_send_no_usage_reports(tmp_path, monkeypatch):

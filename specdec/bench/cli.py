@@ -11,12 +11,12 @@ from specdec.bench.options import check_outputs, parse_ints, write_outputs
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, POSITIVE, ranged
 
-DEFAULT_K = 5
-AUTO_FIXED_KS = (2, 4, 6, 8)  # with --k auto, these and the default k run too, on the same prompts
+AUTO_FIXED_KS = (2, 4, 6, 8)  # with --policy auto, these fixed k run too, on the same prompts
 
 
 def register(sub) -> None:
-    from specdec.engine.cli import add_model_args
+    from specdec.engine.cli import add_chat_template_arg, add_model_args
+    from specdec.engine.speculation import DEFAULT_K, add_speculation_args
 
     p = sub.add_parser("profile", help="measure verify cost curve, draft cost, knee, memory and bandwidth")
     add_model_args(p)
@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--max-rows", type=int, default=32, action=ranged(2),
                    help="largest pass, in token-rows, of the verify curve")
     p.add_argument("--k", type=int, default=DEFAULT_K, action=AT_LEAST_1,
-                   help="draft depth at which n-gram lookup is timed")
+                   help=f"draft depth at which the drafter is timed (default {DEFAULT_K}, the default cap)")
     p.add_argument("--memory-budget-gb", type=float, default=None, action=POSITIVE,
                    help="memory for weights + KV (default: RAM)")
     p.add_argument("--batch-context", type=int, default=None, action=AT_LEAST_1,
@@ -46,8 +46,11 @@ def register(sub) -> None:
     b.add_argument("--max-new-tokens", type=int, default=None, action=AT_LEAST_1,
                    help="tokens generated per prompt (default 256)")
     add_model_args(b)
-    b.add_argument("--k", default=str(DEFAULT_K), help=f"tokens drafted per round, or 'auto' (default {DEFAULT_K})")
-    b.add_argument("--profile", metavar="FILE.json", help="a `specdec profile` output, for the predicted speedup")
+    add_chat_template_arg(b)
+    add_speculation_args(b)
+    b.add_argument("--profile", metavar="FILE.json",
+                   help="a `specdec profile` output, for the predicted speedup and --policy auto (default: this "
+                        "model's pass costs, measured once here and cached)")
     b.add_argument("--json", metavar="FILE", help="write everything, per prompt too, as JSON")
     b.add_argument("--markdown", metavar="FILE", help="write the tables as Markdown")
     b.add_argument("--plot", metavar="FILE.png", help="speedup per category, with the predictions")
@@ -109,13 +112,17 @@ def run_bench(args) -> int:
     from specdec.bench.runner import engine_method, logit_gap_fn, mark_identity
     from specdec.bench.runner import run_bench as run_all
     from specdec.drafters.base import NoDrafter
-    from specdec.engine.calibrate import parse_k
+    from specdec.engine.calibrate import make_policy
+    from specdec.engine.cli import build_with_chat_template
     from specdec.engine.generate import Engine
-    from specdec.engine.policy import Auto, PassCost
-    from specdec.runtime import ModelSpec, build
+    from specdec.engine.policy import PassCost
+    from specdec.engine.speculation import DEFAULT_K, from_args
     from specdec.theory.profile import Profile
 
-    k = parse_k(args.k)
+    how = from_args(args)
+    if how.policy == "never":
+        raise SpecdecError("bench compares plain decoding with speculation: --policy never (or --drafter none) "
+                           "leaves nothing to compare")
     check_outputs(args)
     prompts = select(load_prompts(args.prompts), parse_categories(args.categories), args.per_category)
     if args.llamacpp_k is not None and args.compare != "llama.cpp":
@@ -124,28 +131,23 @@ def run_bench(args) -> int:
         from specdec.bench.engines.llamacpp_compare import gguf_path, worker_command
 
         llamacpp_cmd = worker_command(gguf_path(args.model), torch.get_num_threads())
-    prof = Profile.load(args.profile) if args.profile else None
-    source = f"file {args.profile}" if prof else None
-    target, drafter = build(ModelSpec.from_args(args))
-    if isinstance(drafter, NoDrafter):
-        raise SpecdecError("bench compares plain decoding with a drafter: choose --drafter ngram or draft-model")
+    if args.profile:
+        Profile.load(args.profile)  # checked before the model loads
+    target, drafter = build_with_chat_template(args, "each prompt goes to the model as raw text (turns joined)")
+    prof, source = planning_profile(target, drafter, how, args) if args.profile or how.policy == "auto" else (None,
+                                                                                                              None)
     if prof and (prof.model, prof.precision) != (target.name, target.model.precision):
         print(f"specdec: warning: the profile was measured for {prof.model} ({prof.precision}), "
               f"not {target.name} ({target.model.precision})", file=sys.stderr)
-    if k == "auto" and prof is None:
-        from specdec.bench.hardware.profile import quick_profile
-
-        print("specdec: --k auto without --profile: measuring a quick profile first", file=sys.stderr)
-        prof, source = quick_profile(target, drafter, progress=not args.quiet), "quick built-in profile"
 
     engine = lambda: Engine(target.model, target.tokenizer, args.device)  # one meter per method
     methods = [engine_method("plain", engine(), NoDrafter(), 1)]
-    default_k = DEFAULT_K if k == "auto" else k
-    if k == "auto":
+    default_k = DEFAULT_K if how.policy == "auto" else how.k
+    if how.policy == "auto":
         cost = PassCost.from_profile(prof)
-        policy = Auto(cost, draft_step_s=(prof.draft_cost or 0.0) * cost(1))
+        policy = make_policy(how, cost, drafter.free, draft_step_s=(prof.draft_cost or 0.0) * cost(1))
         methods.append(engine_method(f"{drafter.name} k=auto", engine(), drafter, policy, "plain", "auto"))
-    for kk in sorted(set(AUTO_FIXED_KS) | {default_k}) if k == "auto" else [k]:
+    for kk in sorted(set(AUTO_FIXED_KS) | {default_k}) if how.policy == "auto" else [how.k]:
         methods.append(engine_method(f"{drafter.name} k={kk}", engine(), drafter, kk, "plain", kk))
     if args.compare == "hf":
         from specdec.bench.engines.hf_compare import hf_methods
@@ -166,7 +168,8 @@ def run_bench(args) -> int:
     mark_identity(samples, methods, logit_gap_fn(target.model))
     config = {"model": target.name, "model_path": str(target.path), "backend": target.backend,
               "precision": target.model.precision, "device": args.device, "drafter": drafter.name,
-              "k": k, "default_k": default_k, "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
+              "k": "auto" if how.policy == "auto" else how.k, "policy": how.policy, "default_k": default_k,
+              "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
               "prompt_file": args.prompts, "categories": args.categories, "per_category": args.per_category,
               "compare": args.compare, "threads": torch.get_num_threads(), "torch": torch.__version__,
               "greedy": True, "batch": 1, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
@@ -174,6 +177,19 @@ def run_bench(args) -> int:
         config["llamacpp"] = llamacpp
     write_report(build_report(samples, methods, config, prof, source, args.drift_margin), args)
     return 0
+
+
+def planning_profile(target, drafter, how, args):
+    """(the profile bench plans and predicts with, where it comes from): --profile's file, else this model's cached
+    pass costs (measured now, once, where none are) with the drafter's cost measured now."""
+    from specdec.bench.hardware.profile import measure_draft
+    from specdec.engine.costs import target_profile
+
+    if args.profile:
+        return target_profile(target, file=args.profile), f"file {args.profile}"
+    prof = target_profile(target, how.k + 1)
+    _, c = measure_draft(target, drafter, int(prof.typical_context or 128), prof.step_s, 3, how.k)
+    return replace(prof, draft_cost=c), "this model's cached pass costs, the drafter's cost measured now"
 
 
 def write_report(report, args, title: str | None = None) -> None:
@@ -196,8 +212,9 @@ def run_endpoint_bench(args) -> int:
 
     if not args.endpoint:
         raise SpecdecError("--baseline needs --endpoint (the server with speculation on)")
-    if args.compare or args.profile:
-        raise SpecdecError("--compare and --profile apply to a local model, not to --endpoint")
+    if args.compare or args.profile or args.chat_template:
+        raise SpecdecError("--compare, --profile and --chat-template apply to a local model, not to --endpoint (a "
+                           "server applies its own template)")
     check_outputs(args)
     levels = tuple(parse_ints(args.concurrency, "--concurrency"))
     prompts = select(load_prompts(args.prompts), parse_categories(args.categories), args.per_category)

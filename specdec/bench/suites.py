@@ -52,7 +52,8 @@ def add_suite_commands(bench) -> None:
             p.add_argument("--categories", help="comma-separated categories (default: all in the file)")
             p.add_argument("--per-category", type=int, metavar="N", action=AT_LEAST_1,
                            help=f"first N prompts of each category (default {PER_CATEGORY[suite]})")
-            p.add_argument("--k", help="tokens drafted per round by the servers (default 5)")
+            p.add_argument("--k", help="the servers' --k (default: the default cap, 8; auto runs with it, fixed "
+                                       "drafts it every round)")
             p.add_argument("--concurrency", help=f"comma-separated client counts (default {CONCURRENCY[suite]})")
             p.add_argument("--max-batch", type=int, action=AT_LEAST_1, help="the servers' --max-batch (default 8)")
         else:
@@ -86,7 +87,7 @@ def which_suite(args) -> str | None:
 
 def resolve_suite_args(args) -> None:
     """args.suite, and the defaults that depend on it; options that do not apply to it refused."""
-    from specdec.engine.calibrate import parse_k
+    from specdec.engine.speculation import speculation
 
     suite = args.suite = which_suite(args)
     if args.max_new_tokens is None:
@@ -105,16 +106,15 @@ def resolve_suite_args(args) -> None:
         return
     given = [f for f, v in (("--endpoint", args.endpoint), ("--baseline", args.baseline), ("--compare", args.compare),
                             ("--profile", args.profile), ("--json", args.json), ("--markdown", args.markdown),
-                            ("--plot", args.plot), ("--model", args.model != "default" or None)) if v]
+                            ("--plot", args.plot), ("--model", args.model != "default" or None),
+                            ("--chat-template", getattr(args, "chat_template", None))) if v]
     if suite != "endpoint_check" and args.concurrency != "1":
         given.append("--concurrency")
     if given:
         raise SpecdecError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to `bench "
                            f"{command(suite)}` (it writes into --out)")
     if suite == "endpoint_check":
-        args.k = parse_k(args.k)
-        if args.k == "auto":
-            raise SpecdecError("bench endpoint-check runs the servers with a fixed --k")
+        args.k = speculation(args.k).k  # auto: the default cap
     if args.quick and suite == "endpoint_check":
         raise SpecdecError("--quick applies to `bench kernels` and `bench long-context`")
 

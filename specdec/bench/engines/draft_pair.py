@@ -31,7 +31,10 @@ def measure(args, command: str) -> DraftPairRun:
     from specdec.bench.hardware.profile import demo_context, measure_bandwidth, time_ngram
     from specdec.drafters.draft_model import draft_cost
     from specdec.drafters.ngram import NgramDrafter
+    from specdec.engine.calibrate import policy_for
     from specdec.engine.generate import Engine
+    from specdec.engine.policy import FixedK
+    from specdec.engine.speculation import Speculation
     from specdec.kernels.cores import sharing
     from specdec.models.target import TargetTraits
     from specdec.models.text.tokenizer import encode_prompt
@@ -77,8 +80,8 @@ def measure(args, command: str) -> DraftPairRun:
     ids = encode_prompt(target.tokenizer, spec_bench_prompt("writing"), chat=True)
     decode_run(engine, ids, 2)  # warm-up
     plain = decode_run(engine, ids, args.new_tokens)
-    fixed = decode_run(engine, ids, args.new_tokens, drafter, args.k)
-    auto = decode_run(engine, ids, args.new_tokens, drafter, "auto")
+    fixed = decode_run(engine, ids, args.new_tokens, drafter, FixedK(args.k))
+    auto = decode_run(engine, ids, args.new_tokens, drafter, policy_for(Speculation(), target, drafter))
     loads.append(list(os.getloadavg()))
     identical = fixed.token_ids == plain.token_ids == auto.token_ids
     say(f"greedy identical: {identical} (plain {plain.decode_tokens_per_s:.2f} tok/s, k={args.k} "

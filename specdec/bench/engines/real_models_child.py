@@ -31,14 +31,15 @@ class NoEos:
         return getattr(self._tok, name)
 
 
-def decode_run(engine, ids: list[int], new_tokens: int, drafter=None, k="auto") -> DecodeRun:
-    """One greedy generation; decode rate = tokens after the first / time after the first."""
+def decode_run(engine, ids: list[int], new_tokens: int, drafter=None, policy=None) -> DecodeRun:
+    """One greedy generation (plain decoding without a drafter); decode rate = tokens after the first / time after
+    the first."""
     from specdec.drafters.base import NoDrafter
-    from specdec.engine.calibrate import policy_for
     from specdec.engine.generate import GenerationConfig
+    from specdec.engine.policy import Never
 
     drafter = drafter or NoDrafter()
-    policy = policy_for(k, engine.model, drafter)
+    policy = policy or Never()
     t0 = time.perf_counter()
     r = engine.generate([ids], GenerationConfig(new_tokens), drafter, policy)[0]
     wall = time.perf_counter() - t0
@@ -92,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
 
     configure(args.threads)  # a fixed team: the one llama.cpp is given
     from specdec.drafters.ngram import NgramDrafter
+    from specdec.engine.calibrate import policy_for
     from specdec.engine.generate import Engine
+    from specdec.engine.speculation import Speculation
     from specdec.models.loader import load_model
     from specdec.models.text.tokenizer import encode_prompt
     from specdec.models.timing import time_passes
@@ -116,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     out.plain = decode_run(engine, ids, args.new_tokens)
     say(f"plain: {out.plain.decode_tokens_per_s:.2f} tok/s (decode)")
     if args.ngram:
-        out.ngram = decode_run(engine, ids, args.new_tokens, NgramDrafter(4, 1))
+        ngram = NgramDrafter(4, 1)
+        out.ngram = decode_run(engine, ids, args.new_tokens, ngram, policy_for(Speculation(), loaded, ngram))
         say(f"ngram: {out.ngram.decode_tokens_per_s:.2f} tok/s, alpha {out.ngram.alpha}")
     rows = list(range(1, args.rows + 1))
     times = time_passes(model, args.context, rows, args.reps)

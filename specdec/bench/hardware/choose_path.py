@@ -1,5 +1,7 @@
-"""`specdec choose-path --model FILE`: time gguf-q16 and gguf-q8 on a GGUF's own matrices here, say what each costs
-in agreement with llama.cpp, and remember the faster as the file's default on this CPU (models/gguf/path_choice.py).
+"""`specdec choose-path --model FILE`: time gguf-q16 and gguf-q8 on a GGUF's own matrices here again, say what each
+costs in agreement with llama.cpp, and remember the faster as the file's default on this CPU (models/gguf/
+path_choice.py). A file's first load does the same, with fewer repetitions and without llama.cpp; this command is
+for measuring again (a quieter machine, more repetitions) and for the agreement.
 
 Both paths are loaded once and their passes alternated (a 1-row pass and a verify pass of --rows rows after
 --context cached tokens, --reps times each, the fastest kept: other load only ever adds time). The rule: the lower
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 from specdec.errors import SpecdecError
@@ -34,41 +35,32 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from specdec.models.gguf.path_choice import PATHS, PathChoice, remember
+    from specdec.models.gguf import path_choice
     from specdec.models.gguf.weights import runnable
     from specdec.models.loader import load_model
-    from specdec.models.timing import primed, timed
-    from specdec.provenance import cpu_name
 
     path = Path(args.model).expanduser()
     if path.suffix.lower() != ".gguf" or not path.is_file():
         raise SpecdecError(f"{args.model}: choose-path takes a .gguf file")
     if not runnable(path):
         raise SpecdecError(f"{path}: some matrix is in a type the integer paths do not read: there is no choice")
-    rows = [1, args.rows] if args.rows > 1 else [1]
-    models = {p: load_model(str(path), p).model for p in PATHS}
-    runs = {p: primed(m, args.context, rows) for p, m in models.items()}
-    best = {p: {n: float("inf") for n in rows} for p in PATHS}
-    for rep in range(args.reps):
-        for p in PATHS if rep % 2 == 0 else tuple(reversed(PATHS)):
-            for n in rows:
-                best[p][n] = min(best[p][n], timed(runs[p][n]))
-    del runs, models
-    score = {p: sum(best[p].values()) for p in PATHS}
-    chosen = min(PATHS, key=score.get)
-    agreement = llamacpp_agreement(path)
-    choice = PathChoice(chosen, {p: {str(n): round(1e3 * t, 3) for n, t in best[p].items()} for p in PATHS},
-                        f"the lower sum of a 1-row and a {rows[-1]}-row pass, fastest of {args.reps} alternated",
-                        agreement, f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {cpu_name()}")
-    print(f"{'path':<9} {'1 row ms':>9} {f'{rows[-1]} rows ms':>10} {'ratio':>6}  top-1 vs llama.cpp")
-    for p in PATHS:
-        one, many = best[p][1], best[p][rows[-1]]
-        top1 = f"{agreement[p]:.3f}" if agreement else "not measured (make llamacpp)"
+    models = {p: load_model(str(path), p).model for p in path_choice.PATHS}
+    best = path_choice.measure(models, args.rows, args.context, args.reps)
+    del models
+    rule = f"the lower sum of a 1-row and a {args.rows}-row pass, fastest of {args.reps} alternated"
+    choice = path_choice.decide(best, rule, llamacpp_agreement(path))
+    wide = max(best[choice.precision])
+    print(f"{'path':<9} {'1 row ms':>9} {f'{wide} rows ms':>10} {'ratio':>6}  top-1 vs llama.cpp")
+    for p in path_choice.PATHS:
+        one, many = best[p][1], best[p][wide]
+        top1 = f"{choice.agreement[p]:.3f}" if choice.agreement else "not measured (make llamacpp)"
         print(f"{p:<9} {1e3 * one:9.2f} {1e3 * many:10.2f} {many / one:6.2f}  {top1}")
-    print(f"faster here: {chosen} ({choice.rule})")
+    print(f"faster here: {choice.precision} ({choice.rule})")
     if args.remember:
-        store = remember(path, choice)
-        print(f"remembered in {store}: {chosen} is this file's default on this CPU (--precision overrides)")
+        store = path_choice.remember(path, choice)
+        if store is not None:
+            print(f"remembered in {store}: {choice.precision} is this file's default on this CPU (--precision "
+                  "overrides)")
     return 0
 
 

@@ -29,6 +29,7 @@ from specdec.bench.results import encode
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.calibrate import policy_for
 from specdec.engine.generate import Engine, GenerationConfig
+from specdec.engine.speculation import Speculation
 from specdec.errors import SpecdecError
 from specdec.models.loader import load_model
 from specdec.models.target import TargetTraits
@@ -53,7 +54,8 @@ def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_t
                  quick: bool = False) -> PathResult:
     """One precision path; quick: one plain run instead of the median of 3, fewer repetitions everywhere."""
     log(f"{precision}: loading")
-    model = load_model("default", precision).model
+    loaded = load_model("default", precision)
+    model = loaded.model
     edit = prompts["432"]
     engine = Engine(model, tokenizer)
     cfg = GenerationConfig(new_tokens)
@@ -62,7 +64,7 @@ def measure_path(precision: str, prompts: dict[str, list[int]], tokenizer, new_t
     plain = sorted(plains, key=decode_rate)[len(plains) // 2]
     ngram = engine.generate([edit], cfg, NgramDrafter(4, 1), 5)[0]
     drafter = NgramDrafter(4, 1)
-    auto = engine.generate([edit], cfg, drafter, policy_for("auto", model, drafter))[0]  # generate's default
+    auto = engine.generate([edit], cfg, drafter, policy_for(Speculation(), loaded, drafter))[0]  # generate's default
     passes = time_passes(model, 512, [1, 6], reps=3 if quick else 15)
     one, six = statistics.median(passes[1]), statistics.median(passes[6])
     planes = (TargetTraits.of(model).act_bits or 0) // 8  # int8 dot products per multiply-add (0: fp32 FMA)

@@ -20,29 +20,13 @@ from collections.abc import Sequence
 
 import torch
 
+from specdec.engine.costs import measure_target
 from specdec.errors import SpecdecError
 from specdec.kernels.cores import sharing
 from specdec.models.target import TargetTraits
-from specdec.models.timing import Tick, time_passes
-from specdec.provenance import provenance
+from specdec.models.timing import Tick
 from specdec.sampling.verify import PAD
-from specdec.theory.economics import CostCurve, batch_capacity, first_exceeding, fit_knee
-from specdec.theory.profile import Profile
-
-PROFILE_FORMAT, PROFILE_VERSION = "specdec-profile", 1
-KNEE_THRESHOLD = 1.5
-KNEE_RULE = (f"threshold: the first n whose pass costs more than {KNEE_THRESHOLD} 1-row passes; "
-             "roofline: the knee of max(1, n / knee) fitted to T(n)/T(1) by least squares")
-
-
-def context_entry(context: int, times: dict[int, list]) -> dict:
-    med = {n: statistics.median(v) for n, v in times.items()}
-    curve = {str(n): med[n] / med[1] for n in sorted(med)}
-    cc = CostCurve.from_mapping(curve)
-    return {"context": context, "step_s": med[1], "times_s": {str(n): med[n] for n in sorted(med)},
-            "verify_cost": curve,
-            "knee_threshold_rows": first_exceeding(cc, cc.max_rows, KNEE_THRESHOLD),
-            "knee_roofline_rows": fit_knee(cc.points)}
+from specdec.theory.economics import batch_capacity
 
 
 def demo_context(tokenizer, length: int) -> list[int]:
@@ -199,20 +183,12 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
     changes = team.changes
     with tqdm(total=total, desc="profile", unit="pass", file=sys.stderr, disable=not progress,
               dynamic_ncols=True) as bar:
-        entries = []
-        for ctx in contexts:
-            bar.set_postfix_str(f"target, context {ctx}", refresh=False)
-            entries.append(context_entry(ctx, time_passes(model, ctx, rows, reps, bar.update)))
-        mid = next(e for e in entries if e["context"] == typical)
+        bar.set_postfix_str("target", refresh=False)
+        out = measure_target(loaded, contexts, rows, reps, bar.update)
+        entries = out["contexts"]
         bar.set_postfix_str(f"drafter {drafter.name}", refresh=False)
-        draft, c = measure_draft(loaded, drafter, typical, mid["step_s"], reps, k, bar.update)
-        out = {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "machine": provenance(), "model": loaded.name,
-               "backend": loaded.backend, "precision": TargetTraits.of(model).precision,
-               "drafter": drafter.name, "threads": torch.get_num_threads(), "reps": reps,
-               "typical_context": typical, "verify_cost": mid["verify_cost"], "step_s": mid["step_s"],
-               "draft_cost": c, "draft": draft, "contexts": entries,
-               "knee": {"rule": KNEE_RULE, "context": typical, "threshold": KNEE_THRESHOLD,
-                        "threshold_rows": mid["knee_threshold_rows"], "roofline_rows": mid["knee_roofline_rows"]}}
+        draft, c = measure_draft(loaded, drafter, typical, out["step_s"], reps, k, bar.update)
+        out.update(drafter=drafter.name, draft_cost=c, draft=draft)
         if bandwidth_bytes:
             bar.set_postfix_str("memory bandwidth", refresh=False)
             bw = measure_bandwidth(bandwidth_bytes, reps, bar.update)
@@ -254,9 +230,3 @@ def compute_floor(model, step_s: float, seconds: float = 0.5) -> dict | None:
     return {"macs_per_token": macs, "macs_per_s": rate, "arithmetic": arithmetic,
             "seconds_per_token": floor, "measured_step_s": step_s, "measured_over_floor": step_s / floor,
             "rule": "multiply-adds of the matrix products per token / the multiply-add rate of all threads"}
-
-
-def quick_profile(loaded, drafter, progress: bool = True) -> Profile:
-    """The profile `bench` measures when none is given: 2 contexts, up to 13 rows, 3 reps (some seconds)."""
-    return Profile.from_json(profile(loaded, drafter, contexts=(128, 512), max_rows=13, reps=3, bandwidth_bytes=0,
-                                     progress=progress), "the quick profile")

@@ -44,8 +44,14 @@ class Tokenizer:
             backend = Backend.from_file(str(path))
         except Exception as e:  # missing file, or JSON the tokenizers library rejects
             raise SpecdecError(f"{path}: cannot load tokenizer ({e})") from None
-        return cls(backend, _read_json(model_dir / "tokenizer_config.json"),
-                   _read_json(model_dir / "generation_config.json"))
+        config = _read_json(model_dir / "tokenizer_config.json")
+        jinja = model_dir / "chat_template.jinja"  # where transformers saves the template since 4.43
+        if not config.get("chat_template") and jinja.is_file():
+            try:
+                config["chat_template"] = jinja.read_text(encoding="utf-8")
+            except (OSError, ValueError) as e:
+                raise SpecdecError(f"{jinja}: cannot read ({e})") from None
+        return cls(backend, config, _read_json(model_dir / "generation_config.json"))
 
     # ---- ids ----------------------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -96,19 +102,47 @@ class Tokenizer:
     # ---- chat ---------------------------------------------------------------------------------------------
     @property
     def chat_template(self) -> str | None:
-        return self.config.get("chat_template")
+        """The template in force: the model's own (tokenizer_config.json, chat_template.jinja, a GGUF's
+        tokenizer.chat_template) unless set_chat_template replaced it. Of a list of named templates (an older
+        tokenizer_config.json form), the one named "default"."""
+        template = self.config.get("chat_template")
+        if isinstance(template, list):
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+        return template or None
+
+    def set_chat_template(self, template: str | None) -> None:
+        """Put `template` in force in place of the model's own (None: no template). The ids that end generation
+        follow it: its end-of-turn token (Gemma's <end_of_turn>) stops generation, the model's own template's
+        does not unless it is also the configured eos token."""
+        self.config["chat_template"] = template
+        self.__dict__.pop("eos_token_ids", None)  # the cached_property, read again with this template
+
+    @property
+    def special_tokens(self) -> dict[str, str]:
+        """What a chat template may write by name: bos_token, eos_token, unk_token, pad_token (those set)."""
+        named = {k: _content(self.config.get(k)) for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
+        return {k: v for k, v in named.items() if v is not None}
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             **kwargs: Any) -> str:
         """The prompt text for `messages` ([{"role": ..., "content": ...}]), rendered like transformers does."""
         if not self.chat_template:
             raise SpecdecError("this tokenizer has no chat template; pass plain text instead")
-        special = {k: _content(self.config.get(k)) for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
-        try:
-            return _compile(self.chat_template).render(
-                messages=messages, add_generation_prompt=add_generation_prompt, **{**special, **kwargs})
-        except Exception as e:  # jinja2 TemplateError, or raise_exception() from inside the template
-            raise SpecdecError(f"chat template failed: {e}") from None
+        return render_chat_template(self.chat_template, messages, add_generation_prompt,
+                                    {**self.special_tokens, **kwargs})
+
+
+def render_chat_template(template: str, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                         variables: dict[str, Any] | None = None) -> str:
+    """`template` (Jinja) rendered over `messages` as transformers' apply_chat_template renders it: the same
+    sandbox and options, the special tokens and any other `variables` passed by name (one not passed is
+    undefined, and renders as nothing)."""
+    try:
+        return _compile(template).render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         **(variables or {}))
+    except Exception as e:  # jinja2 TemplateError (syntax too), or raise_exception() from inside the template
+        raise SpecdecError(f"chat template failed: {e}") from None
 
 
 class IncrementalDecoder:
@@ -196,9 +230,8 @@ def encode_text(tokenizer, text: str) -> list[int]:
 
 
 def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of a chat, through the model's chat template, ready for the assistant's answer."""
-    if not tokenizer.chat_template:
-        return encode_text(tokenizer, "\n".join(m["content"] for m in messages))
+    """Token ids of a chat, through the chat template in force, ready for the assistant's answer. Without a
+    template it is refused (SpecdecError), never joined into text the model was not trained on."""
     return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
 
 
