@@ -307,5 +307,7 @@ def test_the_pair_benchmark_writes_its_results_and_page(files, tmp_path):
     assert "| c at most 0.2 | c = " in text and "| greedy output identical to plain | yes" in text
     assert "python -m specdec.bench.engines.draft_pair --target" in text
     again = tmp_path / "again.md"
-    assert draft_pair.main(["--json", str(out), "--page", str(again), "--render", "--target", "x", "--draft", "y"]) == 0
+    assert draft_pair.main(["--json", str(out), "--page", str(again), "--render"]) == 0
     assert again.read_text() == text
+    assert draft_pair.main(["--json", str(out), "--page", str(again), "--render", "--note", "Why this pair."]) == 0
+    assert "\nWhy this pair.\n" in again.read_text() and DraftPairRun.load(out).config["note"] == "Why this pair."

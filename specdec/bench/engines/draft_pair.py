@@ -99,8 +99,8 @@ def measure(args, command: str) -> DraftPairRun:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", required=True, help="the target's .gguf")
-    p.add_argument("--draft", required=True, help="the draft model's .gguf (the target's vocabulary)")
+    p.add_argument("--target", help="the target's .gguf")
+    p.add_argument("--draft", help="the draft model's .gguf (the target's vocabulary)")
     p.add_argument("--precision", default=None, help="the target's path (default: its own choice)")
     p.add_argument("--draft-precision", default=None, help="the draft's path (default: its own choice)")
     p.add_argument("--context", type=int, default=256, help="cached tokens before the timed passes")
@@ -114,8 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", required=True, help="where the raw results go")
     p.add_argument("--page", default="", help="the Markdown page ('' for none)")
     p.add_argument("--render", action="store_true", help="measure nothing: write --page from --json")
-    p.add_argument("--note", default="", help="a paragraph for the page: why this pair, these paths")
+    p.add_argument("--note", default="", help="a paragraph for the page: why this pair, these paths (with --render: "
+                                              "replaces the one recorded in --json)")
     args = p.parse_args(argv)
+    if not args.render and not (args.target and args.draft):
+        p.error("--target and --draft are needed, except with --render")
 
     from specdec.errors import SpecdecError
     from specdec.kernels.cores import configure
@@ -123,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.render:
             report = DraftPairRun.load(args.json)
+            if args.note:
+                report.config["note"] = args.note
+                report.save(args.json)
         else:
             configure(args.threads)
             given = sys.argv[1:] if argv is None else argv

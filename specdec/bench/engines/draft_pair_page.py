@@ -61,7 +61,7 @@ def header(r: DraftPairRun, json_path: str) -> list[str]:
         f"the start); the thread team changed size {r.team_changes} time(s) during the run: "
         f"{'other processes were using these cores' if busy else 'the machine was quiet when it started'}",
         f"- command: `{m['command'].replace(shlex.quote(note), 'TEXT')}` (TEXT: the paragraph after the next)"
-        if note else f"- command: `{m['command']}`",
+        if note and shlex.quote(note) in m["command"] else f"- command: `{m['command']}`",
         f"- raw JSON: `{json_path}`",
         "",
     ]
