@@ -3,7 +3,9 @@ server and the benchmarks all start here."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from specdec.errors import SpecdecError
 from specdec.models.config import GGUF_PRECISIONS, PRECISIONS
@@ -100,7 +102,7 @@ def _drafter(name: str, spec: ModelSpec, target):
         from specdec.drafters.suffix import SuffixDrafter
 
         return SuffixDrafter()
-    from specdec.drafters.draft_model import DraftModelDrafter
+    from specdec.drafters.draft_model import DraftModelDrafter, draft_cost
     from specdec.models.loader import load_model
 
     if name == "eagle":
@@ -109,7 +111,12 @@ def _drafter(name: str, spec: ModelSpec, target):
     same = spec.precision if spec.precision not in GGUF_PRECISIONS else None
     draft = load_model(spec.draft_model, spec.draft_precision or same, spec.device)
     DraftModelDrafter.check_compatible(target.tokenizer, draft.tokenizer)
-    return DraftModelDrafter(draft.model, target.model.cfg.vocab_size)
+    drafter = DraftModelDrafter(draft.model, target.model.cfg.vocab_size)
+    # what the draft costs decides whether it can pay: said at every load (the one place it is measured at load)
+    drafter.cost = draft_cost(target.model, draft.model)
+    print(f"specdec: draft model {Path(spec.draft_model).name} ({TargetTraits.of(draft.model).precision}): "
+          f"{drafter.cost.line()}", file=sys.stderr)
+    return drafter
 
 
 def load_head(path: str | None, model: str, target):

@@ -128,6 +128,19 @@ def test_recorded_map_weights_run_reads_renders_and_writes_back():
     assert "| llama-3.2-1b | memory |" in text and "| llama-3.1-8b | mapped, later load |" in text
 
 
+def test_recorded_draft_pair_run_reads_renders_and_writes_back(tmp_path):
+    """The page in docs/results is the one its JSON renders: the projections recomputed from the recorded c, lookup
+    cost and curve are the recorded ones."""
+    from specdec.bench.engines.draft_pair_page import project, write_page
+    from specdec.bench.engines.model_runs import DraftPairRun
+
+    run = DraftPairRun.load(RESULTS / "draft-pair.json")
+    assert DraftPairRun.from_json(json.loads(json.dumps(run.to_json()))) == run
+    assert project(run.c, run.c_ngram, run.cost) == run.projections
+    write_page(run, tmp_path / "page.md", "docs/results/draft-pair.json")
+    assert (tmp_path / "page.md").read_text() == (RESULTS / "draft-pair.md").read_text()
+
+
 @pytest.mark.parametrize("content, message", [
     ('{"machine": {}, "bandwidth": {}}', "run.json: missing field 'config'"),
     ('{"machine": {}, "config": {}, "bandwidth": {}, "shapes": {"m": {"file": 3}}}', "shapes.m.file: expected a str"),

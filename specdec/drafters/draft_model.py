@@ -5,18 +5,24 @@ have valid keys and values there; after verification that count becomes the old 
 drafts it already fed (all but the last drafted token), so rollback is free here too. Each slot warps with
 its own request's sampling settings and draws from its own seeded stream, and the drafter returns its warped
 distributions q, so sampling at temperature > 0 stays exact.
+
+At load the two tokenizers must agree id for id (`check_compatible`), and the draft's cost c, its one-token pass
+over the target's, is measured once (`draft_cost`): speculation with a draft model pays only while c is small.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
 from specdec.drafters.base import Draft, Drafter
 from specdec.errors import SpecdecError
 from specdec.models.target import TargetTraits
+from specdec.models.timing import Tick, time_pairs
 from specdec.sampling.verify import PAD, draw_random
 from specdec.sampling.warp import SamplingConfig, warp_rows
 
@@ -39,14 +45,23 @@ class DraftModelDrafter(Drafter):
         self.gen: dict[int, torch.Generator] = {}
         self._fed: dict[int, int] = {}  # per slot, after propose: drafted tokens fed beyond the context
         self.catch_up_s = 0.0  # of the last propose: feeding contexts, not drafting
+        self.cost: DraftCost | None = None  # c, where it was measured at load (runtime.build)
 
     @staticmethod
     def check_compatible(target_tokenizer, draft_tokenizer) -> None:
-        """Once, at load: the two models must share one vocabulary, or the draft's tokens mean nothing."""
-        if target_tokenizer.fingerprint() != draft_tokenizer.fingerprint():
-            raise SpecdecError("the draft model's tokenizer differs from the target's: a draft model must share "
-                               f"the target's vocabulary ({draft_tokenizer.vocab_size} vs "
-                               f"{target_tokenizer.vocab_size} tokens, or the same size with other tokens)")
+        """Once, at load: the two models must share one vocabulary, or the draft's tokens mean nothing. The reason
+        names the first id whose strings differ, or the sizes where one vocabulary is the other's beginning."""
+        if target_tokenizer.fingerprint() == draft_tokenizer.fingerprint():
+            return
+        target, draft = _pieces(target_tokenizer), _pieces(draft_tokenizer)
+        i = next((i for i, (t, d) in enumerate(zip(target, draft)) if t != d), None)
+        if i is not None:
+            raise SpecdecError(f"the draft's tokenizer differs from the target's at id {i}: {_shown(target[i])} "
+                               f"(target) vs {_shown(draft[i])} (draft); a draft model must share the target's "
+                               "vocabulary")
+        raise SpecdecError(f"the draft's tokenizer differs from the target's: the target has {len(target)} tokens, "
+                           f"the draft {len(draft)}, the first {min(len(target), len(draft))} alike; a draft model "
+                           "must share the target's vocabulary")
 
     def reserve(self, slots: int, capacity: int, huge_pages: bool = True) -> int:
         capacity = min(capacity, self.model.cfg.max_position_embeddings)  # its own context may be shorter
@@ -151,3 +166,47 @@ class DraftModelDrafter(Drafter):
             if s in self._fed:
                 self.valid[s] += min(a, self._fed[s])
                 self._fed[s] = 0
+
+
+def _pieces(tokenizer) -> list[str | None]:
+    """The vocabulary in id order (added tokens included; None at an id no token has)."""
+    vocab = tokenizer.backend.get_vocab(with_added_tokens=True)  # {string: id}
+    out: list[str | None] = [None] * (max(vocab.values(), default=-1) + 1)
+    for piece, i in vocab.items():
+        out[i] = piece
+    return out
+
+
+def _shown(piece: str | None) -> str:
+    return "no token" if piece is None else repr(piece)
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    """A draft model's cost c: its one-token pass over the target's, both after the same context, the two models'
+    passes alternated pass by pass (the order flipped every pair) so that a burst of other load on a shared machine
+    meets both; c = the ratio of their medians."""
+
+    c: float
+    draft_s: float  # median seconds of the draft's one-token pass
+    target_s: float  # ... and of the target's
+    context: int  # cached tokens before each pass
+    pairs: int
+    seconds: float  # the measuring took, both prefills of the context included
+
+    def line(self) -> str:
+        return (f"c = {self.c:.3f} (its one-token pass {self.draft_s * 1e3:.1f} ms over the target's "
+                f"{self.target_s * 1e3:.1f} ms, medians of {self.pairs} alternated pairs after {self.context} tokens; "
+                f"measured in {self.seconds:.1f} s)")
+
+
+def draft_cost(target, draft, context: int = 32, reps: int = 5, tick: Tick = lambda: None) -> DraftCost:
+    """Measure c for `draft` (a model) drafting for `target`, after `context` tokens (fewer where a model holds
+    fewer positions): a second or two for a 1B draft of an 8B target, the two prefills included. `specdec profile`
+    and every load of a draft model measure it here."""
+    started = time.perf_counter()
+    room = min(target.cfg.max_position_embeddings, draft.cfg.max_position_embeddings) - 1  # a pass after context
+    context = max(1, min(context, room - 1))
+    target_s, draft_s = time_pairs(target, draft, context, reps, tick)
+    t, d = statistics.median(target_s), statistics.median(draft_s)
+    return DraftCost(d / t, d, t, context, reps, time.perf_counter() - started)

@@ -25,7 +25,8 @@ def add_model_args(p, drafter_default: str = "ngram") -> None:
                         "exact, slower), gguf-q8 (8-bit activation blocks: changes the model), fp16 (default for "
                         "other models on CPU), bf16 (default on CUDA), fp32, int8 (changes the model)")
     p.add_argument("--draft-precision", choices=PRECISIONS, default=None,
-                   help="the draft model's weights (default: the target's --precision, else the draft's own)")
+                   help="the draft model's weights (default: the target's --precision where that is not a gguf "
+                        "path, else the draft's own: a GGUF draft takes the path its own file defaults to)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--map-weights", action="store_true",
                    help="a GGUF's repacked weights written once to the cache (the file's size again on disk) and "

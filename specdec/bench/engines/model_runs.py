@@ -1,7 +1,7 @@
 """The typed results of measuring whole models in processes of their own: one model by specdec
 (real_models_child writes a SpecdecRun), the same file by llama.cpp (real_models.llamacpp), and `specdec
 real-models`' report of them (RealModelsRun, rendered by real_models_page). The map-weights bench reads SpecdecRuns
-too."""
+too; a draft-model pair's run (draft_pair.py, rendered by draft_pair_page) is here too."""
 
 from __future__ import annotations
 
@@ -170,3 +170,42 @@ class RealModelsRun(Result):
     def models(self) -> dict[str, ShapeRun]:
         """The shapes, then Gemma 3 270M (real weights) where the run measured it."""
         return {**self.shapes, **({"gemma-3-270m (real)": self.gemma} if self.gemma else {})}
+
+
+@dataclass
+class PairProjection:
+    """PROJECTED at one acceptance rate a: each drafter's best k on the measured curve and its speedup."""
+
+    draft_k: int
+    draft_speedup: float
+    ngram_k: int
+    ngram_speedup: float
+
+
+@dataclass
+class DraftPairRun(Result):
+    machine: dict  # provenance, with the read bandwidth
+    config: dict  # the command's arguments
+    target: str
+    draft: str
+    target_bytes: int
+    draft_bytes: int
+    target_precision: str
+    draft_precision: str
+    vocabulary: int  # tokens both tokenizers hold, id for id (runtime.build refused the pair otherwise)
+    load_s: float  # both models, the tokenizer check and c at load
+    c_at_load: dict  # DraftCost as `generate` and `serve` measure it at load
+    c_runs: list[dict]  # DraftCost of each repeat, at the verify curve's context
+    c: float  # the median of c_runs
+    verify: list[VerifyCurve]  # one per repeat
+    cost: dict[str, float]  # rows -> T(n) / T(1): each row count's fastest pass over all repeats
+    step_s: float  # the fastest 1-row pass
+    lookup: dict  # bench.hardware.profile.time_ngram on the demo context
+    c_ngram: float  # a drafted token's lookup, in target passes
+    projections: dict[str, PairProjection]  # by a
+    plain: DecodeRun
+    fixed: DecodeRun  # with the draft, k fixed: every round drafts and verifies
+    auto: DecodeRun  # with the draft, --k auto (the default)
+    identical: bool  # both speculative runs' tokens are the plain run's
+    load_avg: list[list[float]] = field(default_factory=list)  # (1, 5, 15 min) at the start and after each part
+    team_changes: int = 0  # the thread team changed size this often (other processes used these cores)

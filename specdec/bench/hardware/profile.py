@@ -24,7 +24,7 @@ from specdec.engine.costs import measure_target
 from specdec.errors import SpecdecError
 from specdec.kernels.cores import sharing
 from specdec.models.target import TargetTraits
-from specdec.models.timing import Tick, time_pairs
+from specdec.models.timing import Tick
 from specdec.sampling.verify import PAD
 from specdec.theory.economics import batch_capacity
 
@@ -108,17 +108,16 @@ def memory_entry(target: dict, draft: dict | None, ngram_bytes_per_token: float,
 def measure_draft(loaded, drafter, context: int, target_step_s: float, reps: int, k: int,
                   tick: Tick = lambda: None) -> tuple[dict, float]:
     """(what was measured, c): the drafter's cost per drafted token in target passes at `context`."""
-    from specdec.drafters.draft_model import DraftModelDrafter
+    from specdec.drafters.draft_model import DraftModelDrafter, draft_cost
     from specdec.drafters.ngram import NgramDrafter
 
     if isinstance(drafter, DraftModelDrafter):
         # the two models' passes alternated: a ratio of medians taken minutes apart swung with the machine's load
-        # (a tiny model as its own draft once gave c = 0.09 on a busy machine)
-        target, draft = time_pairs(loaded.model, drafter.model, context, reps, tick)
-        t = statistics.median(draft)
-        return {"kind": "draft-model", "step_s": t, "context": context,
+        # (a tiny model as its own draft once gave c = 0.09 on a busy machine); the same measure as at load
+        cost = draft_cost(loaded.model, drafter.model, context, reps, tick)
+        return {"kind": "draft-model", "step_s": cost.draft_s, "context": cost.context,
                 "rule": "c = the draft model's 1-token pass / the target's, alternated pass by pass, at the "
-                        "typical context"}, t / statistics.median(target)
+                        "typical context (drafters/draft_model.py draft_cost)"}, cost.c
     from specdec.drafters.eagle import EagleDrafter
     from specdec.drafters.suffix import SuffixDrafter
 
