@@ -253,3 +253,16 @@ def pytest_collection_modifyitems(config, items):
         return
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file keeps its own order
+
+
+# ---- what a command says on stderr besides an error ------------------------------------------------------------
+
+INFORMATION = ("specdec: threads: ", "specdec: measuring this model's pass costs", "specdec: chat template: ")
+
+
+def information_line(line: str) -> bool:
+    """A line a command prints while it loads or first plans, before any error: the thread team, the path chosen
+    for a GGUF (measured at its first load, or read back), the pass costs measured once, the chat template, and
+    where the cache could not keep a measurement. Not part of an error."""
+    return line.startswith(INFORMATION) or " the faster path for this file on this CPU" in line or \
+        line.endswith("kept in memory only, and measured again by the next process")

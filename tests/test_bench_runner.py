@@ -219,8 +219,10 @@ def test_bench_smoke_on_the_bundled_model(tmp_path, capsys):
     q.write_text(json.dumps({"prompt": "Repeat exactly: the cat sat on the mat. the cat sat on the mat."}) + "\n")
     assert main(["bench", "--prompts", str(q), "--max-new-tokens", "8", "--json", str(tmp_path / "r.json"),
                  "--quiet"]) == 0
-    r = json.loads((tmp_path / "r.json").read_text())
-    assert r["results"]["ngram k=5"][OVERALL]["identical_rate"] == 1.0
+    r = json.loads((tmp_path / "r.json").read_text())  # no --k: auto, with fixed k up to the default cap beside
+    assert [m["name"] for m in r["methods"]] == ["plain", "ngram k=auto", "ngram k=2", "ngram k=4", "ngram k=6",
+                                                 "ngram k=8"]
+    assert all(r["results"][m][OVERALL]["identical_rate"] == 1.0 for m in ("ngram k=auto", "ngram k=8"))
 
 
 def counted_passes(monkeypatch):

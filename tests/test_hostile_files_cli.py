@@ -22,7 +22,7 @@ import pytest
 
 import specdec.atomic
 from specdec.cli import main
-from tests.conftest import write_word_tokenizer
+from tests.conftest import information_line, write_word_tokenizer
 from tests.serving import write_served_model
 
 NO_MODEL = "/nonexistent/model"  # where a case must fail before any model loads: a slip shows as "model not found"
@@ -43,19 +43,14 @@ def gguf_bytes(tmp_path_factory) -> bytes:
     return path.read_bytes()
 
 
-INFORMATION = ("specdec: threads: ", "specdec: measuring this model's pass costs", "specdec: chat template: ")
-
-
 def fails(capsys, *argv, needle: str = "") -> str:
     """Run `specdec ARGV`: status 2, one `specdec: error:` line containing `needle`, no traceback. (A command that
-    failed after its first pass has said its `threads:` line before, and one that measured this model's pass costs
-    first said so, and where the cache could not keep them: information, not part of the error.)"""
+    failed after loading has said what loading says (conftest.information_line): information, not the error.)"""
     capsys.readouterr()
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()
     assert code == 2, (out, err)
-    lines = [line for line in err.strip().splitlines() if not line.startswith(INFORMATION)
-             and not line.endswith("kept in memory only, and measured again by the next process")]
+    lines = [line for line in err.strip().splitlines() if not information_line(line)]
     assert len(lines) == 1 and lines[0].startswith("specdec: error: "), err
     assert "Traceback" not in out + err
     assert needle in lines[0], lines[0]

@@ -36,4 +36,15 @@ def policy_for(spec: Speculation, loaded, drafter):
 
     if isinstance(drafter, NoDrafter):
         return Never()
-    return make_policy(spec, planned_cost(loaded, spec), drafter.free)
+    return make_policy(spec, planned_cost(loaded, spec), drafter.free, draft_step_s=measured_draft_step(drafter))
+
+
+def measured_draft_step(drafter) -> float:
+    """Seconds a drafting step costs where it was measured at load (a draft model's pass: runtime.build), so that
+    `auto` prices a draft model's drafts from the first round; 0 elsewhere (prompt lookup costs next to nothing, and
+    `auto` learns what drafting costs as rounds run either way)."""
+    from specdec.drafters.draft_model import DraftModelDrafter
+
+    members = getattr(drafter, "members", [drafter])  # a cascade costs at most its dearest member
+    return max((m.cost.draft_s for m in members if isinstance(m, DraftModelDrafter) and m.cost is not None),
+               default=0.0)

@@ -116,7 +116,7 @@ def warn_reserved(gib: float, available: float | None = None) -> bool:
 def run_serve(args) -> int:
     import uvicorn
 
-    from specdec.engine.calibrate import make_policy, planned_cost
+    from specdec.engine.calibrate import make_policy, measured_draft_step, planned_cost
     from specdec.engine.cli import chat_template_for
     from specdec.engine.scheduler import Scheduler, SchedulerConfig
     from specdec.engine.speculation import from_args
@@ -144,7 +144,7 @@ def run_serve(args) -> int:
     if chat == "none":
         chat = "none (chat requests get a 400 naming --chat-template; /v1/completions takes raw text)"
     policy = make_policy(how, planned_cost(target, how, args.max_batch, args.profile), drafter.free,
-                         row_floor=args.row_floor)
+                         row_floor=args.row_floor, draft_step_s=measured_draft_step(drafter))
     sched = Scheduler(target.model, target.tokenizer, drafter, policy, sched_cfg)
     prefix = "off"
     if sched.prefix is not None:
