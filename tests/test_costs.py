@@ -68,6 +68,16 @@ def test_a_profile_file_overrides(tiny, tmp_path):
     assert costs.cached(loaded) is None  # nothing measured
 
 
+def test_specdec_profile_measures_them_again_and_keeps_its_measurement(tiny, capsys):
+    path, loaded = tiny
+    assert main(["profile", "--model", str(path), "--precision", "gguf-q8", "--contexts", "16,32", "--max-rows", "6",
+                 "--reps", "1", "--bandwidth-gib", "0.01", "--quiet"]) == 0
+    assert "kept as tiny-llama's pass costs on this CPU (gguf-q8)" in capsys.readouterr().out
+    kept = costs.target_profile(loaded, 5)
+    assert "measuring" not in capsys.readouterr().err
+    assert max(kept.verify_cost) == 6 and kept.typical_context == 32 and kept.draft_cost is None
+
+
 @pytest.mark.parametrize("k, policy, drafter, want", [
     ("auto", None, "ngram", Speculation("auto", DEFAULT_K)),
     ("5", None, "ngram", Speculation("fixed", 5)),

@@ -89,6 +89,11 @@ def run_profile(args) -> int:
     prof = profile(target, drafter, contexts, args.max_rows, args.reps, args.k, int(args.bandwidth_gib * 2**30),
                    budget, args.batch_context, progress=not args.quiet)
     print(render_profile(prof))
+    from specdec.engine.costs import keep
+
+    if keep(target, prof, args.max_rows)[1]:
+        print(f"kept as {target.name}'s pass costs on this CPU ({target.model.precision}): generate, serve, bench and "
+              "expect plan with them from now on")
     if args.json:
         from specdec.theory.profile import Profile
 

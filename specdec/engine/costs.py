@@ -124,11 +124,17 @@ def target_profile(loaded, rows: int = MIN_ROWS, file: str | None = None, quiet:
         print(f"specdec: measuring this model's pass costs here, once (passes of 1..{rows} rows; kept in "
               f"{cache_root() / STORE}; --profile FILE overrides)", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    data = {**measure_target(loaded, contexts, widths(rows), REPS, pick=min), "rows": rows, "team": team()}
+    data = {**measure_target(loaded, contexts, widths(rows), REPS, pick=min), "measure_s": 0.0}
     data["measure_s"] = round(time.perf_counter() - t0, 2)
-    prof = Profile.from_json(data, "the measured pass costs")
-    store().put(key(loaded), prof.to_json())
-    return prof
+    return keep(loaded, data, rows)[0]
+
+
+def keep(loaded, data: dict, rows: int) -> tuple[Profile, bool]:
+    """A measurement of the target's passes up to `rows` rows (measure_target's, or a whole `specdec profile`) as
+    this model's pass costs here, for every later command: (the profile, whether the cache holds it now). A
+    drafter's cost is not kept: it is the drafter's, measured by whoever plans with one."""
+    prof = Profile.from_json({**data, "rows": rows, "team": team(), "draft_cost": None}, "the measured pass costs")
+    return prof, store().put(key(loaded), prof.to_json())
 
 
 def _most(loaded) -> int:
