@@ -59,7 +59,6 @@ class ModelSpec:
 
 def build(spec: ModelSpec):
     """(loaded target, drafter)."""
-    from specdec.drafters.cascade import CascadeDrafter
     from specdec.models.loader import load_model
 
     if spec.device == "cuda":
@@ -68,9 +67,7 @@ def build(spec: ModelSpec):
         if not torch.cuda.is_available():
             raise SpecdecError("--device cuda: no CUDA device is available here")
     target = load_model(spec.model, spec.precision, spec.device, spec.map_weights, spec.context)
-    names = spec.drafter.split(",")
-    members = [_drafter(name, spec, target) for name in names]
-    return target, members[0] if len(members) == 1 else CascadeDrafter(members)
+    return target, drafter_for(spec, target)
 
 
 MODEL_FREE = ("ngram", "suffix", "none")  # drafters that need no model: they copy text
@@ -79,15 +76,12 @@ MODEL_FREE = ("ngram", "suffix", "none")  # drafters that need no model: they co
 def model_free_drafter(names: str, ngram_max: int = 4, ngram_min: int = 1):
     """A drafter that needs no model (MODEL_FREE, or a cascade of them: "ngram,suffix"), for engines that run the
     target themselves (integrations/vllm.py)."""
-    from specdec.drafters.cascade import CascadeDrafter
-
     spec = ModelSpec(drafter=names, ngram_max=ngram_max, ngram_min=ngram_min)  # checks the names and sizes
     members = names.split(",")
     if not set(members) <= set(MODEL_FREE):
         raise SpecdecError(f"drafter {names!r}: only {', '.join(MODEL_FREE)} (or a cascade of them) run without a "
                            "model of specdec's own")
-    built = [_drafter(name, spec, None) for name in members]
-    return built[0] if len(built) == 1 else CascadeDrafter(built)
+    return drafter_for(spec, None)
 
 
 def _drafter(name: str, spec: ModelSpec, target):

@@ -187,14 +187,14 @@ def run_bench(args) -> int:
 def planning_profile(target, drafter, how, args):
     """(the profile bench plans and predicts with, where it comes from): --profile's file, else this model's cached
     pass costs (measured now, once, where none are) with the drafter's cost measured now."""
-    from specdec.bench.hardware.profile import measure_draft
+    from specdec.bench.hardware.profile import planning_cost
     from specdec.engine.costs import target_profile
 
     if args.profile:
         return target_profile(target, file=args.profile), f"file {args.profile}"
     prof = target_profile(target, how.k + 1)
-    _, c = measure_draft(target, drafter, int(prof.typical_context or 128), prof.step_s, 3, how.k)
-    return replace(prof, draft_cost=c), "this model's cached pass costs, the drafter's cost measured now"
+    c = planning_cost(target, drafter, prof, how.k)
+    return replace(prof, draft_cost=c), "this model's cached pass costs, and the drafter's cost"
 
 
 def write_report(report, args, title: str | None = None) -> None:

@@ -124,7 +124,7 @@ def target_profile(loaded, rows: int = MIN_ROWS, file: str | None = None, quiet:
         print(f"specdec: measuring this model's pass costs here, once (passes of 1..{rows} rows; kept in "
               f"{cache_root() / STORE}; --profile FILE overrides)", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    data = {**measure_target(loaded, contexts, widths(rows), REPS, pick=min), "measure_s": 0.0}
+    data = measure_target(loaded, contexts, widths(rows), REPS, pick=min)
     data["measure_s"] = round(time.perf_counter() - t0, 2)
     return keep(loaded, data, rows)[0]
 
@@ -159,9 +159,7 @@ def seed_learned(cost, key_: str) -> int:
                                                and isinstance(p[1], (int, float)) and p[0] >= 1 and p[1] > 0
                                                for p in points):
         return 0
-    for n, seconds in points:
-        cost.seen[n] = (float(seconds), cost.min_seen, cost.steps)
-    cost._curve = None
+    cost.seed([(n, float(seconds)) for n, seconds in points])
     return len(points)
 
 

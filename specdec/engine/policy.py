@@ -205,6 +205,13 @@ class LearnedPassCost:
             self.seen = {w: v for w, v in self.seen.items() if self.steps - v[2] <= self.forget}
         self._curve = None
 
+    def seed(self, points: Sequence[tuple[int, float]]) -> None:
+        """Start from (width, seconds) points learned before (engine/costs.py keeps them between runs): each
+        trusted as if seen min_seen times, and learned on from there."""
+        for n, seconds in points:
+            self.seen[n] = (seconds, self.min_seen, self.steps)
+        self._curve = None
+
     def curve(self) -> tuple[tuple[int, float], ...]:
         """The measured points the cost goes through (none before any width was seen min_seen times)."""
         if self._curve is None:

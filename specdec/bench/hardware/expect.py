@@ -112,12 +112,12 @@ def round_costs(target, prof, context: int = CONTEXT, tokens: int = STEPS):
 def expectation(target, spec, name: str, prof, cost, cap: int, alphas: list[float]):
     """(drafter label, c, [(speedup, k) per a]) with the drafter's c measured now. `cost`: round_costs's (a verify
     pass of n rows in plain decode steps, h); a drafted token costs (1 - h) c plain steps."""
-    from specdec.bench.hardware.profile import measure_draft
+    from specdec.bench.hardware.profile import planning_cost
     from specdec.runtime import drafter_for
     from specdec.theory.economics import plan
 
     drafter = drafter_for(replace(spec, drafter=name), target)
-    _, c = measure_draft(target, drafter, int(prof.typical_context or 128), prof.step_s, 3, cap)
+    c = planning_cost(target, drafter, prof, cap)
     label = name if name != "draft-model" else f"draft-model {spec.draft_model}"
     verify, h = cost
     out = []

@@ -27,6 +27,7 @@ from specdec.models.target import TargetTraits
 from specdec.models.timing import Tick
 from specdec.sampling.verify import PAD
 from specdec.theory.economics import batch_capacity
+from specdec.theory.profile import Profile
 
 
 def demo_context(tokenizer, length: int) -> list[int]:
@@ -103,6 +104,16 @@ def memory_entry(target: dict, draft: dict | None, ngram_bytes_per_token: float,
     return {"target": target, "draft": draft, "drafter_bytes_per_token": d_kv, "budget_bytes": budget,
             "context": context, "sequences_without_drafter": alone, "sequences_with_drafter": both,
             "sequences_lost": alone - both, "share_lost": (alone - both) / alone if alone else None}
+
+
+def planning_cost(loaded, drafter, prof: Profile, k: int) -> float:
+    """c as the planners take it (bench's --policy auto, `specdec expect`): a draft model's, measured once at its
+    load (runtime.build); any other drafter's, measured now at the profile's typical context (milliseconds)."""
+    from specdec.drafters.draft_model import DraftModelDrafter
+
+    if isinstance(drafter, DraftModelDrafter) and drafter.cost is not None:
+        return drafter.cost.c
+    return measure_draft(loaded, drafter, int(prof.typical_context or 128), prof.step_s, 3, k)[1]
 
 
 def measure_draft(loaded, drafter, context: int, target_step_s: float, reps: int, k: int,
