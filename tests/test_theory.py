@@ -170,3 +170,50 @@ def test_a_profile_reads_typed_and_saves_what_it_read(tmp_path):
     assert Profile.load(tmp_path / "again.json") == p
     with pytest.raises(SpecdecError, match=r"contexts\[1\].verify_cost"):
         Profile.from_json({**data, "contexts": [data["contexts"][0], {"context": 5, "verify_cost": {"0": 1}}]})
+
+
+# ---- the floor of a pass (theory/floor.py) ---------------------------------------------------------------------
+
+def test_pass_floor_memory_binds_then_arithmetic():
+    from specdec.theory.floor import PassWork, Rates, pass_floor
+
+    work = PassWork(weight_bytes=100e6, kv_bytes=20e6, product_macs=100e6, attention_macs=10e6, elementwise=2e6)
+    rates = Rates(bandwidth=40e9, product_rate=400e9, fma_rate=120e9)
+    one = pass_floor(1, work, rates)
+    assert one.memory_s == pytest.approx(3e-3) and one.products_s == pytest.approx(0.25e-3)
+    assert one.per_row_s == pytest.approx(0.1e-3) and one.seconds == pytest.approx(3.1e-3) and one.binds == "memory"
+    # 12 rows multiply for exactly the 3 ms the reads take; 13 multiply for longer, and the arithmetic binds
+    assert pass_floor(12, work, rates).seconds == pytest.approx(3e-3 + 1.2e-3)
+    thirteen = pass_floor(13, work, rates)
+    assert thirteen.binds == "arithmetic" and thirteen.seconds == pytest.approx(3.25e-3 + 1.3e-3)
+    with pytest.raises(ValueError):
+        pass_floor(0, work, rates)
+
+
+def test_attention_work_grows_with_the_context_up_to_a_window(bundled):
+    import dataclasses
+
+    model = bundled("gguf-q8").model
+    c = model.cfg
+    att, kv = model.attention_work(100)
+    assert att == 100 * 2 * c.num_layers * c.num_heads * c.head_dim
+    assert kv == 100 * model.kv_bytes_per_token()  # the cache of 100 positions, read once
+    assert model.attention_work(200) == (2 * att, 2 * kv)
+    windowed = dataclasses.replace(c, sliding_window=64)
+    model.cfg, saved = windowed, c
+    try:
+        assert model.attention_work(1000) == model.attention_work(64)
+    finally:
+        model.cfg = saved
+
+
+def test_profile_prints_each_widths_floor(capsys, tmp_path):
+    prof = tmp_path / "p.json"
+    assert main(["profile", "--model", "default", "--precision", "gguf-q8", "--contexts", "64", "--max-rows", "3",
+                 "--reps", "1", "--bandwidth-gib", "0.05", "--json", str(prof), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "floor for n rows" in out and "floor - max(weight + KV bytes" in out
+    e = json.loads(prof.read_text())["contexts"][0]
+    floors = [e["floor_s"][n] for n in ("1", "2", "3")]
+    assert 0 < floors[0] < floors[1] < floors[2]  # each row adds its unshared work
+    assert all(e["over_floor"][n] == pytest.approx(e["times_s"][n] / e["floor_s"][n]) for n in ("1", "2", "3"))

@@ -231,11 +231,17 @@ def render_profile(p: dict) -> str:
                    f"{cf['seconds_per_token'] * 1e3:.1f} ms per token; the memory floor "
                    f"{'binds' if floor['seconds_per_token'] >= cf['seconds_per_token'] else 'does not bind'}")
     ctxs = p["contexts"]
-    out.append("verify cost T(n)/T(1) (ms per pass in brackets):")
-    out.append("   n  " + "".join(f"{'context ' + str(e['context']):>20}" for e in ctxs))
+    floors = all("floor_s" in e for e in ctxs)
+    out.append("verify cost T(n)/T(1) (ms per pass in brackets" +
+               ("; then the floor for n rows in ms, and the pass over it" if floors else "") + "):")
+    width = 36 if floors else 20
+    out.append("   n  " + "".join(f"{'context ' + str(e['context']):>{width}}" for e in ctxs))
     for n in ctxs[0]["verify_cost"]:
-        out.append(f"{n:>4}  " + "".join(f"{e['verify_cost'][n]:>11.2f} ({e['times_s'][n] * 1e3:5.1f})"
-                                         for e in ctxs))
+        out.append(f"{n:>4}  " + "".join(
+            f"{e['verify_cost'][n]:>11.2f} ({e['times_s'][n] * 1e3:5.1f})" +
+            (f"  floor {e['floor_s'][n] * 1e3:5.1f} {e['over_floor'][n]:4.2f}x" if floors else "") for e in ctxs))
+    if floors:
+        out.append(f"  floor - {ctxs[0]['floor_rule']}")
     k = p["knee"]
     out.append("knee: " + "; ".join(f"context {e['context']}: first n > {k['threshold']}x = "
                                     f"{e['knee_threshold_rows'] or 'none'}, roofline fit {e['knee_roofline_rows']:.1f}"

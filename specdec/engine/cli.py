@@ -20,8 +20,9 @@ def add_model_args(p, drafter_default: str = "ngram") -> None:
                         "where it matches, else the trained head)")
     p.add_argument("--draft-model", metavar="PATH", help="folder or .gguf of a draft model (same tokenizer)")
     p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="weights: gguf-q16 (a GGUF's own blocks against 15-bit activation blocks, integer dot "
-                        "products; the default for GGUF models on CPU), gguf (the same blocks in fp32 arithmetic: "
+                   help="weights: for a GGUF on CPU, left out: gguf-q16 or gguf-q8, whichever runs faster here "
+                        "(measured at its first load, then remembered); gguf-q16 (a GGUF's own blocks against 15-bit "
+                        "activation blocks, integer dot products), gguf (the same blocks in fp32 arithmetic: "
                         "exact, slower), gguf-q8 (8-bit activation blocks: changes the model), fp16 (default for "
                         "other models on CPU), bf16 (default on CUDA), fp32, int8 (changes the model)")
     p.add_argument("--draft-precision", choices=PRECISIONS, default=None,

@@ -224,6 +224,23 @@ class Transformer:
         block = c.hidden_size * qkv + c.num_heads * c.head_dim * c.hidden_size + mlp
         return c.num_layers * block + c.vocab_size * c.hidden_size
 
+    def attention_work(self, context: int) -> tuple[int, int]:
+        """(multiply-adds of one row's attention, KV-cache bytes a pass reads) at `context` cached positions: a
+        layer's query sees min(context, its window) keys, each scored and weighed once a head."""
+        c = self.cfg
+        seen = [min(context, getattr(b, "window", None) or c.sliding_window or context) for b in self.blocks]
+        per_kv = self.kv_bytes_per_token() // (2 * c.num_layers * c.num_kv_heads * c.head_dim)
+        return (sum(2 * c.num_heads * c.head_dim * n for n in seen),
+                sum(2 * c.num_kv_heads * c.head_dim * per_kv * n for n in seen))
+
+    def elementwise_per_token(self) -> int:
+        """A row's arithmetic outside the products and attention, roughly (a floor's small term): its norms and
+        residual adds (about 4 operations a value, twice a layer), its gated activation (about 8 a value: the
+        exponential's polynomial) and the softmax over the vocabulary (about 8 a logit)."""
+        c = self.cfg
+        inter = c.expert_size * c.experts_per_token if c.moe else c.intermediate_size
+        return c.num_layers * (8 * c.hidden_size + 8 * inter) + 8 * c.vocab_size
+
     def kv_bytes_per_token(self) -> int:
         per = 2 if self.kernels is not None else 4  # the native kernels keep the cache in fp16
         return 2 * self.cfg.num_layers * self.cfg.num_kv_heads * self.cfg.head_dim * per

@@ -212,6 +212,8 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
                             "measured_step_s": entries[0]["step_s"], "context": entries[0]["context"],
                             "measured_over_floor": entries[0]["step_s"] / floor}
             out["compute_floor"] = compute_floor(model, entries[0]["step_s"])
+            if out["compute_floor"]:
+                add_pass_floors(model, entries, bw["read_GBps"] * 1e9, out["compute_floor"]["macs_per_s"])
             out["memory"] = memory_entry(target_mem, model_memory(draft_model) if draft_model else None,
                                          draft.get("index_bytes_per_token", 0.0), budget_bytes or physical_memory(),
                                          batch_context or typical)
@@ -221,6 +223,24 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
               "used these CPUs), so the figures mix team sizes: rerun on a quiet machine, or with --threads N",
               file=sys.stderr)
     return out
+
+
+def add_pass_floors(model, entries: list[dict], bandwidth: float, product_rate: float, seconds: float = 0.5) -> None:
+    """Each context entry's floor per width (theory/floor.py), in seconds, and each measured pass over its floor."""
+    from specdec.theory.floor import PassWork, Rates, pass_floor
+
+    traits = TargetTraits.of(model)
+    rates = Rates(bandwidth, product_rate, traits.kernels.fma_peak(seconds))
+    for e in entries:
+        att, kv = model.attention_work(e["context"])
+        work = PassWork(traits.weight_bytes_per_token, kv, traits.macs_per_token, att, model.elementwise_per_token())
+        floors = {n: pass_floor(int(n), work, rates) for n in e["times_s"]}
+        e["floor_s"] = {n: f.seconds for n, f in floors.items()}
+        e["over_floor"] = {n: e["times_s"][n] / f.seconds for n, f in floors.items()}
+        e["floor_binds"] = {n: f.binds for n, f in floors.items()}
+    entries[0]["floor_rule"] = ("max(weight + KV bytes / read bandwidth, rows x products' multiply-adds / their "
+                                "rate) + rows x (attention's multiply-adds + elementwise work) / the fp32 FMA rate "
+                                f"({rates.fma_rate / 1e9:.0f} G/s); theory/floor.py")
 
 
 def compute_floor(model, step_s: float, seconds: float = 0.5) -> dict | None:

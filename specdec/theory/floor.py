@@ -1,0 +1,66 @@
+"""What a pass over n token-rows should cost on this machine: the floor every kernel change is judged by.
+
+A pass reads the weights once (however many rows it carries) and the sequence's cached keys and values once (the
+attention kernel shares them between its rows); it multiplies each row through every matrix. Its floor is
+
+    floor(n) = max(bytes / bandwidth, n * products / product_rate) + n * per_row
+
+- `bytes`: the weight bytes a token reads plus the KV-cache bytes of the context it attends to;
+- `products`: the multiply-adds of the matrix products of one row, at the rate the model's path issues them
+  (int8 block dot products for gguf-q8, two of them a multiply-add for gguf-q16, fp32 FMAs otherwise);
+- `per_row`: the work no row can share with another, at the fp32 FMA rate: its attention over the context (scores
+  and weighted values), its norms and activations, and the softmax over the vocabulary where it is sampled.
+
+Whichever of reading and multiplying takes longer binds; a kernel that overlaps the other with it entirely meets
+the floor. All rates are measured on the machine the floor is printed for (bench/hardware/profile.py), so a
+measured pass "at 1.1x its floor" means the same on any CPU. Pure arithmetic: nothing here measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PassWork:
+    """One pass's work, independent of the machine. `attention_macs` and `kv_bytes` at the context measured."""
+
+    weight_bytes: float  # read once a pass
+    kv_bytes: float  # the context's cached keys and values, read once a pass
+    product_macs: float  # a row's multiply-adds in the matrix products
+    attention_macs: float  # a row's multiply-adds in attention over the context
+    elementwise: float  # a row's other arithmetic (norms, activations, softmax over the vocabulary), in operations
+
+
+@dataclass(frozen=True)
+class Rates:
+    """This machine's, measured: read bandwidth (bytes/s), the products' multiply-add rate on the model's path and
+    the fp32 FMA rate (multiply-adds/s, all threads)."""
+
+    bandwidth: float
+    product_rate: float
+    fma_rate: float
+
+
+@dataclass(frozen=True)
+class Floor:
+    rows: int
+    memory_s: float  # reading the weights and the cache
+    products_s: float  # the rows' matrix products
+    per_row_s: float  # the unshared work of all the rows together
+
+    @property
+    def seconds(self) -> float:
+        return max(self.memory_s, self.products_s) + self.per_row_s
+
+    @property
+    def binds(self) -> str:
+        return "memory" if self.memory_s >= self.products_s else "arithmetic"
+
+
+def pass_floor(rows: int, work: PassWork, rates: Rates) -> Floor:
+    if rows < 1:
+        raise ValueError(f"a pass has at least one row, not {rows}")
+    per_row = (work.attention_macs + work.elementwise) / rates.fma_rate
+    return Floor(rows, (work.weight_bytes + work.kv_bytes) / rates.bandwidth,
+                 rows * work.product_macs / rates.product_rate, rows * per_row)
