@@ -213,7 +213,9 @@ def test_profile_prints_each_widths_floor(capsys, tmp_path):
                  "--reps", "1", "--bandwidth-gib", "0.05", "--json", str(prof), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "floor for n rows" in out and "floor - max(weight + KV bytes" in out
-    e = json.loads(prof.read_text())["contexts"][0]
+    p = json.loads(prof.read_text())
+    assert p["bandwidth"]["stream_GBps"] > 0 and p["floor"]["bandwidth_GBps"] == p["bandwidth"]["stream_GBps"]
+    e = p["contexts"][0]
     floors = [e["floor_s"][n] for n in ("1", "2", "3")]
     assert 0 < floors[0] < floors[1] < floors[2]  # each row adds its unshared work
     assert all(e["over_floor"][n] == pytest.approx(e["times_s"][n] / e["floor_s"][n]) for n in ("1", "2", "3"))

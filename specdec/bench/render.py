@@ -217,11 +217,13 @@ def render_profile(p: dict) -> str:
            f"{p['threads']} threads, medians of {p['reps']} runs"]
     bw, floor = p.get("bandwidth"), p.get("floor")
     if bw:
+        stream = (f"; the kernels' threads stream it at {bw['stream_GBps']:.1f} GB/s" if "stream_GBps" in bw
+                  else "")
         out.append(f"memory bandwidth: read {bw['read_GBps']:.1f} GB/s (best {bw['read_GBps_best']:.1f}; sum over "
-                   f"{bw['bytes'] / 2**30:.2f} GiB), copy {bw['copy_GBps']:.1f} GB/s (read + write bytes)")
+                   f"{bw['bytes'] / 2**30:.2f} GiB{stream}), copy {bw['copy_GBps']:.1f} GB/s (read + write bytes)")
         mem = p["memory"]["target"]
         out.append(f"physical floor: {_bytes(mem['weight_bytes_read_per_token'])} of weights per token / "
-                   f"{bw['read_GBps']:.1f} GB/s = {floor['seconds_per_token'] * 1e3:.1f} ms per token "
+                   f"{floor.get('bandwidth_GBps', bw['read_GBps']):.1f} GB/s = {floor['seconds_per_token'] * 1e3:.1f} ms per token "
                    f"({floor['tokens_per_s']:.0f} tok/s); measured 1-row pass at context {floor['context']}: "
                    f"{floor['measured_step_s'] * 1e3:.1f} ms ({floor['measured_over_floor']:.1f}x the floor)")
     cf = p.get("compute_floor")

@@ -65,8 +65,10 @@ def time_ngram(drafter, context: list[int], k: int, rounds: int = 50) -> dict:
             "context": len(context), "index_bytes_per_token": index_bytes / len(context)}
 
 
-def measure_bandwidth(nbytes: int, reps: int, tick: Tick = lambda: None) -> dict:
-    """Read bandwidth (a sum over an nbytes tensor) and copy bandwidth (read + write bytes over time)."""
+def measure_bandwidth(nbytes: int, reps: int, tick: Tick = lambda: None, kernels=None) -> dict:
+    """Read bandwidth (a sum over an nbytes tensor) and copy bandwidth (read + write bytes over time); with the
+    native kernels, also the rate at which their threads stream the same bytes as they stream weights (`stream`:
+    what a pass's reads can reach, and what the floors are computed with)."""
     x = torch.ones(nbytes // 4, dtype=torch.float32)
     y = torch.empty_like(x)
     x.sum(), y.copy_(x)  # warm-up: page faults
@@ -80,7 +82,11 @@ def measure_bandwidth(nbytes: int, reps: int, tick: Tick = lambda: None) -> dict
         sums.append(t1 - t0)
         tick()
     n = x.numel() * 4
-    return {"bytes": n, "read_GBps": n / statistics.median(sums) / 1e9, "read_GBps_best": n / min(sums) / 1e9,
+    stream = {}
+    if kernels is not None:
+        stream = {"stream_GBps": kernels.stream_read(x.view(torch.uint8), reps) / 1e9}
+        tick()
+    return {**stream, "bytes": n, "read_GBps": n / statistics.median(sums) / 1e9, "read_GBps_best": n / min(sums) / 1e9,
             "copy_GBps": 2 * n / statistics.median(copies) / 1e9, "copy_GBps_best": 2 * n / min(copies) / 1e9,
             "method": "read: torch sum over the tensor; copy: torch copy_ into another, counting read + write"}
 
@@ -189,7 +195,7 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
     typical = contexts[len(contexts) // 2]
     rows = list(range(1, max_rows + 1))
     draft_model = drafter.model if isinstance(drafter, DraftModelDrafter) else None
-    total = len(contexts) * len(rows) * reps + (reps if draft_model else 1) + (reps if bandwidth_bytes else 0)
+    total = len(contexts) * len(rows) * reps + (reps if draft_model else 1) + (reps + 1 if bandwidth_bytes else 0)
     team = sharing()
     changes = team.changes
     with tqdm(total=total, desc="profile", unit="pass", file=sys.stderr, disable=not progress,
@@ -202,18 +208,20 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
         out.update(drafter=drafter.name, draft_cost=c, draft=draft)
         if bandwidth_bytes:
             bar.set_postfix_str("memory bandwidth", refresh=False)
-            bw = measure_bandwidth(bandwidth_bytes, reps, bar.update)
+            bw = measure_bandwidth(bandwidth_bytes, reps, bar.update, TargetTraits.of(model).kernels)
+            read = bw.get("stream_GBps", bw["read_GBps"]) * 1e9  # what a pass's reads can reach
             target_mem = model_memory(model)
-            floor = target_mem["weight_bytes_read_per_token"] / (bw["read_GBps"] * 1e9)
+            floor = target_mem["weight_bytes_read_per_token"] / read
             out["bandwidth"] = bw
             out["machine"]["bandwidth_gbs"] = round(bw["read_GBps"], 2)  # measured here: no quick probe needed
-            out["floor"] = {"seconds_per_token": floor, "tokens_per_s": 1.0 / floor,
-                            "rule": "weight bytes read per token / read bandwidth",
+            out["floor"] = {"seconds_per_token": floor, "tokens_per_s": 1.0 / floor, "bandwidth_GBps": read / 1e9,
+                            "rule": "weight bytes read per token / read bandwidth (the kernels' streaming read "
+                                    "where they run)",
                             "measured_step_s": entries[0]["step_s"], "context": entries[0]["context"],
                             "measured_over_floor": entries[0]["step_s"] / floor}
             out["compute_floor"] = compute_floor(model, entries[0]["step_s"])
             if out["compute_floor"]:
-                add_pass_floors(model, entries, bw["read_GBps"] * 1e9, out["compute_floor"]["macs_per_s"])
+                add_pass_floors(model, entries, read, out["compute_floor"]["macs_per_s"])
             out["memory"] = memory_entry(target_mem, model_memory(draft_model) if draft_model else None,
                                          draft.get("index_bytes_per_token", 0.0), budget_bytes or physical_memory(),
                                          batch_context or typical)
