@@ -223,7 +223,8 @@ def render_profile(p: dict) -> str:
                    f"{bw['bytes'] / 2**30:.2f} GiB{stream}), copy {bw['copy_GBps']:.1f} GB/s (read + write bytes)")
         mem = p["memory"]["target"]
         out.append(f"physical floor: {_bytes(mem['weight_bytes_read_per_token'])} of weights per token / "
-                   f"{floor.get('bandwidth_GBps', bw['read_GBps']):.1f} GB/s = {floor['seconds_per_token'] * 1e3:.1f} ms per token "
+                   f"{floor.get('bandwidth_GBps', bw['read_GBps']):.1f} GB/s = "
+                   f"{floor['seconds_per_token'] * 1e3:.1f} ms per token "
                    f"({floor['tokens_per_s']:.0f} tok/s); measured 1-row pass at context {floor['context']}: "
                    f"{floor['measured_step_s'] * 1e3:.1f} ms ({floor['measured_over_floor']:.1f}x the floor)")
     cf = p.get("compute_floor")

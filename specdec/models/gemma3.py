@@ -207,6 +207,7 @@ class Gemma3(Transformer):
         (plane_cache.PlaneCache, --map-weights)."""
         gguf = self._gguf(precision, device, quantized, planes)
         self.cfg, self.precision, self.device = cfg, precision, torch.device(device)
+        self.act_bits = ACT_BITS.get(precision) if gguf is not None else None  # as Transformer's: the integer paths'
         self.final_cap = cfg.final_softcap
         weights = {name: t.to(self.device) for name, t in weights.items()}
         # the native blocks at the GGUF precisions (forward_ragged's path); the torch path at the others

@@ -83,8 +83,12 @@ def measure_bandwidth(nbytes: int, reps: int, tick: Tick = lambda: None, kernels
         tick()
     n = x.numel() * 4
     stream = {}
-    if kernels is not None:
-        stream = {"stream_GBps": kernels.stream_read(x.view(torch.uint8), reps) / 1e9}
+    if kernels is not None:  # on huge pages, as the weights are (models/hugepages.py): 4 KB pages read slower
+        from specdec.models.hugepages import Arena
+
+        buf = Arena(chunk=nbytes).empty((nbytes,), torch.uint8).fill_(1)  # written: the zero page would not read
+        stream = {"stream_GBps": kernels.stream_read(buf, reps) / 1e9}
+        del buf
         tick()
     return {**stream, "bytes": n, "read_GBps": n / statistics.median(sums) / 1e9, "read_GBps_best": n / min(sums) / 1e9,
             "copy_GBps": 2 * n / statistics.median(copies) / 1e9, "copy_GBps_best": 2 * n / min(copies) / 1e9,
