@@ -272,3 +272,10 @@ def test_draft_model_profile_and_bench_on_a_tiny_model(tiny, tmp_path, capsys, o
                                                  "hf assisted k=3"]
     spec = r["results"]["draft-model k=3"][OVERALL]
     assert spec["alpha"] == 1.0 and spec["identical_rate"] == 1.0  # its own draft: every token accepted
+
+
+def test_profile_json_alone_prints_the_profile_in_place_of_the_text(tiny, capsys, one_thread):
+    assert main(["profile", "--model", str(tiny), "--precision", "fp32", "--contexts", "16", "--max-rows", "3",
+                 "--reps", "1", "--bandwidth-gib", "0.01", "--json", "--quiet"]) == 0
+    p = json.loads(capsys.readouterr().out)  # stdout holds the JSON alone
+    assert p["verify_cost"]["1"] == 1.0 and len(p["verify_cost"]) == 3

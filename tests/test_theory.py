@@ -219,3 +219,37 @@ def test_profile_prints_each_widths_floor(capsys, tmp_path):
     floors = [e["floor_s"][n] for n in ("1", "2", "3")]
     assert 0 < floors[0] < floors[1] < floors[2]  # each row adds its unshared work
     assert all(e["over_floor"][n] == pytest.approx(e["times_s"][n] / e["floor_s"][n]) for n in ("1", "2", "3"))
+
+
+# ---- --json: one meaning in every command (specdec/outputs.py) -------------------------------------------------
+
+@pytest.mark.parametrize("command", [
+    ["plan", "--alpha", "0.8", "--draft-cost", "0.1"],
+    ["batch-model", "--alpha", "0.8", "--k", "4", "--draft-cost", "0.1", "--knee-rows", "64"],
+    ["simulate", "--alpha", "0.8", "--k", "4", "--rounds", "2000"],
+])
+def test_json_alone_prints_it_and_json_file_writes_it_beside_the_text(capsys, tmp_path, command):
+    code, out, _ = _run(capsys, *command, "--json")
+    assert code == 0 and isinstance(json.loads(out), dict)  # stdout is the JSON, nothing else
+    assert _run(capsys, *command, "--json", "-")[1] == out  # `-` is stdout too
+    target = tmp_path / "out.json"
+    code, text, _ = _run(capsys, *command, "--json", str(target))
+    assert code == 0 and json.loads(target.read_text()) == json.loads(out)
+    with pytest.raises(json.JSONDecodeError):  # the text, as without --json
+        json.loads(text)
+    code, _, err = _run(capsys, *command, "--json", str(tmp_path / "missing" / "out.json"))
+    assert code != 0 and "its folder does not exist" in err and not (tmp_path / "missing").exists()
+
+
+def test_audit_names_its_level_significance_and_still_reads_alpha(capsys):
+    from specdec.cli import UsageError, build_parser
+
+    base = ["audit", "--endpoint", "http://127.0.0.1:1", "--reference", "http://127.0.0.1:2"]
+    args = build_parser().parse_args([*base, "--significance", "0.01"])
+    assert args.significance == 0.01 and capsys.readouterr().err == ""
+    args = build_parser().parse_args([*base, "--alpha", "0.02"])
+    err = capsys.readouterr().err
+    assert args.significance == 0.02 and "--alpha is now --significance" in err and len(err.splitlines()) == 1
+    with pytest.raises(UsageError, match=r"must be in \(0, 1\)"):
+        build_parser().parse_args([*base, "--alpha", "1.5"])  # still ranged
+    assert build_parser().parse_args(base).significance == 0.05

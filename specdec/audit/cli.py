@@ -22,6 +22,7 @@ proxy settings from the environment are ignored (trust_env=False). Exit status: 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import sys
@@ -44,7 +45,8 @@ from specdec.client import (
     scrape,
 )
 from specdec.errors import SpecdecError
-from specdec.inputs import AT_LEAST_1, POSITIVE, TOP_P, ranged, read_text
+from specdec.inputs import AT_LEAST_1, POSITIVE, TOP_P, Ranged, ranged, read_text
+from specdec.outputs import add_json_arg, check_json_file, emit_json, json_on_stdout
 
 REFERENCE_SEED_OFFSET = 2**30
 ACCEPTANCE_HEADER = "x-specdec-acceptance"  # what a specdec server says about its acceptance rule
@@ -202,15 +204,26 @@ def register(sub) -> None:
     a.add_argument("--temperature", type=float, default=1.0, action=ranged(0, 2, low_open=True),
                    help="in (0, 2]: at 0 (greedy) there is nothing to sample")
     a.add_argument("--top-p", type=float, default=1.0, action=TOP_P)
-    a.add_argument("--alpha", type=float, default=0.05, action=ranged(0, 1, low_open=True, high_open=True),
-                   help="the audit's false-alarm rate")
+    a.add_argument("--significance", type=float, default=0.05, action=ranged(0, 1, low_open=True, high_open=True),
+                   help="the audit's false-alarm rate (the level of its test, Bonferroni-split over its tests)")
+    a.add_argument("--alpha", type=float, dest="significance", action=OldAlpha, low=0, high=1, low_open=True,
+                   high_open=True, help=argparse.SUPPRESS)  # the old spelling, one more release
     a.add_argument("--seed", type=int, default=0, action=ranged(0, REFERENCE_SEED_OFFSET - 10**8 - 1),
                    help="the endpoint's first request seed; the reference's start 2**30 higher")
     a.add_argument("--concurrency", type=int, default=8, action=AT_LEAST_1, help="requests in flight per server")
     a.add_argument("--timeout", type=float, default=120.0, action=POSITIVE, help="seconds per request")
     a.add_argument("--api-key", default=None, help="sent to both servers as 'Authorization: Bearer KEY'")
-    a.add_argument("--json", action="store_true", help="print one JSON object")
+    add_json_arg(a, "the verdict, its tests and the run")
     a.set_defaults(func=run_audit)
+
+
+class OldAlpha(Ranged):
+    """`audit --alpha`, the old spelling of --significance (plan and simulate's --alpha is an acceptance rate)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)  # a value out of range: its one-line error only
+        print("specdec audit: --alpha is now --significance (the test's level; --alpha elsewhere is an acceptance "
+              "rate); the old spelling goes in the next release", file=sys.stderr)
 
 
 def check_args(args, prompts: tuple[str, ...]) -> None:
@@ -233,12 +246,13 @@ def run_audit(args) -> int:
 
     prompts = read_prompts(args.prompts) if args.prompts else PROMPTS
     check_args(args, prompts)
+    check_json_file(args)
     tok = load_tokenizer(args.tokenizer)
     servers = (Server("endpoint", base_url(args.endpoint), args.model),
                Server("reference", base_url(args.reference), args.reference_model))
     body = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p, "stream": False}
     n = len(prompts) * args.samples
-    if not args.json:
+    if not json_on_stdout(args):
         print(f"specdec audit: {n} completions from each server ({len(prompts)} prompts x {args.samples}), "
               f"{args.max_tokens} tokens, temperature {args.temperature:g}, top-p {args.top_p:g}", file=sys.stderr)
     t0 = time.perf_counter()
@@ -246,17 +260,16 @@ def run_audit(args) -> int:
                             args.api_key, args.timeout))  # also from a thread that runs an event loop
     wall = time.perf_counter() - t0
     ids = [[[tok.encode(t) for t in texts] for texts in g.texts] for g in got]
-    result = compare(ids[0], ids[1], args.max_tokens, args.alpha)
+    result = compare(ids[0], ids[1], args.max_tokens, args.significance)
     ep = got[0]
     speculation = {"drafted_tokens": ep.drafted, "accepted_tokens": ep.accepted} if ep.drafted else None
-    if args.json:
-        print(json.dumps({**result.to_dict(), "endpoint": servers[0].url, "reference": servers[1].url,
-                          "samples": args.samples, "max_tokens": args.max_tokens, "temperature": args.temperature,
-                          "top_p": args.top_p, "seeds": {"endpoint": args.seed,
-                                                         "reference": args.seed + REFERENCE_SEED_OFFSET},
-                          "prompts": list(prompts), "endpoint_speculation": speculation,
-                          "endpoint_acceptance": ep.acceptance, "wall_s": round(wall, 2)}, indent=1))
-    else:
+    emit_json(args, {**result.to_dict(), "endpoint": servers[0].url, "reference": servers[1].url,
+                     "samples": args.samples, "max_tokens": args.max_tokens, "temperature": args.temperature,
+                     "top_p": args.top_p,
+                     "seeds": {"endpoint": args.seed, "reference": args.seed + REFERENCE_SEED_OFFSET},
+                     "prompts": list(prompts), "endpoint_speculation": speculation,
+                     "endpoint_acceptance": ep.acceptance, "wall_s": round(wall, 2)})
+    if not json_on_stdout(args):
         def show(label) -> str:
             return "<end>" if label == END else OTHER if label == OTHER else repr(tok.decode([label]))
 
@@ -268,7 +281,7 @@ def run_audit(args) -> int:
             print(f"  endpoint: {ep.accepted} of {ep.drafted} drafted tokens accepted")
         if ep.acceptance:
             print(f"  endpoint says: {ACCEPTANCE_HEADER}: {ep.acceptance}")
-        print(f"  {result.tests} tests at level {args.alpha:g}/{result.tests} each (Bonferroni); position 1 "
+        print(f"  {result.tests} tests at level {args.significance:g}/{result.tests} each (Bonferroni); position 1 "
               f"(the prompt pass) p = {result.first_position_p:.2g}; wall {wall:.1f} s")
         print(result.message)
     return 0 if result.verdict == "lossless" else 1

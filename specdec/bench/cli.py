@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from dataclasses import replace
 
-from specdec.atomic import check_writable
-from specdec.bench.options import check_outputs, parse_ints, write_outputs
+from specdec.bench.options import check_outputs, parse_ints, show_text, write_outputs
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, POSITIVE, ranged
+from specdec.outputs import add_json_arg, check_json_file, json_file, json_on_stdout
 
 AUTO_FIXED_KS = (2, 4, 6, 8)  # with --policy auto, these fixed k run too, on the same prompts
 
@@ -20,7 +21,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("profile", help="measure verify cost curve, draft cost, knee, memory and bandwidth")
     add_model_args(p)
-    p.add_argument("--json", metavar="FILE", help="write the profile (for `specdec plan/bench --profile FILE`)")
+    add_json_arg(p, "the profile (for `specdec plan/bench --profile FILE`)")
     p.add_argument("--reps", type=int, default=5, action=AT_LEAST_1,
                    help="timed runs per measurement (medians are reported)")
     p.add_argument("--contexts", default="128,512,1024", help="context lengths to time passes at")
@@ -51,7 +52,7 @@ def register(sub) -> None:
     b.add_argument("--profile", metavar="FILE.json",
                    help="a `specdec profile` output, for the predicted speedup and --policy auto (default: this "
                         "model's pass costs, measured once here and cached)")
-    b.add_argument("--json", metavar="FILE", help="write everything, per prompt too, as JSON")
+    add_json_arg(b, "everything, per prompt too,")
     b.add_argument("--markdown", metavar="FILE", help="write the tables as Markdown")
     b.add_argument("--plot", metavar="FILE.png", help="speedup per category, with the predictions")
     b.add_argument("--compare", choices=("hf", "llama.cpp"),
@@ -83,22 +84,26 @@ def run_profile(args) -> int:
     from specdec.runtime import ModelSpec, build
 
     contexts = parse_ints(args.contexts, "--contexts")
-    check_writable(args.json)
+    check_json_file(args)
     target, drafter = build(ModelSpec.from_args(args))
     budget = args.memory_budget_gb * 2**30 if args.memory_budget_gb else None
     prof = profile(target, drafter, contexts, args.max_rows, args.reps, args.k, int(args.bandwidth_gib * 2**30),
                    budget, args.batch_context, progress=not args.quiet)
-    print(render_profile(prof))
     from specdec.engine.costs import keep
+    from specdec.theory.profile import Profile
 
+    if json_on_stdout(args):
+        keep(target, prof, args.max_rows)
+        print(json.dumps(Profile.from_json(prof, "the measured profile").to_json(), indent=1))
+        return 0
+    print(render_profile(prof))
     if keep(target, prof, args.max_rows)[1]:
         print(f"kept as {target.name}'s pass costs on this CPU ({target.model.precision}): generate, serve, bench and "
               "expect plan with them from now on")
-    if args.json:
-        from specdec.theory.profile import Profile
-
-        Profile.from_json(prof, "the measured profile").save(args.json)  # what every reader will check
-        print(f"wrote {args.json}: `specdec plan --profile {args.json} --alpha A` picks k with these costs")
+    if json_file(args):
+        Profile.from_json(prof, "the measured profile").save(json_file(args))  # what every reader will check
+        print(f"wrote {json_file(args)}: `specdec plan --profile {json_file(args)} --alpha A` picks k with these "
+              "costs")
     return 0
 
 
@@ -204,7 +209,7 @@ def write_report(report, args, title: str | None = None) -> None:
     from specdec.bench.serving.endpoint_report import markdown as endpoint_markdown
 
     text = endpoint_markdown(report) if report.endpoint else markdown(report)
-    print(text)
+    show_text(args, text)
     write_outputs(args, text, report.to_json(), lambda path: plot(report, path, title))
 
 

@@ -7,11 +7,11 @@ one another."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from specdec.atomic import check_plot_path, check_writable, write_text_atomic
 from specdec.errors import SpecdecError
+from specdec.outputs import check_json_file, emit_json, json_file, json_on_stdout
 
 
 def parse_ints(text: str, name: str) -> list[int]:
@@ -26,19 +26,25 @@ def parse_ints(text: str, name: str) -> list[int]:
 
 def check_outputs(args) -> None:
     """--json, --markdown and --plot, checked before the run: none of them is lost to a bad path at its end."""
-    check_writable(args.json)
+    check_json_file(args)
     check_writable(args.markdown)
     check_plot_path(args.plot)
-    outs = [p for p in (args.json, args.markdown, args.plot) if p]
+    outs = [p for p in (json_file(args), args.markdown, args.plot) if p]
     if len({Path(p).expanduser().resolve() for p in outs}) < len(outs):
         raise SpecdecError("--json, --markdown and --plot must name different files")
 
 
+def show_text(args, text: str) -> None:
+    """The report on stdout, unless --json alone puts the JSON there instead."""
+    if not json_on_stdout(args):
+        print(text)
+
+
 def write_outputs(args, text: str, obj, draw) -> None:
-    """--markdown gets `text`, --json `obj`, --plot `draw(path)`'s figure, each written whole or not at all."""
+    """--markdown gets `text`, --json `obj` (a file, or stdout), --plot `draw(path)`'s figure, each written whole or
+    not at all."""
     if args.markdown:
         write_text_atomic(args.markdown, text)
-    if args.json:
-        write_text_atomic(args.json, json.dumps(obj, indent=1))
+    emit_json(args, obj)
     if args.plot:
         draw(args.plot)

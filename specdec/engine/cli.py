@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from specdec.engine.speculation import add_speculation_args
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, SEED, TOP_P, read_text
 from specdec.models.config import PRECISIONS
+from specdec.outputs import add_json_arg, check_json_file, emit_json, json_on_stdout
 from specdec.runtime import DRAFTERS
 
 
@@ -70,7 +70,7 @@ def register(sub) -> None:
                    help="wrap the prompt in the model's chat template (default on)")
     g.add_argument("--lossy-typical-acceptance", action="store_true",
                    help="LOSSY: Medusa-style typical acceptance; the output is no longer the target model's")
-    g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    add_json_arg(g, "the text, its token ids and the run's figures")
     g.add_argument("--trace", metavar="FILE", help="write every round as JSON (for `specdec explain`)")
     g.set_defaults(func=run_generate)
 
@@ -116,6 +116,7 @@ def run_generate(args) -> int:
 
     text = read_prompt(args)
     check_writable(args.trace)
+    check_json_file(args)
     spec = from_args(args)  # checked before the model loads
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p, args.seed)
     cfg = GenerationConfig(args.max_new_tokens, sampling, tuple(args.stop), args.lossy_typical_acceptance)
@@ -127,7 +128,7 @@ def run_generate(args) -> int:
     engine = Engine(target.model, target.tokenizer, args.device)
     engine.check_prompts([ids])  # before --k auto reads (or measures) pass costs
     stream = None
-    if not args.json:
+    if not json_on_stdout(args):
         dec = IncrementalDecoder(target.tokenizer, skip_special_tokens=True)
         seen: list[int] = []
 
@@ -142,10 +143,9 @@ def run_generate(args) -> int:
         trace = build_trace(result, target.tokenizer, model=target.name, drafter=drafter.name, k=spec.k,
                             temperature=args.temperature, prompt=text, k_policy=spec.policy)
         write_trace(trace, args.trace)
-    if args.json:
-        print(json.dumps({"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
-                          "model": target.name, "drafter": drafter.name, "policy": spec.policy, "k": spec.k,
-                          **summary}, indent=1))
+    emit_json(args, {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
+                     "model": target.name, "drafter": drafter.name, "policy": spec.policy, "k": spec.k, **summary})
+    if json_on_stdout(args):
         return 0
     sys.stdout.write(dec.flush(seen) + "\n")
     a = summary["alpha"]

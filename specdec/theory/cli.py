@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from specdec.atomic import check_plot_path
 from specdec.errors import SpecdecError
 from specdec.inputs import SEED, number, read_json
+from specdec.outputs import add_json_arg, check_json_file, emit_json, json_on_stdout
 from specdec.theory.economics import (
     CostCurve,
     batch_model,
@@ -28,7 +28,7 @@ def register(sub) -> None:
                    help="cost of one drafted token in target passes (default: from --profile, else 0)")
     p.add_argument("--max-k", type=int, default=32)
     _cost_args(p)
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_json_arg(p, "the plan (or the --emit configuration)")
     p.add_argument("--plot", metavar="FILE.png", help="write the speedup curve as a PNG")
     e = p.add_argument_group("engine configuration (--emit)")
     e.add_argument("--emit", choices=sorted(EMITTERS), help="print the speculative configuration for this engine")
@@ -53,7 +53,7 @@ def register(sub) -> None:
     b.add_argument("--knee-rows", type=float, required=True,
                    help="token-rows per pass below which the target pass is memory-bound")
     b.add_argument("--max-batch", type=int, default=256)
-    b.add_argument("--json", action="store_true")
+    add_json_arg(b, "the curve")
     b.add_argument("--plot", metavar="FILE.png")
     b.set_defaults(func=run_batch)
 
@@ -64,7 +64,7 @@ def register(sub) -> None:
     s.add_argument("--rounds", type=int, default=100_000)
     s.add_argument("--seed", type=int, default=0, action=SEED)
     _cost_args(s)
-    s.add_argument("--json", action="store_true")
+    add_json_arg(s, "the simulation")
     s.set_defaults(func=run_simulate)
 
 
@@ -144,11 +144,14 @@ def run_plan_emit(args, curve: CostCurve | None, c: float) -> int:
     if measured:
         obj["measured"] = measured
         text = f"# a and a_i measured by {measured['report']}, method {measured['method']}\n" + text
-    print(json.dumps(obj, indent=2) if args.json else text)
+    emit_json(args, obj, indent=2)
+    if not json_on_stdout(args):
+        print(text)
     return 0
 
 
 def run_plan(args) -> int:
+    check_json_file(args)
     if not args.emit:
         given = [f"--{name.replace('_', '-')}" for name in EMIT_ONLY if getattr(args, name) is not None]
         if given:
@@ -165,8 +168,8 @@ def run_plan(args) -> int:
         from specdec.theory.plots import plot_plan
 
         plot_plan(result, args.plot)
-    if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+    emit_json(args, result.to_json(), indent=2)
+    if json_on_stdout(args):
         return 0
     print(f"acceptance rate a = {result.alpha:g}, draft cost c = {result.draft_cost:g} target passes per token"
           + (", measured verify cost curve" if curve else ""))
@@ -188,13 +191,14 @@ def run_plan(args) -> int:
 
 def run_batch(args) -> int:
     check_plot_path(args.plot)
+    check_json_file(args)
     model = batch_model(args.alpha, args.k, args.draft_cost, args.knee_rows, args.max_batch)
     if args.plot:
         from specdec.theory.plots import plot_batch
 
         plot_batch(model, args.plot)
-    if args.json:
-        print(json.dumps(model.to_json(), indent=2))
+    emit_json(args, model.to_json(), indent=2)
+    if json_on_stdout(args):
         return 0
     print(f"a = {model.alpha:g}, k = {model.k}, c = {model.draft_cost:g}, knee = {model.knee_rows:g} rows")
     print(f"{'batch':>5}  {'spec/plain':>10}")
@@ -213,11 +217,12 @@ def run_batch(args) -> int:
 
 
 def run_simulate(args) -> int:
+    check_json_file(args)
     curve, _ = cost_curve_from_args(args)
     sim = simulate(args.alpha, args.k, args.draft_cost, args.rounds, args.seed,
                    verify_cost=curve or unit_verify_cost)
-    if args.json:
-        print(json.dumps(sim.to_json(), indent=2))
+    emit_json(args, sim.to_json(), indent=2)
+    if json_on_stdout(args):
         return 0
     rel = (sim.tokens_per_round / sim.expected_tokens_per_round - 1.0) * 100
     print(f"{sim.rounds} rounds at a = {sim.alpha:g}, k = {sim.k}, c = {sim.draft_cost:g}")

@@ -7,11 +7,12 @@ from __future__ import annotations
 import sys
 from dataclasses import replace
 
-from specdec.bench.options import check_outputs, parse_ints, write_outputs
+from specdec.bench.options import check_outputs, parse_ints, show_text, write_outputs
 from specdec.bench.serving.load_types import ENDPOINTS, LoadConfig
 from specdec.client import run_async
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, POSITIVE, SEED
+from specdec.outputs import add_json_arg
 
 # The options of --url and their defaults (refused with --servers).
 URL_ONLY = {"no_stream": False, "api_key": None, "model": None, "endpoint": "chat", "seed": None, "temperature": 0.0}
@@ -43,7 +44,7 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", action=POSITIVE,
                    help=f"per request (default 300; {REQUEST_TIMEOUT_S:g} with --servers)")
     p.add_argument("--seed", type=int, default=None, action=SEED, help="sent as the request's 'seed'")
-    p.add_argument("--json", metavar="FILE", help="write the levels, the configuration and the machine as JSON")
+    add_json_arg(p, "the levels, the configuration and the machine")
     p.add_argument("--markdown", metavar="FILE", help="write the table as Markdown")
     p.add_argument("--plot", metavar="FILE.png", help="throughput and latency against concurrency")
     s = p.add_argument_group("the serving benchmark (`specdec serve` per policy on 127.0.0.1, then chunked prefill)")
@@ -120,7 +121,7 @@ def run_cli(args) -> int:
                           f"{r.throughput_tok_s:.1f} tok/s", file=sys.stderr)
     results = run(cfg, prompts, progress=say)
     text = markdown(results)
-    print(text)
+    show_text(args, text)
     obj = {"machine": provenance(), **to_json(results, cfg)}  # the client's machine: the server may be elsewhere
     write_outputs(args, text, obj, lambda path: plot(results, path))
     return 0

@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 
 from specdec.atomic import write_text_atomic
-from specdec.bench.options import check_outputs, parse_ints, write_outputs
+from specdec.bench.options import check_outputs, parse_ints, show_text, write_outputs
 from specdec.bench.serving import loadtest
 from specdec.bench.serving.load_types import LoadConfig
 from specdec.bench.serving.serve_report import POLICIES, PolicyRun, ServeLevel
@@ -43,6 +43,7 @@ from specdec.bench.serving.servers import say as _say
 from specdec.bench.tables import num
 from specdec.client import run_async
 from specdec.errors import SpecdecError
+from specdec.outputs import json_file
 
 MIXED_CATEGORIES = ("coding", "extraction", "writing", "translation", "summarization", "rag")
 COPY_CATEGORIES = ("summarization", "rag")
@@ -206,8 +207,8 @@ def run_serve_bench(args) -> int:
             result.prefill = bench_prefill(source, background, args, logs)
     except BenchError as e:
         partial = None
-        if args.json:
-            partial = Path(args.json).with_suffix(".partial.json")
+        if json_file(args):
+            partial = Path(json_file(args)).with_suffix(".partial.json")
             write_text_atomic(partial, json.dumps(finite(result.to_json()), indent=1, allow_nan=False))
         print(f"specdec: error: {e}\n(partial results: {partial or 'not kept: no --json'}; server logs: {logs})",
               file=sys.stderr)
@@ -218,5 +219,5 @@ def run_serve_bench(args) -> int:
     text = report(result)
     series = {p: list(res.sets["mixed"]) for p, res in result.policies.items()}
     write_outputs(args, text, finite(result.to_json()), lambda path: plot_series(series, path))
-    print(text)
+    show_text(args, text)
     return 1 if args.strict and not all(g.passed for g in result.goals) else 0
