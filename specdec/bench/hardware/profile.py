@@ -83,16 +83,21 @@ def measure_bandwidth(nbytes: int, reps: int, tick: Tick = lambda: None, kernels
         tick()
     n = x.numel() * 4
     stream = {}
-    if kernels is not None:  # on huge pages, as the weights are (models/hugepages.py): 4 KB pages read slower
-        from specdec.models.hugepages import Arena
-
-        buf = Arena(chunk=nbytes).empty((nbytes,), torch.uint8).fill_(1)  # written: the zero page would not read
-        stream = {"stream_GBps": kernels.stream_read(buf, reps) / 1e9}
-        del buf
+    if kernels is not None:
+        stream = {"stream_GBps": stream_rate(kernels, nbytes, reps) / 1e9}
         tick()
     return {**stream, "bytes": n, "read_GBps": n / statistics.median(sums) / 1e9, "read_GBps_best": n / min(sums) / 1e9,
             "copy_GBps": 2 * n / statistics.median(copies) / 1e9, "copy_GBps_best": 2 * n / min(copies) / 1e9,
             "method": "read: torch sum over the tensor; copy: torch copy_ into another, counting read + write"}
+
+
+def stream_rate(kernels, nbytes: int, reps: int) -> float:
+    """Bytes per second the kernels' threads stream (the fastest of reps sweeps over nbytes), on huge pages as the
+    weights are (models/hugepages.py): on 4 KB pages the sweep read slower than 1-row passes did."""
+    from specdec.models.hugepages import Arena
+
+    buf = Arena(chunk=nbytes).empty((nbytes,), torch.uint8).fill_(1)  # written: the zero page would not be read
+    return kernels.stream_read(buf, reps)
 
 
 def model_memory(model) -> dict:
@@ -204,6 +209,9 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
     changes = team.changes
     with tqdm(total=total, desc="profile", unit="pass", file=sys.stderr, disable=not progress,
               dynamic_ncols=True) as bar:
+        kernels = TargetTraits.of(model).kernels
+        # this machine's bandwidth moves from minute to minute: the stream is read before the passes and after them
+        before = stream_rate(kernels, bandwidth_bytes, 3) if bandwidth_bytes and kernels is not None else None
         bar.set_postfix_str("target", refresh=False)
         out = measure_target(loaded, contexts, rows, reps, bar.update)
         entries = out["contexts"]
@@ -212,7 +220,14 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
         out.update(drafter=drafter.name, draft_cost=c, draft=draft)
         if bandwidth_bytes:
             bar.set_postfix_str("memory bandwidth", refresh=False)
-            bw = measure_bandwidth(bandwidth_bytes, reps, bar.update, TargetTraits.of(model).kernels)
+            bw = measure_bandwidth(bandwidth_bytes, reps, bar.update, kernels)
+            if before is not None:
+                bw["stream_GBps_before"], after = before / 1e9, bw["stream_GBps"]
+                bw["stream_GBps"] = max(bw["stream_GBps_before"], after)  # what the machine gave at its best
+                if abs(bw["stream_GBps_before"] - after) > 0.2 * bw["stream_GBps"]:
+                    print(f"specdec: the memory bandwidth moved while profiling ({bw['stream_GBps_before']:.1f} GB/s "
+                          f"before the passes, {after:.1f} after): the floors take the higher; rerun on a quiet "
+                          "machine to compare passes with them", file=sys.stderr)
             read = bw.get("stream_GBps", bw["read_GBps"]) * 1e9  # what a pass's reads can reach
             target_mem = model_memory(model)
             floor = target_mem["weight_bytes_read_per_token"] / read
