@@ -28,6 +28,12 @@ def percentile(xs: Sequence[float], q: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
+def acceptance(accepted: float, drafted: float) -> float | None:
+    """The acceptance rate: accepted / drafted tokens, None when nothing was drafted (never 0.0: no draft is not a
+    rejected one). Every place that reports acceptance reads it here."""
+    return accepted / drafted if drafted > 0 else None
+
+
 def ratio_of_means(num: Sequence[float], den: Sequence[float]) -> float | None:
     m, d = mean(num), mean(den)
     return m / d if m is not None and d else None

@@ -228,3 +228,10 @@ def test_robust_timing_ignores_a_burst_of_load():
     assert s.timing_suspect == ["q"]  # its baseline was disturbed
     assert math.isclose(s.robust_speedup, (7 / 1.0) / (6 / 1.0))
     assert stats.robust_tokens_per_s(Sample("q", "c", "hf", [turn(range(3), [0.1, 0.2, 0.3])])) is None
+
+
+def test_one_acceptance_rule_everywhere():
+    from specdec.measure import acceptance
+
+    assert acceptance(3, 4) == 0.75 and acceptance(0, 5) == 0.0
+    assert acceptance(0, 0) is None  # nothing drafted is not a rejection: never 0.0

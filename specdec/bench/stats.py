@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from specdec.bench.records import GroupResult
-from specdec.measure import inter_token_latencies, mean, percentile, ratio_of_means  # noqa: F401 (re-exported)
+from specdec.measure import acceptance, inter_token_latencies, mean, percentile, ratio_of_means  # noqa: F401 (re-exported)
 from specdec.measure import tokens_per_pass as passes_rate
 from specdec.theory.economics import (
     CostCurve,
@@ -104,7 +104,7 @@ def summarize(samples, baselines: dict | None = None) -> GroupResult:
         tokens_per_pass=tokens_per_pass([t for s in samples for t in s.turns]),
         drafted=sum(drafted),
         accepted=sum(accepted),
-        alpha=sum(accepted) / sum(drafted) if sum(drafted) else None,
+        alpha=acceptance(sum(accepted), sum(drafted)),
         acceptance_by_position=conditional_acceptance(per_round, [r.accepted for r in rounds]),
         draft_lengths={d: per_round.count(d) for d in sorted(set(per_round))},
         ttft_s=mean([t.ttft_s for s in samples for t in s.turns if t.ttft_s is not None]),

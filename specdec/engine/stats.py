@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specdec.measure import acceptance
 from specdec.measure import decode_tokens_per_s as decode_rate
 from specdec.measure import inter_token_latencies as gaps
 from specdec.measure import tokens_per_s as rate
@@ -46,7 +47,7 @@ class RequestStats:
     @property
     def alpha(self) -> float | None:
         """Acceptance rate: accepted / drafted tokens (None when nothing was drafted)."""
-        return self.accepted / self.drafted if self.drafted else None
+        return acceptance(self.accepted, self.drafted)
 
     @property
     def mean_tokens_per_round(self) -> float:
@@ -123,7 +124,7 @@ class DecayedRate:
 
     @property
     def value(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted > 0 else None
+        return acceptance(self.accepted, self.drafted)
 
 
 class AcceptanceMeter:
@@ -147,4 +148,4 @@ class AcceptanceMeter:
 
     @property
     def alpha(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
+        return acceptance(self.accepted, self.drafted)

@@ -62,6 +62,7 @@ from specdec.engine.sequence import Evidence
 from specdec.engine.speculation import Speculation, speculation
 from specdec.errors import SpecdecError
 from specdec.integrations.vllm_repair import repair_cpu_expand
+from specdec.measure import acceptance
 from specdec.runtime import model_free_drafter
 
 ENV = "SPECDEC_VLLM"
@@ -340,7 +341,7 @@ class Proposer:
     def summary(self) -> dict:
         c = self.counts
         return {**c, "draft_rate": c["drafted_rows"] / max(c["rows"], 1),
-                "acceptance": c["accepted"] / max(c["drafted"], 1), "open": len(self.rows.live),
+                "acceptance": acceptance(c["accepted"], c["drafted"]), "open": len(self.rows.live),
                 "opened": self.rows.opened, "repaired_cpu_sampler": self.repaired, "config": asdict(self.cfg)}
 
     def _report(self) -> None:
@@ -352,6 +353,8 @@ class Proposer:
         if self.learned is not None:
             keep_learned(self.learned, self.costs_key)
         priced = ", ".join(f"{n} rows {t * 1e3:.1f} ms" for n, t in costs[:: max(1, len(costs) // 6)])
+        a = s["acceptance"]
+        accepted = "none drafted yet" if a is None else f"{a:.0%} of drafted tokens accepted"
         print(f"specdec: vLLM proposer: {s['steps']} steps, drafts on {s['draft_rate']:.0%} of rows, "
-              f"{s['acceptance']:.0%} of drafted tokens accepted, {s['open']} requests open"
+              f"{accepted}, {s['open']} requests open"
               + (f"; a step costs {priced}" if priced else ""), file=sys.stderr, flush=True)

@@ -18,9 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from specdec.engine.scheduler import RoundReport
+from specdec.measure import acceptance, percentile
 from specdec.serve.metrics import ServerMetrics
 from specdec.theory.cost import read_cost
-from specdec.theory.economics import batch_ratio, expected_tokens_positional, position_counts, rates
+from specdec.theory.economics import batch_ratio, expected_tokens_positional, fit_knee, position_counts, rates
 
 WINDOW_S = 60.0  # "recent": the last minute
 MAX_SAMPLES = 20_000  # latency samples and rounds kept for the window, whatever the traffic
@@ -50,24 +51,9 @@ class _Round:
 
 
 def percentiles(xs: list[float]) -> dict:
-    """count, p50, p90, p99 (nearest rank) of a sample; None for each percentile of an empty one."""
-    s = sorted(xs)
-
-    def rank(q: float) -> float | None:
-        return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))] if s else None
-
-    return {"count": len(s), "p50": rank(0.50), "p90": rank(0.90), "p99": rank(0.99)}
-
-
-def fit_knee(points: list[tuple[int, float]]) -> float | None:
-    """The knee (rows) of the theory's pass cost, max(1, rows / knee) in one-row passes, that fits measured
-    (rows, cost relative to one row) points best in squared error; None with no point past one row."""
-    pts = [(n, c) for n, c in points if n > 1]
-    if not pts:
-        return None
-    best = min((sum((max(1.0, n / kn) - c) ** 2 for n, c in pts), kn)
-               for kn in [1 + i / 4 for i in range(4 * 64 + 1)])
-    return best[1]
+    """count, p50, p90, p99 of a sample (measure.percentile's, as `bench` reports them); None for each percentile of
+    an empty one."""
+    return {"count": len(xs), **{f"p{q}": percentile(xs, q) for q in (50, 90, 99)}}
 
 
 class LiveStats:
@@ -144,7 +130,7 @@ class LiveStats:
                        "generated": m.value("specdec:generation_tokens_total"),
                        "prefix_cache_hits": m.value("specdec:prefix_cache_hits_total")},
             "acceptance": {
-                "drafted": drafted, "accepted": accepted, "rate": accepted / drafted if drafted else None,
+                "drafted": drafted, "accepted": accepted, "rate": acceptance(accepted, drafted),
                 "drafts": m.value("specdec:spec_decode_num_drafts_total"),
                 "plain_rows": m.value("specdec:spec_decode_num_plain_rows_total"),
                 "rate_ema": m.acceptance_rate,

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specdec.errors import SpecdecError
+from specdec.measure import acceptance
 from specdec.serve.pacing import Pace, parse_pace
 
 KINDS = ("chat", "completion")
@@ -365,7 +366,7 @@ def usage(prompt_tokens: int, completion_tokens: int, speculative: dict | None =
         out["speculative"] = {
             "drafted_tokens": drafted,
             "accepted_tokens": accepted,
-            "acceptance_rate": accepted / drafted if drafted else None,
+            "acceptance_rate": acceptance(accepted, drafted),
             "mean_tokens_per_round": speculative["mean_tokens_per_round"],
         }
     return out

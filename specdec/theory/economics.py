@@ -301,11 +301,12 @@ def first_exceeding(curve: CostFn, max_rows: int, threshold: float = 1.5) -> int
     return next((n for n in range(1, max_rows + 1) if curve(n) > threshold), None)
 
 
-def fit_knee(points: Sequence[tuple[int, float]]) -> float:
+def fit_knee(points: Sequence[tuple[int, float]]) -> float | None:
     """The roofline max(1, n / knee) that fits measured (n, relative cost) points best (least squares over
-    knee in 1..256, steps of 0.05)."""
-    if not points:
-        raise SpecdecError("no points to fit a knee to")
+    knee in 1..256, steps of 0.05); None with no point past one row (nothing to fit). The one knee fit: the
+    profile, `bench` and the server's live page all read it here."""
+    if not any(n > 1 for n, _ in points):
+        return None
     best, best_err = 1.0, math.inf
     for step in range(20, 256 * 20 + 1):
         knee = step / 20

@@ -30,6 +30,7 @@ from specdec.bench.prompts import load_prompts, parse_categories, select
 from specdec.bench.serving.servers import BenchError, LocalServer
 from specdec.bench.serving.servers import say as _say
 from specdec.bench.tables import num, ratio, table
+from specdec.measure import acceptance
 from specdec.provenance import provenance
 
 
@@ -110,7 +111,7 @@ def run_endpoint_check(args) -> int:
               num(lo["identical_rate"] * 100, 0, suffix="%")],
              ["bench --endpoint, policy always, c=1", num(e1["speedup"], 2, suffix="x"),
               num(e1["decode_speedup"], 2, suffix="x"),
-              num(c1["accepted"] / c1["drafted"] if c1 and c1["drafted"] else None, 3), num(e1["tokens_per_pass"]),
+              num(acceptance(c1["accepted"], c1["drafted"]) if c1 else None, 3), num(e1["tokens_per_pass"]),
               num(e1["identical_rate"] * 100, 0, suffix="%")]]
     rows2 = []
     machine = provenance()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from specdec.bench import render, tables
 from specdec.bench.serving.load_types import LevelResult
 from specdec.bench.serving.loadtest_report import markdown_series
+from specdec.measure import acceptance
 
 
 def markdown(report) -> str:
@@ -34,7 +35,7 @@ def markdown(report) -> str:
         for k in ep["servers"]:
             c, g = lv[k]["counters"], lv[k]["gauges"]
             if c:
-                a = c["accepted"] / c["drafted"] if c["drafted"] else None
+                a = acceptance(c["accepted"], c["drafted"])
                 out.append(f"- {k} c={lv['concurrency']}: counters: {c['drafted']} drafted, {c['accepted']} accepted "
                            f"(a = {tables.num(a, 3)}), {c['drafts']} drafts")
             if g:

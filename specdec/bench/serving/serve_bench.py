@@ -43,6 +43,7 @@ from specdec.bench.serving.servers import say as _say
 from specdec.bench.tables import num
 from specdec.client import run_async
 from specdec.errors import SpecdecError
+from specdec.measure import acceptance
 from specdec.outputs import json_file
 
 MIXED_CATEGORIES = ("coding", "extraction", "writing", "translation", "summarization", "rag")
@@ -103,7 +104,7 @@ def counter_deltas(before: dict[str, float], after: dict[str, float]) -> dict:
     d = {k: after.get(name, 0.0) - before.get(name, 0.0) for k, name in COUNTERS.items()}
     ratio = lambda a, b: d[a] / d[b] if d[b] > 0 else None
     return {"counters": {k: int(round(v)) for k, v in d.items()},
-            "acceptance_rate": ratio("accepted_tokens", "draft_tokens"),  # accepted / drafted tokens
+            "acceptance_rate": acceptance(d["accepted_tokens"], d["draft_tokens"]),
             "draft_tokens_per_output_token": ratio("draft_tokens", "generation_tokens"),  # how much it speculated
             "drafting_share": ratio("drafts", "round_rows"),  # rows of a round that drafted >= 1 token
             "mean_accepted_per_draft": ratio("accepted_tokens", "drafts"),
