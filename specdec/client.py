@@ -223,20 +223,30 @@ async def complete(client: httpx.AsyncClient, url: str, body: dict, timeout_s: f
 # ---- Prometheus /metrics -------------------------------------------------------------------------------------
 
 def prometheus_series(text: str) -> dict[str, float]:
-    """Sample values of the Prometheus text format by series, 'name{labels}' as written (comments skipped, and
-    lines whose value does not parse)."""
+    """Sample values of the Prometheus text format by series, 'name{labels}' (labels in their written order), read by
+    prometheus_client's own parser. Each sample line is parsed on its own, so that one malformed line (a server's
+    bug, a value that is not a number) loses that line, not the scrape."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out: dict[str, float] = {}
     for line in text.splitlines():
-        if not line or line.startswith("#"):
+        if not line.strip() or line.lstrip().startswith("#"):
             continue
-        series, _, rest = line.rpartition("}") if "}" in line else line.partition(" ")
-        series = series + "}" if "}" in line else series
         try:
-            value = float(rest.split()[0])  # a timestamp may follow the value
-        except (IndexError, ValueError):
+            samples = [s for family in text_string_to_metric_families(line + "\n") for s in family.samples]
+        except ValueError:
             continue
-        out[series.strip()] = value
+        for sample in samples:
+            out[series_name(sample.name, sample.labels)] = sample.value
     return out
+
+
+def series_name(name: str, labels: dict[str, str]) -> str:
+    """'name{label="value",...}' as the text format writes it ('name' without labels)."""
+    if not labels:
+        return name
+    escape = lambda v: v.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+    return name + "{" + ",".join(f'{k}="{escape(v)}"' for k, v in labels.items()) + "}"
 
 
 def parse_prometheus(text: str) -> dict[str, float]:

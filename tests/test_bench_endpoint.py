@@ -137,6 +137,8 @@ def test_prometheus_text_is_summed_over_label_sets():
     assert by_series == {'vllm:spec_decode_num_draft_tokens_total{engine="0"}': 7.0,
                          'vllm:spec_decode_num_draft_tokens_total{engine="1"}': 3.0, "plain_gauge": 0.5,
                          'timed{le="+Inf",q="a b"}': 2.0}  # a label value with a space; a timestamp after the value
+    quoted = 'req{path="/v1/\\"x\\"",code="200"} 4\n'  # escapes in a label value are read and written back alike
+    assert prometheus_series(quoted) == {'req{path="/v1/\\"x\\"",code="200"}': 4.0}
 
 
 @pytest.fixture
