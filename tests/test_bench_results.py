@@ -153,3 +153,19 @@ def test_rendering_a_bad_real_models_file_is_one_line_and_writes_no_page(tmp_pat
     assert main(["real-models", "--render", str(tmp_path / "run.json"), "--page", str(tmp_path / "page.md")]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and not (tmp_path / "page.md").exists()
+
+
+def _is_bench_report(path: Path) -> bool:
+    data = json.loads(path.read_text())
+    return isinstance(data, dict) and {"results", "methods"} <= set(data)
+
+
+@pytest.mark.parametrize("path", [p for p in _recorded("*.json") if _is_bench_report(p)], ids=lambda p: p.name)
+def test_recorded_bench_reports_read_typed_and_write_back(path):
+    from specdec.bench.records import BenchReport
+
+    report = BenchReport.load(path)
+    assert report.results and all(m.overall.prompts >= 1 for m in report.results.values())
+    again = report.to_json()
+    assert set(again) >= set(json.loads(path.read_text()))  # nothing the file held is lost
+    assert BenchReport.from_json(json.loads(json.dumps(again))) == report

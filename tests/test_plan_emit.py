@@ -286,12 +286,20 @@ def test_json_carries_the_numbers(run):
 def test_acceptance_from_a_bench_report(run, tmp_path):
     """a and the per-position a_i come from a bench report (the method that drafted most, or the one named);
     positions never reached (None) end the list."""
-    report = {"results": {
-        "plain": {"overall": {"alpha": None, "drafted": 0, "acceptance_by_position": []}},
-        "ngram k=3": {"overall": {"alpha": 0.5, "drafted": 90, "acceptance_by_position": [0.9, 0.6, None]}},
-        "ngram k=2": {"overall": {"alpha": 0.7, "drafted": 40, "acceptance_by_position": [0.8, 0.7]}}}}
+    from specdec.bench.records import BenchReport, GroupResult, MethodResult
+
+    def method(alpha, drafted, by_position) -> MethodResult:
+        group = GroupResult(prompts=1, tokens=10, seconds=1.0, tokens_per_s=10.0, tokens_per_pass=1.0, drafted=drafted,
+                            accepted=round((alpha or 0) * drafted), alpha=alpha, acceptance_by_position=by_position,
+                            draft_lengths={}, ttft_s=None, itl_p50_s=None, itl_p99_s=None, burst_share=None,
+                            disturbance_max=None)
+        return MethodResult(categories={}, overall=group)
+
+    report = BenchReport(config={}, categories=[], methods=[], prediction_source=None, prediction_costs="",
+                         results={"plain": method(None, 0, []), "ngram k=3": method(0.5, 90, [0.9, 0.6, None]),
+                                  "ngram k=2": method(0.7, 40, [0.8, 0.7])})
     path = tmp_path / "bench.json"
-    path.write_text(json.dumps(report))
+    report.save(path)  # as `bench --json` writes it, and read back typed
     code, out, _ = run("plan", "--emit", "vllm", "--from-bench", str(path), "--json")
     obj = json.loads(out)
     assert code == 0 and obj["measured"]["method"] == "ngram k=3"
@@ -307,3 +315,8 @@ def test_acceptance_from_a_bench_report(run, tmp_path):
     assert code == 2 and "not a `specdec bench --json` report" in err
     code, _, err = run("plan", "--emit", "vllm", "--from-bench", str(tmp_path / "missing.json"))
     assert code == 2 and "cannot read" in err
+    broken = json.loads(path.read_text())
+    broken["results"]["ngram k=3"]["overall"]["drafted"] = "ninety"  # a field of the wrong type: named, one line
+    (tmp_path / "typed.json").write_text(json.dumps(broken))
+    code, _, err = run("plan", "--emit", "vllm", "--from-bench", str(tmp_path / "typed.json"))
+    assert code == 2 and "results.ngram k=3.overall.drafted: expected an int" in err and len(err.splitlines()) == 1

@@ -3,7 +3,9 @@ JSON are rendered from. Every number is defined once, in specdec.measure and spe
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+
+from specdec.bench.results import Result
 
 OVERALL = "overall"
 
@@ -30,7 +32,7 @@ class GroupResult:
     drafted: int
     accepted: int
     alpha: float | None
-    acceptance_by_position: list[float]
+    acceptance_by_position: list[float | None]
     draft_lengths: dict[int, int]
     ttft_s: float | None
     itl_p50_s: float | None
@@ -58,7 +60,9 @@ class MethodResult:
 
 
 @dataclass
-class BenchReport:
+class BenchReport(Result):
+    """A bench run, as `bench --json` writes it and `plan --from-bench` reads it back (checked: Result)."""
+
     config: dict
     categories: list[str]
     methods: list[dict]  # name, family, k, baseline
@@ -74,15 +78,18 @@ class BenchReport:
     llamacpp: dict | None = None  # llama.cpp next to ours on the same prompts (bench --compare llama.cpp)
     endpoint: dict | None = None  # levels, server counters, the cost points measured (bench --endpoint)
     samples: list[dict] = field(default_factory=list)
+    machine: dict | None = None  # the machine that decoded (provenance; absent from the oldest recorded reports)
+    verify_cost: dict | None = None  # an endpoint's measured cost points: the report reads as `plan --profile`
+    samples_note: str | None = None  # a recorded summary's word on the per-prompt samples it left out
 
     def prediction(self, group: GroupResult) -> Prediction | None:
         return group.predictions.get(self.prediction_source) if self.prediction_source else None
 
     def to_json(self) -> dict:
-        from specdec.provenance import provenance
-
-        # the machine that decoded: against an endpoint, this client's memory bandwidth says nothing of the server's
-        out = {"machine": provenance(bandwidth=not self.endpoint), **asdict(self)}
-        if self.endpoint and self.endpoint.get("verify_cost"):  # readable by `specdec plan --profile`
+        out = super().to_json()
+        if self.endpoint and self.endpoint.get("verify_cost"):
             out["verify_cost"] = self.endpoint["verify_cost"]
+        for optional in ("machine", "verify_cost", "samples_note"):
+            if out.get(optional) is None:
+                out.pop(optional, None)
         return out

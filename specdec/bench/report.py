@@ -7,6 +7,7 @@ from dataclasses import asdict
 
 from specdec.bench import stats
 from specdec.bench.records import OVERALL, BenchReport, MethodResult, Prediction
+from specdec.provenance import provenance
 from specdec.theory.profile import Profile
 
 PROFILE_FIELDS = ("model", "precision", "verify_cost", "draft_cost", "typical_context", "contexts")  # in the report
@@ -101,6 +102,8 @@ def build_report(samples, methods, config: dict, profile: Profile | None, profil
                 for m in methods if not m.baseline},
         endpoint=endpoint,
         samples=[sample_json(s, preds.get((s.qid, s.method))) for s in samples],
+        # the machine that decoded: against an endpoint, this client's memory bandwidth says nothing of the server's
+        machine=provenance(bandwidth=not endpoint),
     )
     for m in methods:
         r = results[m.name]
