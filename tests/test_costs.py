@@ -15,7 +15,6 @@ from specdec.engine.speculation import DEFAULT_K, Speculation, speculation
 from specdec.errors import SpecdecError
 from specdec.models.gguf.synth import write
 from specdec.models.loader import load_model
-from tests.test_gguf_kernels import kernels  # noqa: F401 (fixture)
 
 
 @pytest.fixture

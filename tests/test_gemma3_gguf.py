@@ -28,8 +28,7 @@ from specdec.models.linear import GgufLinear, Linear
 from specdec.models.loader import load_model
 from tests.conftest import divergence_message, greedy_reference
 from tests.test_engine_model import mismatch_report, ours_prefill_then_decode, verify_vs_one_token
-from tests.test_gemma3 import real, real_dir, real_gguf, verify_equals_one_token_passes, write_gemma_gguf  # noqa: F401
-from tests.test_gguf_kernels import kernels  # noqa: F401 (fixture)
+from tests.test_gemma3 import real, verify_equals_one_token_passes, write_gemma_gguf
 
 VOCAB = 265 + 20  # test_gemma3's tiny tokenizer
 

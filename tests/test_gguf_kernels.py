@@ -16,33 +16,7 @@ import torch
 
 from specdec.errors import SpecdecError
 from specdec.models.gguf.weights import QTensor, dequantize, planes
-from tests.conftest import native_kernels
 from tests.test_gguf_convert import write_tiny_gguf
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    return native_kernels()
-
-
-@pytest.fixture(params=["avx2", "vnni", "amx"])
-def isa(request, kernels):
-    """Each build of the integer kernel that this CPU can run (vnni: AVX512-VNNI; amx: the VNNI build with q16
-    products of 5 rows or more on AMX's tiles), put back afterwards."""
-    if request.param == "vnni" and not kernels.cpu_has_vnni():
-        pytest.skip("this CPU has no AVX512-VNNI: only the AVX2 build runs here")
-    if request.param == "amx" and not kernels.cpu_has_amx():
-        pytest.skip("this CPU has no AMX-INT8 (or the kernel does not grant it)")
-    before = kernels.set_isa(request.param)
-    yield request.param
-    kernels.set_isa(before)
-
-
-@pytest.fixture(params=[False, True], ids=["groups", "pairs"])
-def paired(request):
-    """The integer paths' two layouts: group after group (the AVX2 build's), or groups side by side in pairs (the
-    VNNI build's). Every build computes both, with the same results."""
-    return request.param
 
 
 def random_qtensor(kind: str, rows: int, cols: int, seed: int) -> QTensor:

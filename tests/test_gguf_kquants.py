@@ -15,13 +15,10 @@ import torch
 from specdec.errors import SpecdecError
 from specdec.models.gguf import blocks as gguf_blocks
 from specdec.models.gguf.weights import QTensor, dequantize, qmatrix
-from tests.test_gguf_kernels import (  # noqa: F401 (fixtures)
+from tests.test_gguf_kernels import (
     amx_gives_vnnis_bits,
     computes_the_definition,
     int_reference,
-    isa,
-    kernels,
-    paired,
     split_equals_one_thread,
 )
 

@@ -16,7 +16,6 @@ from specdec.errors import SpecdecError
 from specdec.models.gguf import plane_cache, weights
 from specdec.models.gguf.synth import write
 from specdec.models.loader import load_model
-from tests.test_gguf_kernels import kernels  # noqa: F401 (fixture)
 
 SHAPES = ["tiny-llama3", "tiny-qwen3moe", "tiny-gemma3"]  # K-quant mixes, a mixture's experts, Gemma 3's linears
 

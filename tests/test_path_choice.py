@@ -14,7 +14,6 @@ from specdec.cli import main
 from specdec.models.gguf.path_choice import PATHS, RULE, PathChoice, key, remember, remembered
 from specdec.models.gguf.synth import write
 from specdec.models.loader import load_model
-from tests.test_gguf_kernels import kernels  # noqa: F401 (fixture)
 
 
 @pytest.fixture
