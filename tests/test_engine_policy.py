@@ -10,7 +10,9 @@ import torch
 
 from specdec.drafters.base import Draft, Drafter, pad_rows
 from specdec.engine.generate import GenerationConfig
-from specdec.engine.policy import Auto, FixedK, Never, PassCost, Policy, RowView, choose_drafts
+from specdec.engine.policy import Auto, FixedK, Never, PassCost, Policy, RowView
+from specdec.engine.round import Choice, LookupChoice, TrimmedChoice
+from specdec.engine.round import choose as choose_drafts
 from specdec.engine.sequence import Sequence
 from specdec.errors import SpecdecError
 from specdec.theory.profile import Profile
@@ -240,7 +242,7 @@ def test_a_planned_drafter_is_asked_for_what_the_plan_wants():
     d = Offers(free=False)
     c = choose_drafts(FixedK(3), d, [0, 1], [[1], [1]], [RowView([0] * 3, [0] * 3, 2), RowView([0] * 3, [0] * 3, 0)],
                       greedy=True)
-    assert d.asked == [[2, 0]] and c.drafts == [[7, 7], []] and c.steps == 2 and c.offered is None
+    assert d.asked == [[2, 0]] and c.drafts == [[7, 7], []] and c.steps == 2 and type(c) is Choice  # planned
     d = Offers(free=False)
     assert choose_drafts(Never(), d, [0], [[1]], [RowView([0], [0], 1)], True).drafts == [[]] and d.asked == []
 
@@ -250,7 +252,7 @@ def test_a_free_drafter_offers_all_the_room_and_the_rest_is_shadowed():
     auto = Auto(CPU, max_k=4, explore=False)
     poor, good = RowView([50] * 4, [1] * 4, 4), RowView([50] * 4, [49] * 4, 4)
     c = choose_drafts(auto, d, [0, 1], [[1], [1]], [poor, good], greedy=False)
-    assert d.asked == [[4, 4]] and c.offered == [[7] * 4, [7] * 4]
+    assert d.asked == [[4, 4]] and isinstance(c, LookupChoice) and c.offered == [[7] * 4, [7] * 4]
     assert c.drafts[0] == [] and len(c.drafts[1]) > 0 and c.steps == len(c.drafts[1])
 
 
@@ -258,8 +260,9 @@ def test_a_confident_drafter_is_trimmed_at_temperature_0_and_planned_when_sampli
     rows = [RowView([0] * 4, [0] * 4, 4)] * 2
     d = Offers(free=False, conf=0.75)
     c = choose_drafts(Auto(Q16, max_k=4), d, [0, 1], [[1], [1]], rows, greedy=True)
-    assert d.asked == [[4, 4]] and c.steps == 4 and c.confidence == [[0.75] * len(x) for x in c.drafts]
+    assert d.asked == [[4, 4]] and c.steps == 4 and isinstance(c, TrimmedChoice)
+    assert c.confidence == [[0.75] * len(x) for x in c.drafts]
     assert any(c.drafts)
     d = Offers(free=False, conf=0.75)
     c = choose_drafts(Auto(Q16, max_k=4), d, [0, 1], [[1], [1]], rows, greedy=False)
-    assert c.confidence is None and d.asked in ([], [[len(x) for x in c.drafts]])
+    assert type(c) is Choice and d.asked in ([], [[len(x) for x in c.drafts]])  # sampled: planned first

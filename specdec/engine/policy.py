@@ -1,5 +1,5 @@
-"""How far to speculate, each round, for each row: `always` (a fixed k), `never` (k = 0), or `auto`; and
-`choose_drafts`, the round's per-row choice that asks the drafter and the policy in the order they need.
+"""How far to speculate, each round, for each row: `always` (a fixed k), `never` (k = 0), or `auto`. The round
+that asks the drafter and the policy in the order they need is engine/round.py.
 
 `auto` chooses every row's k (0 allowed) to maximise the batch's expected tokens per second:
 
@@ -25,12 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import torch
-
-from specdec.drafters.base import Drafter
-from specdec.engine.sequence import Evidence
 from specdec.errors import SpecdecError
-from specdec.sampling.verify import PAD
 from specdec.theory.cost import read_cost
 from specdec.theory.economics import check_k
 from specdec.theory.profile import Profile
@@ -346,76 +341,3 @@ class Auto:
             self.draft_step_s = 0.9 * self.draft_step_s + 0.1 * draft_seconds / max_k
         else:
             self.draft_step_s *= 0.99
-
-
-@dataclass
-class Choice:
-    """A round's drafts, as the policy chose them from what the drafter offered."""
-
-    drafts: list[list[int]]  # per row: the tokens to verify (none allowed)
-    probs: torch.Tensor | None  # [rows, >= max k, vocab] the drafter's q for them, or None (q one-hot)
-    steps: int  # drafting steps the round ran: what the policy's drafting cost is counted per
-    # per row, the kept drafts' confidences, where the policy trimmed a confident drafter's drafts by them
-    confidence: list[list[float]] | None = None
-    # per row, all a free drafter offered (drafts[r] is its verified prefix; the rest is shadow-scored)
-    offered: list[list[int]] | None = None
-
-
-def choose_drafts(policy: Policy, drafter: Drafter, slots: Sequence[int], contexts: Sequence[Sequence[int]],
-                  rows: Sequence[RowView], greedy: bool) -> Choice:
-    """The round's per-row choice. rows[i].cap is the most row i may draft (cache room, token budget); `greedy`:
-    every row samples at temperature 0.
-
-    Either drafts first, then the plan: a free drafter's cost nothing, and the ones not verified are shadow-scored;
-    a confident drafter's come with how sure it is of each token (it stops itself where unsure), and the policy
-    keeps the prefix of each draft that pays at the measured pass costs (sampled rows' drafts come without
-    confidences, so they are planned first). Or the plan first, then drafting only what the plan asks for."""
-    caps = [r.cap for r in rows]
-    trims = policy.trims and drafter.confident and any(caps) and greedy
-    if not (drafter.free and policy.max_k > 0) and not trims:
-        ks = policy.plan(rows)
-        if not any(ks):
-            return Choice([[] for _ in rows], None, 0)
-        d = drafter.propose(slots, contexts, ks)
-        drafts = [[t for t in row if t != PAD][:k] for row, k in zip(d.tokens.tolist(), ks)]
-        return Choice(drafts, d.probs, max(len(x) for x in drafts))
-    d = drafter.propose(slots, contexts, caps)
-    offered = [[t for t in row if t != PAD] for row in d.tokens.tolist()]
-    views = [RowView(r.judged, r.hits, len(o)) for r, o in zip(rows, offered)]
-    if drafter.free:
-        # a lookup's confidences (its measured rate for matches as long) stand for the row's estimates at any
-        # temperature: its q is one-hot, so they estimate acceptance there too
-        if d.confidence is not None and policy.trims:
-            ks = policy.trim(views, d.confidence.tolist())
-        else:
-            ks = policy.plan(views)
-        drafts = [o[:k] for o, k in zip(offered, ks)]
-        return Choice(drafts, d.probs, max(len(x) for x in drafts), offered=offered)
-    steps = max(len(o) for o in offered)
-    conf = d.confidence.tolist() if d.confidence is not None else [[math.nan] * steps for _ in rows]
-    ks = policy.trim(views, conf)
-    return Choice([o[:k] for o, k in zip(offered, ks)], d.probs, steps, confidence=[c[:k] for c, k in zip(conf, ks)])
-
-
-def evidence_totals(rows: Sequence[Evidence]) -> tuple[list[int], list[int]]:
-    """Per draft position, the drafts the rows had judged and accepted so far: `learn_round` takes a round's share."""
-    depth = len(rows[0].judged) if rows else 0
-    return ([sum(r.judged[j] for r in rows) for j in range(depth)],
-            [sum(r.hits[j] for r in rows) for j in range(depth)])
-
-
-def learn_round(policy: Policy, drafter: Drafter, slots: Sequence[int], rows: Sequence[Evidence], choice: Choice,
-                accepted: Sequence[int], before: tuple[list[int], list[int]], width: int, draft_s: float,
-                verify_s: float) -> None:
-    """What the drafter and the policy learn from a round that verified choice.drafts[i] for rows[i] (in slots[i]),
-    of which the target accepted the first accepted[i]: acceptance, confidence, the round's costs (its target pass
-    over `width` token-rows took verify_s), and the evidence the rows gained since `before` (evidence_totals)."""
-    spec = [i for i, d in enumerate(choice.drafts) if d]
-    if spec:
-        drafter.accepted([slots[i] for i in spec], [accepted[i] for i in spec])
-    if choice.confidence is not None:  # the positions the target judged: a accepted, then one rejected
-        for c, a in zip(choice.confidence, accepted):
-            policy.learn_confidence(c[: a + 1], a)
-    policy.observe(width, verify_s, draft_s - drafter.catch_up_s, choice.steps)
-    judged, hits = evidence_totals(rows)  # the round's evidence, verified and shadow-scored, into the running prior
-    policy.learn([j - b for j, b in zip(judged, before[0])], [h - b for h, b in zip(hits, before[1])])

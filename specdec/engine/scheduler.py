@@ -8,7 +8,7 @@
      boundaries fixed per prompt, so a prompt's prefill never depends on its company), and samples the
      first token of each prompt that completes;
   3. runs one decode round for every running sequence: the drafter drafts and the policy picks each row's k
-     (0 allowed; engine/policy.py `choose_drafts`), ONE ragged target pass scores every row's own drafts, and
+     (0 allowed; engine/round.py `Round`), ONE ragged target pass scores every row's own drafts, and
      ONE call verifies every row, each with its own sampling settings and random stream (sampling/rounds.py);
      then the rows keep what was accepted, and the drafter and the policy learn from the round;
 returning the events: tokens that became final and sequences that finished.
@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from specdec.drafters.base import Drafter, NoDrafter, pad_rows
-from specdec.engine.policy import Choice, Never, Policy, RowView, choose_drafts, evidence_totals, learn_round
+from specdec.engine.policy import Never, Policy
 from specdec.engine.prefix import PrefixCache
+from specdec.engine.round import Choice, Round
 from specdec.engine.sequence import GenerationConfig, Sequence, context_room
 from specdec.engine.stats import RoundRecord
 from specdec.errors import SpecdecError
@@ -281,35 +282,22 @@ class Scheduler:
         rows = [s for s in rows if s.finish is None]
         if not rows:
             return done
-        before = evidence_totals(rows)
+        rnd = Round(self.policy, self.drafter, rows, [s.slot for s in rows])
         td = time.perf_counter()
-        choice = self._choose(rows)
+        # room: positions length..length+k must exist, and drafting past the token budget is wasted
+        choice = rnd.choose([min(self.context - 1 - s.length, s.cfg.max_new_tokens - s.num_generated - 1)
+                             for s in rows], all(s.cfg.sampling.greedy for s in rows))
         tv = time.perf_counter()
         logits, feats = self._score(rows, choice.drafts)
         out = self._verify(rows, choice, logits)
         accepted = out.num_accepted.tolist()  # per row
         events = self._commit(rows, choice, out, feats, tv - td, tv)
         verify_s = time.perf_counter() - tv
-        learn_round(self.policy, self.drafter, [s.slot for s in rows], rows, choice, accepted, before, len(logits),
-                    tv - td, verify_s)
+        rnd.learn(choice, accepted, len(logits), tv - td, verify_s)
         if self.on_round is not None:
             self.on_round(RoundReport(rows, [len(d) for d in choice.drafts], accepted, [len(e.tokens) for e in events],
                                       len(logits), tv - td, verify_s))
         return done + events
-
-    def _choose(self, rows: list[Sequence]) -> Choice:
-        """Draft, and let the policy choose how many of each row's drafts to verify (0 allowed)."""
-        # room: positions length..length+k must exist, and drafting past the token budget is wasted
-        caps = [max(0, min(self.policy.max_k, self.context - 1 - s.length,
-                           s.cfg.max_new_tokens - s.num_generated - 1)) for s in rows]
-        choice = choose_drafts(self.policy, self.drafter, [s.slot for s in rows], [s.tokens for s in rows],
-                               [RowView(s.judged, s.hits, c) for s, c in zip(rows, caps)],
-                               all(s.cfg.sampling.greedy for s in rows))
-        if choice.offered is not None:  # a free drafter's drafts beyond what is verified are shadow-scored
-            for s, o, d in zip(rows, choice.offered, choice.drafts):
-                if len(d) < len(o):
-                    s.set_shadow(o, verified=len(d))
-        return choice
 
     def _score(self, rows: list[Sequence], drafts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """ONE ragged target pass over every row's last token and its drafts, at the row's own positions.

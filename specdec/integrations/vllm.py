@@ -47,17 +47,8 @@ import numpy as np
 
 from specdec.engine.calibrate import make_policy
 from specdec.engine.costs import keep_learned, learned_key, seed_learned
-from specdec.engine.policy import (
-    Auto,
-    Choice,
-    LearnedPassCost,
-    PassCost,
-    RowView,
-    check_row_floor,
-    choose_drafts,
-    evidence_totals,
-    learn_round,
-)
+from specdec.engine.policy import Auto, LearnedPassCost, PassCost, check_row_floor
+from specdec.engine.round import Choice, Round, TrimmedChoice
 from specdec.engine.sequence import Evidence
 from specdec.engine.speculation import Speculation, speculation
 from specdec.errors import SpecdecError
@@ -292,16 +283,11 @@ class Proposer:
         self._learn([m for m in matched if m is not None and m[1] is not None], pure, t_in)
         out: list[list[int]] = [[] for _ in matched]
         if rows:
-            caps = [max(0, min(self.policy.max_k, self.max_len - 1 - r.n)) for r in rows]
-            choice = choose_drafts(self.policy, self.drafter, [r.slot for r in rows], [r.tokens for r in rows],
-                                   [RowView(r.judged, r.hits, c) for r, c in zip(rows, caps)], greedy=False)
-            if choice.offered is not None:  # a free drafter's drafts beyond what is verified are shadow-scored
-                for r, o, d in zip(rows, choice.offered, choice.drafts):
-                    if len(d) < len(o):
-                        r.set_shadow(o, verified=len(d))
+            choice = Round(self.policy, self.drafter, rows, [r.slot for r in rows]).choose(
+                [self.max_len - 1 - r.n for r in rows], greedy=False)
             for j, r in enumerate(rows):
                 r.draft = choice.drafts[j]
-                r.confidence = choice.confidence[j] if choice.confidence is not None else None
+                r.confidence = choice.confidence[j] if isinstance(choice, TrimmedChoice) else None
             drafts = iter(choice.drafts)
             out = [next(drafts) if m is not None else [] for m in matched]
             self.steps = choice.steps
@@ -320,7 +306,7 @@ class Proposer:
         if not cont:
             return
         rows = [r for r, _ in cont]
-        before = evidence_totals(rows)
+        rnd = Round(self.policy, self.drafter, rows, [r.slot for r in rows])  # before the verdict is recorded
         accepted = []
         for r, new in cont:
             n, a = r.verified(new)
@@ -330,13 +316,12 @@ class Proposer:
             r.extend(new)
             r.record(n, a)
         self.counts["accepted"] += sum(accepted)
-        choice = Choice([r.draft for r in rows], None, self.steps,
-                        confidence=[r.confidence or [] for r in rows]
-                        if any(r.confidence is not None for r in rows) else None)
+        drafts = [r.draft for r in rows]
+        choice = TrimmedChoice(drafts, None, self.steps, [r.confidence or [] for r in rows]) \
+            if any(r.confidence is not None for r in rows) else Choice(drafts, None, self.steps)
         width = sum(len(r.draft) + 1 for r in rows)  # the token-rows the step ran
         step_s = t_in - self.t_out if pure and self.t_out is not None else 0.0  # 0: not a measure of the cost
-        learn_round(self.policy, self.drafter, [r.slot for r in rows], rows, choice, accepted, before, width,
-                    self.draft_s, step_s)
+        rnd.learn(choice, accepted, width, self.draft_s, step_s)
 
     def summary(self) -> dict:
         c = self.counts
