@@ -46,7 +46,7 @@ class Generator:
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts or not all(isinstance(p, str) for p in prompts):
             raise SpecdecError("prompt: a string, or a non-empty list of strings")
-        how = speculation(k, policy, names=("k", "policy"), zero_is_never=True)
+        how = speculation(k, policy, self.drafter.name, names=("k", "policy"), zero_is_never=True)
         cfg = GenerationConfig(max_new_tokens, SamplingConfig(temperature, top_k, top_p, seed), tuple(stop))
         if self._engine is None:
             self._engine = Engine(self.target.model, self.target.tokenizer)

@@ -55,3 +55,12 @@ def test_the_readmes_python_example_runs(capsys):
     exec(compile(block, "README.md", "exec"), {})
     out = capsys.readouterr().out
     assert "acceptance" in out and "tokens per round" in out
+
+
+def test_drafter_none_is_plain_decoding_whatever_k_asks():
+    from specdec.engine.speculation import Speculation
+
+    plain = specdec.load("default", drafter="none")
+    assert plain.drafter.name == "none"
+    out = plain(PROMPT, max_new_tokens=8, k=4, policy="fixed")  # drafter none reads as never, in one place
+    assert out.stats.drafted == 0 and set(plain._policies) == {Speculation("never", 0)}

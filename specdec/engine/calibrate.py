@@ -30,12 +30,8 @@ def planned_cost(loaded, spec: Speculation, sequences: int = 1, profile: str | N
 
 
 def policy_for(spec: Speculation, loaded, drafter):
-    """The policy of one generation (generate, demo, the Python API): plain decoding through the same loop when
-    the drafter is `none`."""
-    from specdec.drafters.base import NoDrafter
-
-    if isinstance(drafter, NoDrafter):
-        return Never()
+    """The policy of one generation (generate, demo, the Python API). The drafter `none` has already made `spec`
+    never (engine/speculation.py, the one place that says so)."""
     return make_policy(spec, planned_cost(loaded, spec), drafter.free, draft_step_s=measured_draft_step(drafter))
 
 

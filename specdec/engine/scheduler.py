@@ -100,6 +100,7 @@ class Scheduler:
         self.model, self.tok = model, tokenizer
         self.target = TargetTraits.of(model)
         self.drafter = drafter or NoDrafter()
+        # a caller's policy beside no drafter (a library call): plain decoding, as speculation() reads drafter none
         self.policy = Never() if isinstance(self.drafter, NoDrafter) or policy is None else policy
         self.cfg = cfg or SchedulerConfig()
         limit = model.cfg.max_position_embeddings
