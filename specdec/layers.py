@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = "specdec"
 # Bottom to top. A unit is a subpackage or a top-level module of specdec; "specdec" is the root package itself.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("utilities", ("errors", "atomic", "inputs", "measure", "provenance", "paths", "client", "layers")),
+    ("utilities", ("errors", "atomic", "inputs", "measure", "provenance", "paths", "client", "outputs", "layers")),
     ("math", ("sampling", "theory")),
     ("kernels", ("kernels",)),
     ("models", ("models",)),

@@ -98,28 +98,32 @@ EMIT_ONLY = ("acceptance", "method", "draft_model", "ngram_min", "ngram_max", "k
 
 def measured_acceptance(path: str, method: str | None) -> tuple[str, float, tuple[float, ...]]:
     """(method, a, a_i up to the last position reached) measured by a `specdec bench` report."""
-    from specdec.bench.records import BenchReport
-
+    # The fields it needs, each checked, from the JSON: the report's typed reading (bench/records.py BenchReport, a
+    # Result) sits in the applications layer, above this one (specdec/layers.py).
     data = read_json(path)
-    if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
+    results = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(results, dict) or not all(isinstance(r, dict) and isinstance(r.get("overall"), dict)
+                                                for r in results.values()):
         raise SpecdecError(f"{path}: not a `specdec bench --json` report (no 'results' of methods with 'overall')")
-    report = BenchReport.from_json(data, Path(path).name)  # every field checked against its type
-    measured = {name: r.overall for name, r in report.results.items() if r.overall.alpha is not None}
+    measured = {name: r["overall"] for name, r in results.items() if r["overall"].get("alpha") is not None}
     for name, overall in measured.items():
-        number(overall.alpha, f"{path}: results.{name}.overall.alpha", 0, 1)
-        number(overall.drafted, f"{path}: results.{name}.overall.drafted", 0)
+        number(overall["alpha"], f"{path}: results.{name}.overall.alpha", 0, 1)
+        number(overall.get("drafted"), f"{path}: results.{name}.overall.drafted", 0)
     if not measured:
         raise SpecdecError(f"{path}: no method in it measured an acceptance rate")
     if method is not None and method not in measured:
         raise SpecdecError(f"{path}: no acceptance rate for method {method!r} (there: {', '.join(measured)})")
-    name = method or max(measured, key=lambda m: measured[m].drafted)
+    name = method or max(measured, key=lambda m: measured[m]["drafted"])
     overall = measured[name]
+    by_position = overall.get("acceptance_by_position") or []
+    if not isinstance(by_position, list):
+        raise SpecdecError(f"{path}: results.{name}.overall.acceptance_by_position must be a list")
     a_pos = []
-    for i, a in enumerate(overall.acceptance_by_position):
+    for i, a in enumerate(by_position):
         if a is None:
             break
         a_pos.append(number(a, f"{path}: results.{name}.overall.acceptance_by_position[{i}]", 0, 1))
-    return name, overall.alpha, tuple(a_pos)
+    return name, overall["alpha"], tuple(a_pos)
 
 
 def run_plan_emit(args, curve: CostCurve | None, c: float) -> int:
