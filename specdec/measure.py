@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 
 def mean(xs: Sequence[float]) -> float | None:
@@ -32,6 +33,37 @@ def acceptance(accepted: float, drafted: float) -> float | None:
     """The acceptance rate: accepted / drafted tokens, None when nothing was drafted (never 0.0: no draft is not a
     rejected one). Every place that reports acceptance reads it here."""
     return accepted / drafted if drafted > 0 else None
+
+
+@dataclass(frozen=True)
+class Decay:
+    """The one moving average in specdec, named by its half-life: each unit of new evidence (a drafted token, a
+    judged draft, a round, a stream's event) takes `weight` of the average, and what came before keeps the rest, so
+    that evidence `half_life` units old weighs half. Decayed sums (`keep`) and running averages (`mix`) both follow
+    it: the acceptance gauges, the policy's confidence calibration, drafting and pass costs, the stream pacer."""
+
+    weight: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.weight < 1:
+            raise ValueError(f"a moving average's weight is in (0, 1), not {self.weight}")
+
+    @classmethod
+    def with_half_life(cls, units: float) -> Decay:
+        return cls(1 - 0.5 ** (1 / units))
+
+    @property
+    def half_life(self) -> float:
+        return math.log(0.5) / math.log(1 - self.weight)
+
+    def keep(self, units: float = 1) -> float:
+        """The share of a decayed sum that `units` of new evidence leave to what came before."""
+        return (1 - self.weight) ** units
+
+    def mix(self, old: float, new: float, weight: float | None = None) -> float:
+        """A running average's next value: `new` taking `weight` (the decay's own unless a warm-up gives more)."""
+        w = self.weight if weight is None else weight
+        return (1 - w) * old + w * new
 
 
 def ratio_of_means(num: Sequence[float], den: Sequence[float]) -> float | None:

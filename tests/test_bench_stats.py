@@ -235,3 +235,14 @@ def test_one_acceptance_rule_everywhere():
 
     assert acceptance(3, 4) == 0.75 and acceptance(0, 5) == 0.0
     assert acceptance(0, 0) is None  # nothing drafted is not a rejection: never 0.0
+
+
+def test_the_one_moving_average_is_named_by_its_half_life():
+    from specdec.measure import Decay
+
+    d = Decay.with_half_life(500)
+    assert d.half_life == pytest.approx(500) and d.keep(500) == pytest.approx(0.5)
+    assert Decay(0.1).mix(1.0, 2.0) == 0.9 * 1.0 + 0.1 * 2.0  # the running averages' own arithmetic, bit for bit
+    assert Decay(0.1).mix(1.0, 2.0, 0.5) == 1.5  # a warm-up's larger weight
+    with pytest.raises(ValueError):
+        Decay(1.0)

@@ -26,11 +26,19 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from specdec.errors import SpecdecError
+from specdec.measure import Decay
 from specdec.theory.cost import read_cost
 from specdec.theory.economics import check_k
 from specdec.theory.profile import Profile
 
 POLICIES = ("auto", "always", "never")
+
+# The policy's moving averages (measure.Decay), by half-life:
+CONFIDENCE_DECAY = Decay(0.002)  # the drafter's confidence calibration: half-life 346 judged drafts
+DRAFT_STEP_DECAY = Decay(0.1)  # seconds per drafting step: half-life 6.6 drafting rounds
+IDLE_DRAFT_DECAY = Decay(0.01)  # ... shrinking while nothing is drafted, so drafting is tried again: 69 rounds
+SCALE_DECAY = Decay(0.1)  # a measured curve's scale, as passes really take: half-life 6.6 passes
+LEARNED_DECAY = Decay(0.2)  # a learned width's step time, after its first min_seen steps: half-life 3.1 steps
 
 
 @dataclass(frozen=True)
@@ -151,10 +159,10 @@ class PassCost:
     def __call__(self, n: int) -> float:
         return read_cost(self.points, n) * self.scale
 
-    def observe(self, n: int, seconds: float, weight: float = 0.1) -> None:
+    def observe(self, n: int, seconds: float, weight: float | None = None) -> None:
         predicted = self(n) / self.scale
         if seconds > 0 and predicted > 0:
-            self.scale = (1 - weight) * self.scale + weight * seconds / predicted
+            self.scale = SCALE_DECAY.mix(self.scale, seconds / predicted, weight)
 
 
 def smooth(points: list[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
@@ -183,8 +191,8 @@ class LearnedPassCost:
     `forget` steps drops out and is learned afresh when the policy goes there again: a price measured once, in a
     busy moment, does not keep the policy away for good."""
 
-    def __init__(self, min_seen: int = 3, weight: float = 0.2, forget: int = 2000):
-        self.min_seen, self.weight, self.forget = min_seen, weight, forget
+    def __init__(self, min_seen: int = 3, decay: Decay = LEARNED_DECAY, forget: int = 2000):
+        self.min_seen, self.decay, self.forget = min_seen, decay, forget
         self.seen: dict[int, tuple[float, int, int]] = {}  # width -> (average seconds, steps, the last step's number)
         self.steps = 0
         self._curve: tuple[tuple[int, float], ...] | None = None
@@ -194,8 +202,8 @@ class LearnedPassCost:
             return
         self.steps += 1
         avg, count, _ = self.seen.get(n, (0.0, 0, 0))
-        step = 1 / (count + 1) if count < self.min_seen else self.weight
-        self.seen[n] = (avg + step * (seconds - avg), count + 1, self.steps)
+        warm = 1 / (count + 1) if count < self.min_seen else None  # a plain mean of the first min_seen
+        self.seen[n] = (self.decay.mix(avg, seconds, warm), count + 1, self.steps)
         if self.steps % 100 == 0:  # forget widths not measured lately
             self.seen = {w: v for w, v in self.seen.items() if self.steps - v[2] <= self.forget}
         self._curve = None
@@ -298,7 +306,7 @@ class Auto:
         """One row's round: the confidences of the drafts the target judged, in order (NaN: none given), of which
         the first `accepted` were accepted."""
         given = [(c, j < accepted) for j, c in enumerate(confidence) if c == c]
-        decay = 0.998 ** len(given)  # about the last 500 judged drafts count
+        decay = CONFIDENCE_DECAY.keep(len(given))
         self.conf_sum = self.conf_sum * decay + sum(c for c, _ in given)
         self.conf_hits = self.conf_hits * decay + sum(hit for _, hit in given)
 
@@ -338,6 +346,6 @@ class Auto:
         drafting steps. While nothing is drafted the drafting cost decays, so that drafting is tried again."""
         self.cost.observe(rows, seconds)
         if max_k > 0:
-            self.draft_step_s = 0.9 * self.draft_step_s + 0.1 * draft_seconds / max_k
+            self.draft_step_s = DRAFT_STEP_DECAY.mix(self.draft_step_s, draft_seconds / max_k)
         else:
-            self.draft_step_s *= 0.99
+            self.draft_step_s *= IDLE_DRAFT_DECAY.keep()

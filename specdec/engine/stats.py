@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdec.measure import acceptance
+from specdec.measure import Decay, acceptance
 from specdec.measure import decode_tokens_per_s as decode_rate
 from specdec.measure import inter_token_latencies as gaps
 from specdec.measure import tokens_per_s as rate
@@ -113,12 +113,12 @@ class DecayedRate:
     evidence `half_life` drafted tokens old weighs half. Tokens of one round count as simultaneous."""
 
     def __init__(self, half_life: float):
-        self.half_life = half_life
+        self.decay = Decay.with_half_life(half_life)
         self.accepted = 0.0
         self.drafted = 0.0
 
     def update(self, accepted: int, drafted: int) -> None:
-        decay = 0.5 ** (drafted / self.half_life)
+        decay = self.decay.keep(drafted)
         self.accepted = self.accepted * decay + accepted
         self.drafted = self.drafted * decay + drafted
 

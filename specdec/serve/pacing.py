@@ -27,10 +27,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from specdec.errors import SpecdecError
+from specdec.measure import Decay
 
 PACE_MODES = ("off", "auto")
 MAX_PACE_MS = 10_000.0
-EMA_WEIGHT = 0.02  # per event, for the seconds between events and the tokens per event (about the last 50)
+# the seconds between events and the tokens per event: a moving average (measure.Decay), half-life 34 events
+EVENT_DECAY = Decay(0.02)
 TARGET = 12.0  # events' worth of tokens the buffer is held near
 GAIN = 0.5  # the interval stretches by up to this share while the buffer holds less than TARGET
 EASE = 0.05  # ... and shrinks by up to this share as it fills from TARGET to BOUND
@@ -76,9 +78,8 @@ class RatePrior:
         self.per_event: float | None = None
 
     def update(self, dt: float, n: float) -> None:
-        w = EMA_WEIGHT
-        self.gap_s = dt if self.gap_s is None else (1 - w) * self.gap_s + w * dt
-        self.per_event = n if self.per_event is None else (1 - w) * self.per_event + w * n
+        self.gap_s = dt if self.gap_s is None else EVENT_DECAY.mix(self.gap_s, dt)
+        self.per_event = n if self.per_event is None else EVENT_DECAY.mix(self.per_event, n)
 
     def value(self) -> tuple[float, float] | None:
         return None if self.gap_s is None else (self.gap_s, self.per_event)
@@ -88,7 +89,7 @@ class Pacer:
     """One stream's buffer. push() what the engine emitted, then release what due() says is due with pop()."""
 
     def __init__(self, pace: Pace, shared: RatePrior | None = None):
-        """shared: the server's streams' rate, which a new stream starts from (worth 1 / EMA_WEIGHT of its own
+        """shared: the server's streams' rate, which a new stream starts from (worth 1 / EVENT_DECAY.weight of its own
         events) and which its events update."""
         if not pace.on:
             raise ValueError("an off pace needs no pacer")
@@ -104,7 +105,7 @@ class Pacer:
         self.gap_s, self.per_event = prior if prior is not None else (None, None)
         self._last_event: float | None = None
         self._released = 0
-        self._events = 0 if prior is None else round(1 / EMA_WEIGHT)  # events averaged (after the first)
+        self._events = 0 if prior is None else round(1 / EVENT_DECAY.weight)  # events averaged (after the first)
         self._last_release: float | None = None
         self._final_interval: float | None = None  # once finished: what is left leaves within one interval
 
@@ -112,10 +113,10 @@ class Pacer:
         if tokens:
             if self._last_event is not None:  # the first event (the prompt's first token) starts the clock
                 self._events += 1
-                w = max(EMA_WEIGHT, 1.0 / self._events)  # a plain mean until the average has enough events
+                w = max(EVENT_DECAY.weight, 1.0 / self._events)  # a plain mean until it has enough events
                 dt, n = now - self._last_event, float(len(tokens))
-                self.gap_s = dt if self.gap_s is None else (1 - w) * self.gap_s + w * dt
-                self.per_event = n if self.per_event is None else (1 - w) * self.per_event + w * n
+                self.gap_s = dt if self.gap_s is None else EVENT_DECAY.mix(self.gap_s, dt, w)
+                self.per_event = n if self.per_event is None else EVENT_DECAY.mix(self.per_event, n, w)
                 if self.shared is not None:
                     self.shared.update(dt, n)
             self._last_event = now
