@@ -293,7 +293,6 @@ class Proposer:
             self.steps = choice.steps
             self.counts["rows"] += len(rows)
             self.counts["drafted_rows"] += sum(1 for d in choice.drafts if d)
-            self.counts["drafted"] += sum(len(d) for d in choice.drafts)
         self.counts["steps"] += 1
         self.t_out = self.clock()
         self.draft_s = self.t_out - t_in
@@ -315,6 +314,7 @@ class Proposer:
             accepted.append(a)
             r.extend(new)
             r.record(n, a)
+            self.counts["drafted"] += n  # drafts vLLM verified: what acceptance is counted over, as everywhere
         self.counts["accepted"] += sum(accepted)
         drafts = [r.draft for r in rows]
         choice = TrimmedChoice(drafts, None, self.steps, [r.confidence or [] for r in rows]) \
