@@ -64,3 +64,15 @@ def test_drafter_none_is_plain_decoding_whatever_k_asks():
     assert plain.drafter.name == "none"
     out = plain(PROMPT, max_new_tokens=8, k=4, policy="fixed")  # drafter none reads as never, in one place
     assert out.stats.drafted == 0 and set(plain._policies) == {Speculation("never", 0)}
+
+
+def test_a_generator_called_again_reuses_its_step_loop_and_pool(gen):
+    first = gen(PROMPT, max_new_tokens=12, k=3, policy="fixed")
+    sched = gen._engine._sched
+    again = gen(PROMPT, max_new_tokens=12, k=3, policy="fixed")
+    assert gen._engine._sched is sched and again.token_ids == first.token_ids  # nothing allocated, the same text
+    both = gen([PROMPT, PROMPT + " Again."], max_new_tokens=12, k=3, policy="fixed")  # more rows than the pool
+    assert gen._engine._sched is not sched and gen._engine._sched.cfg.max_batch == 2
+    assert both[0].token_ids == first.token_ids  # a row's tokens do not depend on the pool or its neighbours
+    fresh = specdec.load("default", drafter="ngram")(PROMPT, max_new_tokens=12, k=3, policy="fixed")
+    assert fresh.token_ids == first.token_ids

@@ -43,6 +43,7 @@ class Engine:
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.meter = AcceptanceMeter()  # running acceptance rate across requests (benchmarks report it)
         self.prefix = PrefixCache(model, prefix_cache, model.cfg.max_position_embeddings) if prefix_cache else None
+        self._sched: Scheduler | None = None  # the last call's step loop and KV pool, kept for the next call
 
     def check_prompts(self, prompts: Seq[Seq[int]]) -> None:
         """SpecdecError unless every prompt has a token and leaves room for one more in the model's context: what
@@ -70,10 +71,7 @@ class Engine:
         self.check_prompts(prompts)
         limit, longest = self.model.cfg.max_position_embeddings, max(len(p) for p in prompts)
         context = min(limit, longest + cfg.max_new_tokens + policy.max_k + 2)
-        sched = Scheduler(self.model, self.tokenizer, drafter, policy,
-                          SchedulerConfig(max_batch=len(prompts), max_queue=None, context=context,
-                                          prefill_chunk=prefill_chunk, kv_huge_pages=True),  # sized to fill
-                          prefix_cache=self.prefix)
+        sched = self._scheduler(drafter, policy, len(prompts), context, prefill_chunk)
         sched.on_round = self._meter_round
         seqs = []
         for r, p in enumerate(prompts):
@@ -93,6 +91,22 @@ class Engine:
             s.stats.generated_tokens = s.num_generated
             results.append(GenerationResult(s.output, s.text(self.tokenizer), s.finish, s.stats, s.origins))
         return results
+
+    def _scheduler(self, drafter: Drafter, policy, batch: int, context: int, prefill_chunk: int | None) -> Scheduler:
+        """The last call's step loop and KV pool where they serve this call (the same drafter and policy, room for
+        the batch and the context, the same prefill chunk): a Generator called again allocates nothing. Else a new
+        one, sized for the larger of the two calls. Rows are batch-invariant, so the pool's size changes no value."""
+        old = self._sched
+        if old is not None and old.idle and old.drafter is drafter and old.policy is policy and \
+                old.cfg.max_batch >= batch and old.context >= context and old.cfg.prefill_chunk == prefill_chunk:
+            return old
+        if old is not None and old.drafter is drafter and old.policy is policy:
+            batch, context = max(batch, old.cfg.max_batch), max(context, old.context)
+        self._sched = Scheduler(self.model, self.tokenizer, drafter, policy,
+                                SchedulerConfig(max_batch=batch, max_queue=None, context=context,
+                                                prefill_chunk=prefill_chunk, kv_huge_pages=True),  # sized to fill
+                                prefix_cache=self.prefix)
+        return self._sched
 
     def _meter_round(self, r: RoundReport) -> None:
         """A decode round into the running acceptance rate, row by row."""
