@@ -59,7 +59,7 @@ def test_each_suite_gets_its_own_defaults(ran):
     (["bench", "long-context"], "required: --prompts"),
     (["bench", "long-context", "--quick", "--prompts", "q", "--max-batch", "2"], "unrecognized arguments: --max-batch"),
     (["bench", "endpoint-check", "--prompts", "q", "--quick"], "unrecognized arguments: --quick"),
-    (["bench", "endpoint-check", "--prompts", "q", "--k", "0"], "--k must be an integer >= 1"),
+    (["bench", "endpoint-check", "--prompts", "q", "--k", "0"], "--k: must be an integer in 1..256 or auto"),
     (["bench", "--kernels", "long-context", "--prompts", "q"], "name two suites: give one"),
     (["bench", "--prompts", "q", "--quick"], "--out, --quick and --max-batch apply to the suites"),
     (["bench", "kernels", "--max-new-tokens", "0"], "--max-new-tokens"),

@@ -125,7 +125,7 @@ def test_simulate_cli(capsys):
     (["plan", "--alpha", "0.5", "--verify-cost", "1:1,2:-3"], "bad point"),
     (["plan", "--alpha", "0.5", "--profile", "/no/such/file.json"], "No such file"),
     (["plan", "--alpha", "abc"], "invalid float"),
-    (["batch-model", "--alpha", "0.8", "--k", "0", "--draft-cost", "0.1", "--knee-rows", "64"], "k must be"),
+    (["batch-model", "--alpha", "0.8", "--k", "0", "--draft-cost", "0.1", "--knee-rows", "64"], "--k: must be"),
     (["batch-model", "--alpha", "0.8", "--k", "4", "--draft-cost", "0.1", "--knee-rows", "0"], "knee"),
     (["simulate", "--alpha", "0.8", "--k", "4", "--rounds", "0"], "rounds"),
     (["simulate", "--alpha", "2", "--k", "4"], "acceptance rate"),

@@ -11,6 +11,7 @@ from specdec.bench.options import check_outputs, parse_ints, show_text, write_ou
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, POSITIVE, ranged
 from specdec.outputs import add_json_arg, check_json_file, json_file, json_on_stdout
+from specdec.theory.economics import add_k_arg
 
 AUTO_FIXED_KS = (2, 4, 6, 8)  # with --policy auto, these fixed k run too, on the same prompts
 
@@ -27,8 +28,8 @@ def register(sub) -> None:
     p.add_argument("--contexts", default="128,512,1024", help="context lengths to time passes at")
     p.add_argument("--max-rows", type=int, default=32, action=ranged(2),
                    help="largest pass, in token-rows, of the verify curve")
-    p.add_argument("--k", type=int, default=DEFAULT_K, action=AT_LEAST_1,
-                   help=f"draft depth at which the drafter is timed (default {DEFAULT_K}, the default cap)")
+    add_k_arg(p, f"draft depth at which the drafter is timed (default {DEFAULT_K}, the default cap)", auto=False,
+              default=DEFAULT_K)
     p.add_argument("--memory-budget-gb", type=float, default=None, action=POSITIVE,
                    help="memory for weights + KV (default: RAM)")
     p.add_argument("--batch-context", type=int, default=None, action=AT_LEAST_1,

@@ -13,6 +13,7 @@ import sys
 
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1
+from specdec.theory.economics import add_k_arg
 
 # --max-new-tokens, --per-category and --concurrency by what bench runs: the Spec-Bench report (local or --endpoint)
 # or one of the suites, each a measurement of its own written into --out
@@ -52,8 +53,8 @@ def add_suite_commands(bench) -> None:
             p.add_argument("--categories", help="comma-separated categories (default: all in the file)")
             p.add_argument("--per-category", type=int, metavar="N", action=AT_LEAST_1,
                            help=f"first N prompts of each category (default {PER_CATEGORY[suite]})")
-            p.add_argument("--k", help="the servers' --k (default: the default cap, 8; auto runs with it, fixed "
-                                       "drafts it every round)")
+            add_k_arg(p, "the servers' --k (default: the default cap, 8; auto runs with it, fixed drafts it every "
+                         "round)")
             p.add_argument("--concurrency", help=f"comma-separated client counts (default {CONCURRENCY[suite]})")
             p.add_argument("--max-batch", type=int, action=AT_LEAST_1, help="the servers' --max-batch (default 8)")
         else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdec.errors import SpecdecError
-from specdec.theory.economics import MAX_DEPTH
+from specdec.theory.economics import read_k
 
 DEFAULT_K = 8  # the one default cap on drafts per row and round (--k auto), for every command and the vLLM proposer
 POLICIES = ("auto", "fixed", "never")
@@ -42,34 +42,13 @@ def speculation(k: int | str | None = "auto", policy: str | None = None, drafter
         if not isinstance(policy, str) or OLD_SPELLINGS.get(policy, policy) not in POLICIES:
             raise SpecdecError(f"{where}{pname} must be one of {', '.join(POLICIES)}, got {policy!r}")
         policy = OLD_SPELLINGS.get(policy, policy)
-    depth = _read_k(k, f"{where}{kname}", zero_is_never)
+    depth = read_k(k, f"{where}{kname}", zero_is_never)
     if depth == 0 or drafter == "none" or policy == "never":
         return Speculation("never", 0)
     if policy == "fixed" and depth is None:
         raise SpecdecError(f"{where}{pname} fixed drafts the same number of tokens every round: give {kname} as a "
                            f"number (auto is for {pname} auto)")
     return Speculation(policy or ("auto" if depth is None else "fixed"), depth or DEFAULT_K)
-
-
-def _read_k(k, name: str, zero_is_never: bool) -> int | None:
-    """None for auto; else an integer in 0 (only where allowed) or 1..MAX_DEPTH."""
-    if k is None or k == "auto":
-        return None
-    low = 0 if zero_is_never else 1
-    if isinstance(k, bool):
-        value = None
-    elif isinstance(k, (int, float)):
-        value = int(k) if int(k) == k else None
-    else:
-        try:
-            value = int(str(k).strip())
-        except ValueError:
-            value = None
-    if value is None or value < low:
-        raise SpecdecError(f"{name} must be an integer >= {low} or 'auto', got {k!r}")
-    if value > MAX_DEPTH:
-        raise SpecdecError(f"{name} must be at most {MAX_DEPTH} (or 'auto'), got {value}")
-    return value
 
 
 def add_speculation_args(p, what: str = "each round") -> None:

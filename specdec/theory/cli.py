@@ -10,6 +10,7 @@ from specdec.inputs import SEED, number, read_json
 from specdec.outputs import add_json_arg, check_json_file, emit_json, json_on_stdout
 from specdec.theory.economics import (
     CostCurve,
+    add_k_arg,
     batch_model,
     describe_speedup,
     plan,
@@ -48,7 +49,7 @@ def register(sub) -> None:
 
     b = sub.add_parser("batch-model", help="throughput with speculation relative to without, against batch")
     b.add_argument("--alpha", type=float, required=True)
-    b.add_argument("--k", type=int, required=True)
+    add_k_arg(b, "drafts per row and round", auto=False, required=True)
     b.add_argument("--draft-cost", type=float, required=True)
     b.add_argument("--knee-rows", type=float, required=True,
                    help="token-rows per pass below which the target pass is memory-bound")
@@ -59,7 +60,7 @@ def register(sub) -> None:
 
     s = sub.add_parser("simulate", help="simulate verification rounds at one acceptance rate")
     s.add_argument("--alpha", type=float, required=True)
-    s.add_argument("--k", type=int, required=True)
+    add_k_arg(s, "drafts per round", auto=False, required=True)
     s.add_argument("--draft-cost", type=float, default=0.0)
     s.add_argument("--rounds", type=int, default=100_000)
     s.add_argument("--seed", type=int, default=0, action=SEED)

@@ -13,6 +13,7 @@ A round yields the accepted prefix plus one target token (recovered or bonus), s
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,53 @@ def check_cost(c: float, name: str = "draft cost") -> float:
 
 
 MAX_DEPTH = 256  # the deepest draft the models consider: far past any that pays (a ** k vanishes)
+
+
+def read_k(k, name: str, zero_is_never: bool = False) -> int | None:
+    """None for auto; else an integer in 0 (only where allowed) or 1..MAX_DEPTH."""
+    if k is None or k == "auto":
+        return None
+    low = 0 if zero_is_never else 1
+    if isinstance(k, bool):
+        value = None
+    elif isinstance(k, (int, float)):
+        value = int(k) if int(k) == k else None
+    else:
+        try:
+            value = int(str(k).strip())
+        except ValueError:
+            value = None
+    if value is None or value < low:
+        raise SpecdecError(f"{name} must be an integer >= {low} or 'auto', got {k!r}")
+    if value > MAX_DEPTH:
+        raise SpecdecError(f"{name} must be at most {MAX_DEPTH} (or 'auto'), got {value}")
+    return value
+
+
+def k_type(auto: bool = True):
+    """The argparse type of every --k: auto (where `auto`) or an integer 1..MAX_DEPTH, read by read_k as everywhere
+    (an int, or "auto")."""
+    def read(text: str) -> int | str:
+        if auto and text == "auto":
+            return "auto"
+        try:
+            value = None if text == "auto" else read_k(text, "--k", zero_is_never=False)
+        except SpecdecError:
+            value = None
+        if value is None:  # argparse says "argument --k: " before it
+            raise argparse.ArgumentTypeError(f"must be an integer in 1..{MAX_DEPTH}{' or auto' if auto else ''}, "
+                                             f"got {text!r}")
+        return value
+
+    read.__name__ = "k"
+    return read
+
+
+def add_k_arg(p, help: str, auto: bool = True, **kw) -> None:
+    """A --k of drafts per row and round, for commands beside generate's (expect, profile, the theory, the benches'
+    servers): one reading (engine/speculation.py's --k and --policy read k here too), auto only where the command
+    has a cap to fill in."""
+    p.add_argument("--k", type=k_type(auto), metavar="auto|N" if auto else "N", help=help, **kw)
 
 
 def check_k(k: int, name: str = "k", high: int | None = MAX_DEPTH) -> int:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from specdec.bench.engines.draft_pair_page import project, write_page
 from specdec.bench.engines.model_runs import DraftPairRun, VerifyCurve
+from specdec.theory.economics import add_k_arg
 
 
 def measure(args, command: str) -> DraftPairRun:
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=9, help="alternated pairs of passes per measure of c")
     p.add_argument("--repeats", type=int, default=3, help="measures of c, each followed by a verify curve")
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--k", type=int, default=4, help="drafts a round in the fixed-k greedy run")
+    add_k_arg(p, "drafts a round in the fixed-k greedy run", auto=False, default=4)
     p.add_argument("--threads", default=None, help="threads a pass runs on (default: auto)")
     p.add_argument("--json", required=True, help="where the raw results go")
     p.add_argument("--page", default="", help="the Markdown page ('' for none)")

@@ -14,6 +14,7 @@ from argparse import Namespace
 from dataclasses import replace
 
 from specdec.errors import SpecdecError
+from specdec.theory.economics import add_k_arg
 
 BANDS = (0.5, 0.6, 0.7, 0.8, 0.9)
 CONTEXT, STEPS = 128, 16  # the plain generation that measures the engine's work per step
@@ -26,8 +27,7 @@ def register(sub) -> None:
     p = sub.add_parser("expect", help="what speculation should give for a model here: its path, its pass costs, "
                                       "and the speedup by drafter and acceptance")
     add_model_args(p, drafter_default=None)
-    p.add_argument("--k", default="auto", metavar="auto|N",
-                   help="the most drafts a round considers (auto: the default cap)")
+    add_k_arg(p, "the most drafts a round considers (auto: the default cap)", default="auto")
     p.add_argument("--alphas", default=",".join(map(str, BANDS)), metavar="A1,A2,...",
                    help="the acceptance rates to show (default: %(default)s)")
     p.set_defaults(func=run)

@@ -13,6 +13,7 @@ from specdec.client import run_async
 from specdec.errors import SpecdecError
 from specdec.inputs import AT_LEAST_1, NON_NEGATIVE, POSITIVE, SEED
 from specdec.outputs import add_json_arg
+from specdec.theory.economics import add_k_arg
 
 # The options of --url and their defaults (refused with --servers).
 URL_ONLY = {"no_stream": False, "api_key": None, "model": None, "endpoint": "chat", "seed": None, "temperature": 0.0}
@@ -53,7 +54,7 @@ def register(sub) -> None:
     s.add_argument("--copy-concurrency", default=d["copy_concurrency"], help="levels for the copy-heavy set")
     s.add_argument("--no-cover", action="store_true",
                    help="send exactly --requests-per-client per client (default: enough to ask every prompt)")
-    s.add_argument("--k", type=int, default=d["k"], action=AT_LEAST_1, help="the servers' --k")
+    add_k_arg(s, "the servers' --k", auto=False, default=d["k"])
     s.add_argument("--max-batch", type=int, default=d["max_batch"], action=AT_LEAST_1, help="the servers' --max-batch")
     s.add_argument("--per-category", type=int, default=d["per_category"], action=AT_LEAST_1,
                    help="mixed set: items per category")
