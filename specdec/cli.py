@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    # plan --from-bench reads a bench report through bench's types, which live above the theory's layer
+    from specdec.bench.records import measured_acceptance
+
+    sub.choices["plan"].set_defaults(read_bench=measured_acceptance)
     for p in sub.choices.values():
         add_threads(p, default=None)
     return parser

@@ -299,7 +299,7 @@ def test_acceptance_from_a_bench_report(run, tmp_path):
                          results={"plain": method(None, 0, []), "ngram k=3": method(0.5, 90, [0.9, 0.6, None]),
                                   "ngram k=2": method(0.7, 40, [0.8, 0.7])})
     path = tmp_path / "bench.json"
-    report.save(path)  # as `bench --json` writes it
+    report.save(path)  # as `bench --json` writes it, and read back typed
     code, out, _ = run("plan", "--emit", "vllm", "--from-bench", str(path), "--json")
     obj = json.loads(out)
     assert code == 0 and obj["measured"]["method"] == "ngram k=3"
@@ -319,4 +319,4 @@ def test_acceptance_from_a_bench_report(run, tmp_path):
     broken["results"]["ngram k=3"]["overall"]["drafted"] = "ninety"  # a wrong field: named, in one line
     (tmp_path / "typed.json").write_text(json.dumps(broken))
     code, _, err = run("plan", "--emit", "vllm", "--from-bench", str(tmp_path / "typed.json"))
-    assert code == 2 and "results.ngram k=3.overall.drafted must be a number" in err and len(err.splitlines()) == 1
+    assert code == 2 and "results.ngram k=3.overall.drafted: expected an int" in err and len(err.splitlines()) == 1

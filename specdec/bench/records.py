@@ -93,3 +93,31 @@ class BenchReport(Result):
             if out.get(optional) is None:
                 out.pop(optional, None)
         return out
+
+
+def measured_acceptance(path: str, method: str | None) -> tuple[str, float, tuple[float, ...]]:
+    """(method, a, a_i up to the last position reached) measured by a `specdec bench --json` report, read typed (a
+    wrong field is named in one line): `plan --from-bench`'s reading."""
+    from pathlib import Path
+
+    from specdec.errors import SpecdecError
+    from specdec.inputs import number, read_json
+
+    data = read_json(path)
+    if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
+        raise SpecdecError(f"{path}: not a `specdec bench --json` report (no 'results' of methods with 'overall')")
+    report = BenchReport.from_json(data, Path(path).name)
+    measured = {name: r.overall for name, r in report.results.items() if r.overall.alpha is not None}
+    for name, overall in measured.items():
+        number(overall.alpha, f"{path}: results.{name}.overall.alpha", 0, 1)
+    if not measured:
+        raise SpecdecError(f"{path}: no method in it measured an acceptance rate")
+    if method is not None and method not in measured:
+        raise SpecdecError(f"{path}: no acceptance rate for method {method!r} (there: {', '.join(measured)})")
+    name = method or max(measured, key=lambda m: measured[m].drafted)
+    a_pos = []
+    for i, a in enumerate(measured[name].acceptance_by_position):
+        if a is None:
+            break
+        a_pos.append(number(a, f"{path}: results.{name}.overall.acceptance_by_position[{i}]", 0, 1))
+    return name, measured[name].alpha, tuple(a_pos)

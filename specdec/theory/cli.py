@@ -6,7 +6,7 @@ from pathlib import Path
 
 from specdec.atomic import check_plot_path
 from specdec.errors import SpecdecError
-from specdec.inputs import SEED, number, read_json
+from specdec.inputs import SEED, read_json
 from specdec.outputs import add_json_arg, check_json_file, emit_json, json_on_stdout
 from specdec.theory.economics import (
     CostCurve,
@@ -45,7 +45,7 @@ def register(sub) -> None:
                                                            "drafted the most)")
     e.add_argument("--knee-rows", type=float, default=None,
                    help="token-rows per pass below which the target pass is memory-bound (default: the profile's)")
-    p.set_defaults(func=run_plan)
+    p.set_defaults(func=run_plan, read_bench=None)
 
     b = sub.add_parser("batch-model", help="throughput with speculation relative to without, against batch")
     b.add_argument("--alpha", type=float, required=True)
@@ -97,36 +97,6 @@ EMIT_ONLY = ("acceptance", "method", "draft_model", "ngram_min", "ngram_max", "k
              "bench_method")
 
 
-def measured_acceptance(path: str, method: str | None) -> tuple[str, float, tuple[float, ...]]:
-    """(method, a, a_i up to the last position reached) measured by a `specdec bench` report."""
-    # The fields it needs, each checked, from the JSON: the report's typed reading (bench/records.py BenchReport, a
-    # Result) sits in the applications layer, above this one (specdec/layers.py).
-    data = read_json(path)
-    results = data.get("results") if isinstance(data, dict) else None
-    if not isinstance(results, dict) or not all(isinstance(r, dict) and isinstance(r.get("overall"), dict)
-                                                for r in results.values()):
-        raise SpecdecError(f"{path}: not a `specdec bench --json` report (no 'results' of methods with 'overall')")
-    measured = {name: r["overall"] for name, r in results.items() if r["overall"].get("alpha") is not None}
-    for name, overall in measured.items():
-        number(overall["alpha"], f"{path}: results.{name}.overall.alpha", 0, 1)
-        number(overall.get("drafted"), f"{path}: results.{name}.overall.drafted", 0)
-    if not measured:
-        raise SpecdecError(f"{path}: no method in it measured an acceptance rate")
-    if method is not None and method not in measured:
-        raise SpecdecError(f"{path}: no acceptance rate for method {method!r} (there: {', '.join(measured)})")
-    name = method or max(measured, key=lambda m: measured[m]["drafted"])
-    overall = measured[name]
-    by_position = overall.get("acceptance_by_position") or []
-    if not isinstance(by_position, list):
-        raise SpecdecError(f"{path}: results.{name}.overall.acceptance_by_position must be a list")
-    a_pos = []
-    for i, a in enumerate(by_position):
-        if a is None:
-            break
-        a_pos.append(number(a, f"{path}: results.{name}.overall.acceptance_by_position[{i}]", 0, 1))
-    return name, overall["alpha"], tuple(a_pos)
-
-
 def run_plan_emit(args, curve: CostCurve | None, c: float) -> int:
     if args.plot:
         raise SpecdecError("--plot does not combine with --emit")
@@ -137,7 +107,9 @@ def run_plan_emit(args, curve: CostCurve | None, c: float) -> int:
     if args.from_bench:
         if args.alpha is not None or args.acceptance:
             raise SpecdecError("--from-bench replaces --alpha and --acceptance: give one of them")
-        name, args.alpha, acceptance = measured_acceptance(args.from_bench, args.bench_method)
+        # bench/records.py's typed reading of the report, handed in by the command line (specdec/cli.py): the
+        # report's types live in bench, above this layer
+        name, args.alpha, acceptance = args.read_bench(args.from_bench, args.bench_method)
         measured = {"report": args.from_bench, "method": name}
     choice = choose(args.method or "ngram", c, alpha=args.alpha, acceptance=acceptance,
                     verify_cost=curve or unit_verify_cost, max_k=args.max_k, draft_model=args.draft_model,
