@@ -475,22 +475,37 @@ def test_profile_of_the_wrong_shape_for_bench(capsys, tmp_path):
           needle="knee.threshold_rows must be a positive number")
 
 
-def _report(overall) -> dict:
-    return {"results": {"ngram k=5": {"overall": overall}}}
+def _report(overall, drop: str = "") -> dict:
+    """A bench report as `bench --json` writes it (read typed: bench/records.py), one method's overall group
+    changed by `overall` (its keys replaced) and `drop` (a key removed)."""
+    from specdec.bench.records import BenchReport, GroupResult, MethodResult
+
+    group = GroupResult(prompts=1, tokens=8, seconds=1.0, tokens_per_s=8.0, tokens_per_pass=2.0, drafted=4, accepted=2,
+                        alpha=0.5, acceptance_by_position=[0.5], draft_lengths={}, ttft_s=None, itl_p50_s=None,
+                        itl_p99_s=None, burst_share=None, disturbance_max=None)
+    report = BenchReport(config={}, categories=[], methods=[], prediction_source=None, prediction_costs="",
+                         results={"ngram k=5": MethodResult(categories={}, overall=group)}).to_json()
+    if isinstance(overall, dict):
+        report["results"]["ngram k=5"]["overall"].update(overall)
+        report["results"]["ngram k=5"]["overall"].pop(drop, None)
+    else:
+        report["results"]["ngram k=5"]["overall"] = overall
+    return report
 
 
 REPORTS = {
     "a list": ([], "not a `specdec bench --json` report"),
     "no results": ({"config": {}}, "not a `specdec bench --json` report"),
     "results a list": ({"results": [1]}, "not a `specdec bench --json` report"),
-    "method without overall": ({"results": {"m": {}}}, "not a `specdec bench --json` report"),
-    "overall a list": (_report([]), "not a `specdec bench --json` report"),
-    "alpha a string": (_report({"alpha": "high", "drafted": 4}), "overall.alpha must be a number in [0, 1]"),
-    "alpha above 1": (_report({"alpha": 7, "drafted": 4}), "overall.alpha must be a number in [0, 1], got 7"),
-    "drafted missing": (_report({"alpha": 0.5}), "overall.drafted must be a number >= 0, got null"),
-    "a_i not a list": (_report({"alpha": 0.5, "drafted": 4, "acceptance_by_position": 5}), "must be a list"),
-    "a_i a string": (_report({"alpha": 0.5, "drafted": 4, "acceptance_by_position": ["x"]}),
-                     "acceptance_by_position[0] must be a number in [0, 1]"),
+    "method without overall": ({"results": {"m": {}}}, "missing field 'config'"),
+    "overall a list": (_report([]), "results.ngram k=5.overall: expected an object, got []"),
+    "alpha a string": (_report({"alpha": "high"}), "results.ngram k=5.overall.alpha: expected a number"),
+    "alpha above 1": (_report({"alpha": 7}), "overall.alpha must be a number in [0, 1], got 7"),
+    "drafted missing": (_report({}, drop="drafted"), "results.ngram k=5.overall: missing field 'drafted'"),
+    "a_i not a list": (_report({"acceptance_by_position": 5}), "overall.acceptance_by_position: expected a list"),
+    "a_i a string": (_report({"acceptance_by_position": ["x"]}),
+                     "overall.acceptance_by_position[0]: expected a number, got 'x'"),
+    "a_i above 1": (_report({"acceptance_by_position": [2]}), "acceptance_by_position[0] must be a number in [0, 1]"),
     "no acceptance measured": (_report({"alpha": None, "drafted": 0}), "no method in it measured an acceptance"),
 }
 
