@@ -18,6 +18,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from specdec.errors import SpecdecError
 from specdec.theory.cost import PassCurve, check_points
 
@@ -355,13 +357,11 @@ def fit_knee(points: Sequence[tuple[int, float]]) -> float | None:
     profile, `bench` and the server's live page all read it here."""
     if not any(n > 1 for n, _ in points):
         return None
-    best, best_err = 1.0, math.inf
-    for step in range(20, 256 * 20 + 1):
-        knee = step / 20
-        err = sum((cost - max(1.0, n / knee)) ** 2 for n, cost in points)
-        if err < best_err:
-            best, best_err = knee, err
-    return best
+    knees = np.arange(20, 256 * 20 + 1) / 20  # [5101]
+    err = np.zeros_like(knees)
+    for n, cost in points:  # in the points' order, as a sum of them would add up: every knee's error, at once
+        err += (cost - np.maximum(1.0, n / knees)) ** 2
+    return float(knees[int(np.argmin(err))])  # the first of equal errors: the smallest knee
 
 
 def batch_capacity(budget_bytes: float, weight_bytes: float, kv_bytes_per_token: float, context: int) -> int:
