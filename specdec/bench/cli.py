@@ -93,12 +93,12 @@ def run_profile(args) -> int:
     from specdec.engine.costs import keep
     from specdec.theory.profile import Profile
 
+    kept = keep(target, prof, args.max_rows)[1]
     if json_on_stdout(args):
-        keep(target, prof, args.max_rows)
         print(json.dumps(Profile.from_json(prof, "the measured profile").to_json(), indent=1))
         return 0
     print(render_profile(prof))
-    if keep(target, prof, args.max_rows)[1]:
+    if kept:
         print(f"kept as {target.name}'s pass costs on this CPU ({target.model.precision}): generate, serve, bench and "
               "expect plan with them from now on")
     if json_file(args):

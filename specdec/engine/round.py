@@ -73,9 +73,11 @@ class PlanFirst:
 
 
 def offers(drafter: Drafter, slots, contexts, rows: Sequence[RowView]):
-    """All the room each row has, drafted: (the draft, each row's tokens without padding)."""
+    """All the room each row has, drafted: (the draft, each row's tokens without padding, the rows capped at what
+    they were offered)."""
     d = drafter.propose(slots, contexts, [r.cap for r in rows])
-    return d, [[t for t in row if t != PAD] for row in d.tokens.tolist()]
+    offered = [[t for t in row if t != PAD] for row in d.tokens.tolist()]
+    return d, offered, [RowView(r.judged, r.hits, len(o)) for r, o in zip(rows, offered)]
 
 
 class Lookup:
@@ -83,8 +85,7 @@ class Lookup:
 
     @staticmethod
     def choose(policy: Policy, drafter: Drafter, slots, contexts, rows: Sequence[RowView]) -> LookupChoice:
-        d, offered = offers(drafter, slots, contexts, rows)
-        views = [RowView(r.judged, r.hits, len(o)) for r, o in zip(rows, offered)]
+        d, offered, views = offers(drafter, slots, contexts, rows)
         # a lookup's confidences (its measured rate for matches as long) stand for the row's estimates at any
         # temperature: its q is one-hot, so they estimate acceptance there too
         if d.confidence is not None and policy.trims:
@@ -100,8 +101,7 @@ class Trimmed:
 
     @staticmethod
     def choose(policy: Policy, drafter: Drafter, slots, contexts, rows: Sequence[RowView]) -> TrimmedChoice:
-        d, offered = offers(drafter, slots, contexts, rows)
-        views = [RowView(r.judged, r.hits, len(o)) for r, o in zip(rows, offered)]
+        d, offered, views = offers(drafter, slots, contexts, rows)
         steps = max(len(o) for o in offered)
         conf = d.confidence.tolist() if d.confidence is not None else [[math.nan] * steps for _ in rows]
         ks = policy.trim(views, conf)

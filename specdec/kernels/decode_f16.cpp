@@ -400,7 +400,7 @@ double stream_read(torch::Tensor buf, int64_t reps) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     best = std::max(best, 64.0 * lines / s);
   }
-  return sink.load() == 1 ? best * 1.0 : best;
+  return best;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
