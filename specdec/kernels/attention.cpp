@@ -1,6 +1,7 @@
-// Attention of a decode, verify or prefill pass over a ragged batch, on an fp16 KV cache.
+// Attention of a decode, verify or prefill pass over a ragged batch, on an fp16 KV cache (or a quantized one:
+// attention_q.inc lays out q8_0 and q4_0 and says how their tiles keep the same invariance).
 //
-// Cache layout (per layer): keys [slots, hk, cap / KB, d, KB] -- each block of KB positions stored transposed,
+// fp16 cache layout (per layer): keys [slots, hk, cap / KB, d, KB] -- each block of KB positions stored transposed,
 // so the scores of 8 consecutive keys are one vector FMA chain over d -- and values [slots, hk, cap, d].
 //
 // Memory: a unit of work is (slot, kv head, key partition, chunk of up to ROWS of that slot's rows). It reads
@@ -18,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace specdec {
@@ -188,6 +190,8 @@ inline __m256 exp_sum16(float* s, int64_t n16, float mx, __m256 acc) {
 }
 #pragma GCC pop_options
 
+#include "attention_q.inc"
+
 template <int NH>
 void values_all(const float* const* e, const at::Half* vb, int64_t n, int64_t d, float* const* acc) {
   int64_t c = 0;
@@ -274,6 +278,44 @@ void softmax_part(float* s, int64_t lo, int64_t n, float* mx_out, float* sum_out
 
 }  // namespace
 
+int64_t kv_block_bytes(Kv kind, int64_t d) {
+  return kind == Kv::F16 ? KB * d * 2 : kv_data_bytes(kind, d) + KB * (d / 32) * 2;
+}
+
+std::vector<std::string> kv_type_names() { return {"f16", "q8_0", "q4_0"}; }  // every CPU the kernels run on
+
+void store_kv_q(const float* k, const float* v, uint8_t* kc, uint8_t* vc, Kv kind, int64_t slot, int64_t g,
+                int64_t p, int64_t hk, int64_t cap, int64_t d) {
+  const int64_t bb = kv_block_bytes(kind, d), B = d / 32, j = p % KB, at_block = ((slot * hk + g) * (cap / KB) + p / KB) * bb;
+  uint8_t* kb = kc + at_block;
+  uint8_t* vb = vc + at_block;
+  at::Half* ks = reinterpret_cast<at::Half*>(kb + kv_data_bytes(kind, d));
+  at::Half* vs = reinterpret_cast<at::Half*>(vb + kv_data_bytes(kind, d));
+  int8_t q[32];
+  for (int64_t b = 0; b < B; ++b) {
+    if (kind == Kv::Q8) {
+      ks[b * KB + j] = at::Half(quant8_32(k + 32 * b, q));
+      for (int t = 0; t < 32; ++t) {
+        const int64_t i = 32 * b + t;
+        kb[(i / 4) * KB * 4 + j * 4 + i % 4] = uint8_t(q[t] + 128);
+      }
+      vs[b * KB + j] = at::Half(quant8_32(v + 32 * b, q));
+      for (int t = 0; t < 32; ++t) vb[((j / 4) * d + 32 * b + t) * 4 + j % 4] = uint8_t(q[t]);
+    } else {
+      ks[b * KB + j] = at::Half(quant4_32(k + 32 * b, q));
+      for (int g8 = 0; g8 < 4; ++g8)  // 8 dims a group: 4 bytes, dims 0-3 low, 4-7 high
+        for (int t = 0; t < 4; ++t)
+          kb[(4 * b + g8) * KB * 4 + j * 4 + t] = uint8_t(q[8 * g8 + t] | (q[8 * g8 + 4 + t] << 4));
+      vs[b * KB + j] = at::Half(quant4_32(v + 32 * b, q));
+      const int shift = j % 8 < 4 ? 0 : 4;  // keys 0-3 of each 8 in the low nibbles, 4-7 in the high
+      for (int t = 0; t < 32; ++t) {
+        uint8_t& byte = vb[((j / 8) * d + 32 * b + t) * 4 + j % 4];
+        byte = uint8_t((byte & (0xF0 >> shift)) | (q[t] << shift));
+      }
+    }
+  }
+}
+
 void store_kv(const float* k, const float* v, at::Half* kc, at::Half* vc, int64_t slot, int64_t g, int64_t p,
               int64_t hk, int64_t cap, int64_t d) {
   at::Half* kb = kc + ((slot * hk + g) * (cap / KB) + p / KB) * d * KB + p % KB;
@@ -290,9 +332,16 @@ void store_kv(const float* k, const float* v, at::Half* kc, at::Half* vc, int64_
 // skipped, and the keys left of it in the first block it reads weigh 0. softcap > 0 (Gemma 2): each scaled score s
 // becomes softcap * tanh(s / softcap) before the softmax, as llama.cpp caps them.
 void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int64_t* pos, int64_t R,
-               const at::Half* kc, const at::Half* vc, int64_t hq, int64_t hk, int64_t cap, int64_t d, float scale,
+               const void* kc_, const void* vc_, Kv kind, int64_t hq, int64_t hk, int64_t cap, int64_t d, float scale,
                int64_t window, float* out, float softcap) {
-  const int64_t group = hq / hk, nblk = cap / KB, stride = d + 2;
+  const int64_t group = hq / hk, nblk = cap / KB, stride = d + 2, bb = kv_block_bytes(kind, d);
+  const at::Half* kc = static_cast<const at::Half*>(kc_);  // the fp16 cache's
+  const at::Half* vc = static_cast<const at::Half*>(vc_);
+  const uint8_t* kq = static_cast<const uint8_t*>(kc_);  // a quantized one's
+  const uint8_t* vq = static_cast<const uint8_t*>(vc_);
+  static thread_local QQueries quantized;  // the queries quantized, for a quantized cache's integer scores
+  QQueries& qq = quantized;  // this thread's, as the workers see it (a thread_local named in them is their own)
+  if (kind != Kv::F16) qq.build(qkv, qstride, R, hq, d);
   std::vector<int64_t> low(R);  // row r's first visible key
   for (int64_t r = 0; r < R; ++r) low[r] = window > 0 ? std::max<int64_t>(0, pos[r] - window + 1) : 0;
   // whether row r sees a key in [k0, k0 + n)
@@ -342,25 +391,42 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
     static thread_local std::vector<float> s, acc;
     static thread_local std::vector<const float*> qp;
     static thread_local std::vector<float*> sp, ap;
-    static thread_local std::vector<int64_t> nv;
+    static thread_local std::vector<int64_t> nv, qi;
     s.resize(std::max(s.size(), size_t(ROWS * group * SPLIT)));
     acc.resize(std::max(acc.size(), size_t(ROWS * group * d)));
     qp.resize(std::max(qp.size(), size_t(ROWS * group)));
     sp.resize(std::max(sp.size(), size_t(ROWS * group)));
     ap.resize(std::max(ap.size(), size_t(ROWS * group)));
     nv.resize(std::max(nv.size(), size_t(ROWS * group)));
+    qi.resize(std::max(qi.size(), size_t(ROWS * group)));
     const int64_t u0 = cut[t0], u1 = cut[t1];
-    for (int64_t u = u0; u < u1; ++u) {
-      const Unit& w = units[u];
+    // Keys [first, hi) of unit w's partition are read, whole blocks from first's.
+    const auto span = [&](const Unit& w) {
       const int64_t a = w.part * SPLIT;
-      int64_t hi = a, first = a + SPLIT;  // keys [first, hi) of the partition are read, whole blocks from first's
+      int64_t hi = a, first = a + SPLIT;
       for (int64_t r = w.r0; r < w.r1; ++r)
         if (sees(r, a, SPLIT)) {
           hi = std::max(hi, std::min(a + SPLIT, pos[r] + 1));
           first = std::min(first, std::max(a, low[r]) / KB * KB);
         }
+      return std::make_pair(first, hi);
+    };
+    // A unit's blocks of keys or values into L2 ahead of their tiles: a partition's values while its scores run, the
+    // next unit's keys while its values do (every type's blocks are bb bytes a head, keys and values alike).
+    const auto fetch = [&](const void* cache, const Unit& w, int64_t first, int64_t hi) {
+      const char* p = static_cast<const char*>(cache) + ((w.slot * hk + w.g) * nblk + first / KB) * bb;
+      const int64_t bytes = (hi - first + KB - 1) / KB * bb;
+      for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+    };
+    for (int64_t u = u0; u < u1; ++u) {
+      const Unit& w = units[u];
+      const int64_t a = w.part * SPLIT;
+      const auto [first, hi] = span(w);
+      fetch(vc_, w, first, hi);
       const at::Half* kbase = kc + (w.slot * hk + w.g) * nblk * d * KB;
       const at::Half* vbase = vc + (w.slot * hk + w.g) * cap * d;
+      const uint8_t* qbase = kq + (w.slot * hk + w.g) * nblk * bb;  // a quantized cache's blocks
+      const uint8_t* vqbase = vq + (w.slot * hk + w.g) * nblk * bb;
       std::fill(acc.begin(), acc.begin() + (w.r1 - w.r0) * group * d, 0.f);
       // the queries (rows x heads of the group) that see the block at key0: pointers into q, scores, values
       auto gather = [&](int64_t key0, int64_t nk) {
@@ -370,6 +436,7 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
           for (int64_t h = 0; h < group; ++h, ++nq) {
             const int64_t i = (r - w.r0) * group + h;
             qp[nq] = qkv + r * qstride + (w.g * group + h) * d;
+            qi[nq] = r * hq + w.g * group + h;
             sp[nq] = s.data() + i * SPLIT + (key0 - a);
             ap[nq] = acc.data() + i * d;
             nv[nq] = std::min(nk, pos[r] + 1 - key0);
@@ -379,7 +446,9 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
       };
       for (int64_t key0 = first; key0 < hi; key0 += KB) {  // scores, block by block
         const int64_t nq = gather(key0, KB);
-        scores_tiles(qp.data(), nq, kbase + (key0 / KB) * d * KB, d, scale, sp.data());
+        if (kind == Kv::F16) scores_tiles(qp.data(), nq, kbase + (key0 / KB) * d * KB, d, scale, sp.data());
+        else if (kind == Kv::Q8) scores_tiles_q<false>(qq, qi.data(), nq, qbase + (key0 / KB) * bb, scale, sp.data());
+        else scores_tiles_q<true>(qq, qi.data(), nq, qbase + (key0 / KB) * bb, scale, sp.data());
       }
       for (int64_t r = w.r0; r < w.r1; ++r) {
         if (!sees(r, a, SPLIT)) continue;
@@ -392,10 +461,17 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
           softmax_part(sr, lo, n, dst, dst + 1);
         }
       }
+      if (u + 1 < u1) {
+        const auto [f1, h1] = span(units[u + 1]);
+        fetch(kc_, units[u + 1], f1, h1);
+      }
       for (int64_t key0 = first; key0 < hi; key0 += KB) {  // values, block by block
         const int64_t nk = std::min(KB, hi - key0);
         const int64_t nq = gather(key0, nk);
-        values_tiles(sp.data(), nv.data(), nq, vbase + key0 * d, d, ap.data());
+        if (kind == Kv::F16) values_tiles(sp.data(), nv.data(), nq, vbase + key0 * d, d, ap.data());
+        else if (kind == Kv::Q8)
+          values_tiles_q<false>(sp.data(), nv.data(), nq, vqbase + (key0 / KB) * bb, d, ap.data());
+        else values_tiles_q<true>(sp.data(), nv.data(), nq, vqbase + (key0 / KB) * bb, d, ap.data());
       }
       for (int64_t r = w.r0; r < w.r1; ++r) {
         if (!sees(r, a, SPLIT)) continue;

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <functional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -133,10 +134,17 @@ constexpr int64_t KB = 64;  // positions per key block (the Python side's KV_BLO
 // unless gguf.cpp's set_isa("avx2") asks for the AVX2 builds throughout.
 extern bool wide;
 bool cpu_has_avx512();
+// The cache's type: fp16, or llama.cpp's q8_0 / q4_0 blocks (attention_q.inc), kept as bytes in blocks of KB
+// positions, kv_block_bytes(kind, d) a head's block, for keys and for values.
+enum class Kv : int { F16 = 0, Q8 = 1, Q4 = 2 };
+int64_t kv_block_bytes(Kv kind, int64_t d);
+std::vector<std::string> kv_type_names();  // the types the kernels run on this CPU
 void store_kv(const float* k, const float* v, at::Half* kc, at::Half* vc, int64_t slot, int64_t g, int64_t p,
               int64_t hk, int64_t cap, int64_t d);
+void store_kv_q(const float* k, const float* v, uint8_t* kc, uint8_t* vc, Kv kind, int64_t slot, int64_t g,
+                int64_t p, int64_t hk, int64_t cap, int64_t d);
 void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int64_t* pos, int64_t R,
-               const at::Half* kc, const at::Half* vc, int64_t hq, int64_t hk, int64_t cap, int64_t d, float scale,
+               const void* kc, const void* vc, Kv kind, int64_t hq, int64_t hk, int64_t cap, int64_t d, float scale,
                int64_t window, float* out, float softcap = 0.f);
 
 #ifndef SPECDEC_LIGHT

@@ -234,12 +234,23 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
                             const LinearFn& lin, const BlockVariant& variant) {
   TORCH_CHECK(x.is_contiguous() && x.dtype() == torch::kFloat32, "x: contiguous float32");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
-  TORCH_CHECK(k_cache.dtype() == torch::kHalf && v_cache.dtype() == torch::kHalf, "caches must be float16");
-  TORCH_CHECK(k_cache.dim() == 5 && k_cache.size(4) == specdec::KB && v_cache.dim() == 4,
-              "keys [slots, hk, cap/KB, d, KB], values [slots, hk, cap, d]");
+  const int64_t d = cos.size(1);  // the head dim
+  // fp16: keys [slots, hk, cap/KB, d, KB], values [slots, hk, cap, d]; a quantized type: bytes [slots, hk, cap/KB,
+  // its block's bytes] each (attention_q.inc), told apart by that size
+  specdec::Kv kind = specdec::Kv::F16;
+  if (k_cache.dtype() == torch::kByte) {
+    TORCH_CHECK(v_cache.dtype() == torch::kByte && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() &&
+                    d % 32 == 0, "quantized caches: bytes [slots, hk, cap/KB, block bytes], d a multiple of 32");
+    kind = k_cache.size(3) == specdec::kv_block_bytes(specdec::Kv::Q8, d) ? specdec::Kv::Q8 : specdec::Kv::Q4;
+    TORCH_CHECK(k_cache.size(3) == specdec::kv_block_bytes(kind, d), "a quantized cache block of unknown size");
+  } else {
+    TORCH_CHECK(k_cache.dtype() == torch::kHalf && v_cache.dtype() == torch::kHalf, "caches must be float16 or bytes");
+    TORCH_CHECK(k_cache.dim() == 5 && k_cache.size(4) == specdec::KB && v_cache.dim() == 4 && v_cache.size(3) == d,
+                "keys [slots, hk, cap/KB, d, KB], values [slots, hk, cap, d]");
+  }
   const int64_t R = pos.numel(), H = x.size(1), slots = k_cache.size(0);
   TORCH_CHECK(slot.numel() == R && x.size(0) == R, "x, slot and pos need one entry per token-row");
-  const int64_t d = v_cache.size(3), cap = v_cache.size(2);
+  const int64_t cap = k_cache.size(2) * specdec::KB;
   const int64_t qkv_n = (hq + 2 * hk) * d;
   TORCH_CHECK(d % 8 == 0 && H % 8 == 0 && inter % 8 == 0, "sizes must be multiples of 8");
   // The block's intermediates, in one buffer per thread that only grows, so a pass allocates nothing. Each starts on
@@ -261,8 +272,8 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
   const int64_t* sl = slot_c.data_ptr<int64_t>();
   const float* cp = cos.data_ptr<float>();
   const float* sp = sin.data_ptr<float>();
-  at::Half* kc = k_cache.data_ptr<at::Half>();
-  at::Half* vc = v_cache.data_ptr<at::Half>();
+  void* kc = k_cache.data_ptr();
+  void* vc = v_cache.data_ptr();
   for (int64_t r = 0; r < R; ++r) {
     TORCH_CHECK(pp[r] >= 0 && pp[r] < cap, "position outside the cache");
     TORCH_CHECK(sl[r] >= 0 && sl[r] < slots, "slot outside the cache");
@@ -284,7 +295,12 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
           float* row = qp + r * qkv_n;
           if (k_norm) norm_row(row + (hq + i) * d, k_norm, row + (hq + i) * d, d, float(eps));
           rope(row + (hq + i) * d, cp + pp[r] * d, sp + pp[r] * d, d);
-          specdec::store_kv(row + (hq + i) * d, row + (hq + hk + i) * d, kc, vc, sl[r], i, pp[r], hk, cap, d);
+          if (kind == specdec::Kv::F16)
+            specdec::store_kv(row + (hq + i) * d, row + (hq + hk + i) * d, static_cast<at::Half*>(kc),
+                              static_cast<at::Half*>(vc), sl[r], i, pp[r], hk, cap, d);
+          else
+            specdec::store_kv_q(row + (hq + i) * d, row + (hq + hk + i) * d, static_cast<uint8_t*>(kc),
+                                static_cast<uint8_t*>(vc), kind, sl[r], i, pp[r], hk, cap, d);
         }
       } else {
         const int64_t r = (i - hk) / hq, h = (i - hk) % hq;
@@ -294,7 +310,8 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
     }
   });
   const float scale = variant.scale > 0.f ? variant.scale : 1.0f / std::sqrt(float(d));
-  specdec::attention(qp, qkv_n, sl, pp, R, kc, vc, hq, hk, cap, d, scale, variant.window, ap, variant.softcap);
+  specdec::attention(qp, qkv_n, sl, pp, R, kc, vc, kind, hq, hk, cap, d, scale, variant.window, ap,
+                     variant.softcap);
   lin(O, ap, o, R);
   if (variant.post_attn_norm) rms_norm_rows(o, variant.post_attn_norm, o, R, H, float(eps));
   const float* op = o;

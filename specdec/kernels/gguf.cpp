@@ -723,6 +723,7 @@ void specdec::register_gguf(pybind11::module& m) {
         pybind11::arg("feats") = pybind11::none(), pybind11::arg("row0") = 0);
   m.def("eagle_block_gguf", &eagle_block_gguf, "an EAGLE-3 draft head's layer on GGUF blocks, in place");
   m.def("int8_peak", &int8_peak, "int8 multiply-adds per second over all threads, as the q8 path issues them");
+  m.def("kv_types", &specdec::kv_type_names, "the KV cache types attention runs on this CPU (f16, q8_0, q4_0)");
   m.def("isa", &isa, "the q8 kernel's build in use: avx2, vnni or amx");
   m.def("set_isa", &set_isa,
         "the kernels' build: auto, avx2, vnni or amx (AVX-512 attention too); returns the one before");

@@ -34,7 +34,7 @@ from specdec.models.gguf.llama import read_matrices
 from specdec.models.gguf.plane_cache import mapped
 from specdec.models.gguf.weights import QTensor, RowLookup, qmatrix, release_pages
 from specdec.models.hugepages import Arena
-from specdec.models.kv_cache import KVCache, slot_picker, write_kv
+from specdec.models.kv_cache import KV_TYPES, KVCache, KvType, kv_type, slot_picker, write_kv
 from specdec.models.linear import Linear
 from specdec.models.target import Tapped
 
@@ -191,6 +191,7 @@ class Transformer:
         build = (lambda planes: cls(cfg, weights, precision, device, quantized, planes))
         return mapped(build, gguf, precision, device) if map_weights else build(None)
 
+    kv: KvType = KV_TYPES["f16"]  # the native cache's type (use_kv_cache)
     supports_taps = True  # forward and forward_ragged return hidden states of chosen layers (`taps`)
     final_cap = 0.0  # Gemma 2 soft-caps its logits (softcap()); 0: none
 
@@ -229,9 +230,8 @@ class Transformer:
         layer's query sees min(context, its window) keys, each scored and weighed once a head."""
         c = self.cfg
         seen = [min(context, getattr(b, "window", None) or c.sliding_window or context) for b in self.blocks]
-        per_kv = self.kv_bytes_per_token() // (2 * c.num_layers * c.num_kv_heads * c.head_dim)
-        return (sum(2 * c.num_heads * c.head_dim * n for n in seen),
-                sum(2 * c.num_kv_heads * c.head_dim * per_kv * n for n in seen))
+        per_position = self.kv_bytes_per_token() // c.num_layers  # a layer's keys and values of one position
+        return (sum(2 * c.num_heads * c.head_dim * n for n in seen), sum(per_position * n for n in seen))
 
     def elementwise_per_token(self) -> int:
         """A row's arithmetic outside the products and attention, roughly (a floor's small term): its norms and
@@ -242,8 +242,31 @@ class Transformer:
         return c.num_layers * (8 * c.hidden_size + 8 * inter) + 8 * c.vocab_size
 
     def kv_bytes_per_token(self) -> int:
-        per = 2 if self.kernels is not None else 4  # the native kernels keep the cache in fp16
-        return 2 * self.cfg.num_layers * self.cfg.num_kv_heads * self.cfg.head_dim * per
+        if self.kernels is not None:  # the native kernels' cache, of its type
+            return self.kv.bytes_per_position(self.cfg)
+        return 2 * self.cfg.num_layers * self.cfg.num_kv_heads * self.cfg.head_dim * 4  # the torch path's fp32
+
+    @property
+    def kv_cache(self) -> str:
+        """The KV cache type's name (kv_cache.KV_TYPES)."""
+        return self.kv.name
+
+    def use_kv_cache(self, name: str | None) -> None:
+        """Caches made from now on are of type `name` (None: f16), or a one-line SpecdecError where this model's
+        path or this CPU cannot run it."""
+        kind = kv_type(name)
+        if not kind.exact:
+            if self.kernels is None:
+                raise SpecdecError(f"--kv-cache {kind.name} needs the native kernels (a GGUF on gguf-q8 or gguf-q16, "
+                                   f"or fp16, on CPU); this model runs on the torch path ({self.precision} on "
+                                   f"{self.device.type})")
+            if self.cfg.head_dim % 32:
+                raise SpecdecError(f"--kv-cache {kind.name} quantizes each 32 values of a head; this model's heads "
+                                   f"hold {self.cfg.head_dim}: use f16")
+            if kind.name not in self.kernels.kv_types():
+                raise SpecdecError(f"--kv-cache {kind.name}: the kernels cannot run it on this CPU (they run "
+                                   f"{', '.join(self.kernels.kv_types())})")
+        self.kv = kind
 
     def new_cache(self, batch: int, capacity: int, huge_pages: bool = True) -> KVCache:
         """huge_pages: see KVCache (False for a server's pool, whose sequences fill a fraction of each slot)."""
@@ -251,7 +274,8 @@ class Transformer:
             capacity = self.cfg.max_position_embeddings
         self._cover_rope(capacity)
         if self.kernels is not None:
-            return KVCache(self.cfg, batch, capacity, self.device, torch.float16, blocked=True, huge_pages=huge_pages)
+            return KVCache(self.cfg, batch, capacity, self.device, torch.float16, blocked=True, huge_pages=huge_pages,
+                           kind=self.kv)
         return KVCache(self.cfg, batch, capacity, self.device)
 
     def _cover_rope(self, positions: int) -> None:

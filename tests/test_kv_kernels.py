@@ -1,0 +1,123 @@
+"""The quantized KV caches (q8_0, q4_0) in the native kernels (kernels/attention_q.inc): a verify pass and a prefill
+equal one-token passes bit for bit on every type, so speculation stays exact on the model so configured; the AVX2
+tiles give the AVX-512 ones' bits; rows of a batch do not depend on each other; the bytes are what KvType says.
+Their quality against f16 is measured by scripts/kv_quality.py (docs/results/kv-cache-quality.md) and bounded in
+test_a_q8_cache_stays_close_to_f16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.errors import SpecdecError
+from specdec.models.kv_cache import KV_TYPES
+
+QUANTIZED = ("q8_0", "q4_0")
+
+
+@pytest.fixture(scope="module")
+def model(kernels):
+    from specdec.models.loader import load_model
+
+    m = load_model("default", "gguf-q8").model
+    yield m
+    m.use_kv_cache("f16")
+
+
+@pytest.fixture(scope="module")
+def ids():
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(100, 20000, (1, 330), generator=g)  # [1, 330]
+
+
+def passes(model, ids, kind: str, cut: int = 300, k: int = 6):
+    """(a prefill's logits at positions [cut, cut + k), one verify pass's there, k one-token passes'), each
+    [k, vocab]."""
+    model.use_kv_cache(kind)
+    zero = torch.zeros(1, dtype=torch.long)
+    whole = model.forward(ids[:, :cut + k], zero, model.new_cache(1, 400))[0, cut:]
+    c = model.new_cache(1, 400)
+    model.forward(ids[:, :cut], zero, c)
+    verify = model.forward(ids[:, cut:cut + k], torch.tensor([cut]), c)[0]
+    c = model.new_cache(1, 400)
+    model.forward(ids[:, :cut], zero, c)
+    one = torch.cat([model.forward(ids[:, i:i + 1], torch.tensor([i]), c)[0] for i in range(cut, cut + k)])
+    return whole, verify, one
+
+
+@pytest.mark.parametrize("kind", QUANTIZED)
+def test_a_verify_pass_is_one_token_passes_on_each_type(model, ids, kind):
+    whole, verify, one = passes(model, ids, kind)
+    assert torch.equal(verify, one)
+    assert torch.equal(whole, one)  # a prefill chunk writes and reads the same bits too
+
+
+@pytest.mark.parametrize("kind", QUANTIZED)
+def test_the_avx2_tiles_give_the_avx512_bits(model, kernels, ids, kind):
+    if not kernels.cpu_has_vnni():
+        pytest.skip("this CPU has no AVX512-VNNI: only the AVX2 tiles run here")
+    wide = passes(model, ids, kind)[1]
+    before = kernels.set_isa("avx2")
+    try:
+        narrow = passes(model, ids, kind)[1]
+    finally:
+        kernels.set_isa(before)
+    assert torch.equal(wide, narrow)
+
+
+@pytest.mark.parametrize("kind", QUANTIZED)
+def test_rows_of_a_batch_do_not_depend_on_each_other(model, ids, kind):
+    model.use_kv_cache(kind)
+    zero = torch.zeros(1, dtype=torch.long)
+    alone = []
+    for cut in (200, 270):
+        c = model.new_cache(1, 400)
+        model.forward(ids[:, :cut], zero, c)
+        alone.append(model.forward(ids[:, cut:cut + 3], torch.tensor([cut]), c)[0])
+    both = model.new_cache(2, 400)
+    for r, cut in enumerate((200, 270)):
+        model.forward(ids[:, :cut], zero, both.row(r))
+    out = model.forward(torch.cat([ids[:, 200:203], ids[:, 270:273]]), torch.tensor([200, 270]), both)
+    assert torch.equal(out[0], alone[0]) and torch.equal(out[1], alone[1])
+
+
+@pytest.mark.parametrize("kind", QUANTIZED)
+def test_the_quantized_cache_is_not_the_f16_one(model, ids, kind):
+    """The type really changes what attention reads (a path that ignored it would pass every equality above)."""
+    f16 = passes(model, ids, "f16")[1]
+    got = passes(model, ids, kind)[1]
+    assert not torch.equal(f16, got) and bool(torch.isfinite(got).all())
+
+
+@pytest.mark.parametrize("kind", list(KV_TYPES))
+def test_a_cache_holds_the_bytes_its_type_says(model, kind):
+    model.use_kv_cache(kind)
+    c = model.new_cache(2, 200)  # 256 positions: whole blocks
+    assert c.nbytes == 2 * c.capacity * KV_TYPES[kind].bytes_per_position(model.cfg)
+    assert model.kv_bytes_per_token() == KV_TYPES[kind].bytes_per_position(model.cfg)
+
+
+def test_q8_and_q4_take_about_a_half_and_a_quarter_of_f16(model):
+    f16, q8, q4 = (KV_TYPES[k].bytes_per_position(model.cfg) for k in ("f16", "q8_0", "q4_0"))
+    assert q8 / f16 == pytest.approx(34 / 64) and q4 / f16 == pytest.approx(18 / 64)  # llama.cpp's block sizes
+
+
+def test_a_prefix_copied_between_caches_of_one_type_is_exact(model, ids):
+    model.use_kv_cache("q8_0")
+    zero = torch.zeros(1, dtype=torch.long)
+    src = model.new_cache(1, 400)
+    model.forward(ids[:, :256], zero, src)
+    fresh = model.forward(ids[:, 256:260], torch.tensor([256]), src)
+    dst = model.new_cache(2, 400)
+    dst.copy_positions(src, 0, 1, 256)
+    c = dst.row(1)
+    assert torch.equal(model.forward(ids[:, 256:260], torch.tensor([256]), c), fresh)
+    model.use_kv_cache("f16")
+    with pytest.raises(SpecdecError, match="cannot copy a q8_0 cache"):
+        model.new_cache(1, 400).copy_positions(src, 0, 0, 64)
+
+
+def test_a_quantized_cache_is_read_by_the_kernels_alone(model):
+    model.use_kv_cache("q4_0")
+    with pytest.raises(SpecdecError, match="native kernels alone"):
+        model.new_cache(1, 64).keys(0)
