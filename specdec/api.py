@@ -8,7 +8,8 @@ more than one call).
     print(result.text, result.stats.summary()["alpha"])
 
 Output is the target's own: greedy by default (identical to plain decoding), and with a temperature distributed
-exactly as the target samples. Everything here is a thin layer over runtime.build, engine.Engine and
+exactly as the target samples (with `kv_cache="q8_0"` or `"q4_0"`, the target on that quantized KV cache: a
+slightly different model, reproduced as exactly). Everything here is a thin layer over runtime.build, engine.Engine and
 engine.calibrate.policy_for, which the command line uses too."""
 
 from __future__ import annotations
@@ -58,11 +59,16 @@ class Generator:
 
 
 def load(model: str = "default", drafter: str = "ngram", precision: str | None = None, device: str = "cpu",
-         draft_model: str | None = None, chat_template: str | None = None) -> Generator:
+         draft_model: str | None = None, chat_template: str | None = None,
+         kv_cache: str | None = None) -> Generator:
     """A Generator for `model` ('default': the bundled SmolLM2-135M; a Hugging Face folder; a .gguf) drafting with
     `drafter` (ngram, suffix, eagle, draft-model with `draft_model`, none, or a cascade such as "ngram,eagle").
     `chat_template`: a built-in name (chatml, llama3, llama2, mistral, gemma, phi3) or a Jinja file, in place of
-    the model's own; a model with neither warns once here that chat prompts go as raw text."""
+    the model's own; a model with neither warns once here that chat prompts go as raw text.
+    `kv_cache`: the target's KV cache type, as the command line's --kv-cache and llama.cpp's --cache-type-k/-v:
+    None or "f16" (exact, the default), "q8_0" or "q4_0" (keys and values quantized in blocks of 32: about half or
+    a quarter of f16's memory a position, a slightly different model, whose output speculation reproduces exactly;
+    native kernels only, else a SpecdecError). A draft model's cache stays f16."""
     import warnings
 
     from specdec.models.text.chat_templates import no_template_line, read_chat_template, use_chat_template
@@ -70,13 +76,15 @@ def load(model: str = "default", drafter: str = "ngram", precision: str | None =
 
     chosen = read_chat_template(chat_template, "chat_template=")
     target, drafter_ = build(ModelSpec(model=model, drafter=drafter, draft_model=draft_model, precision=precision,
-                                       device=device))
+                                       device=device, kv_cache=kv_cache))
     if use_chat_template(target.tokenizer, chosen, "chat_template=NAME|FILE") == "none":
         warnings.warn(no_template_line(target.tokenizer, "prompts go to it as raw text",
                                        "give chat_template=NAME|FILE"), stacklevel=2)
     return Generator(target, drafter_)
 
 
-def generate(prompt: str | list[str], model: str = "default", drafter: str = "ngram", **options):
-    """load(model, drafter) called once on `prompt`; `options` as Generator's (max_new_tokens, k, temperature, ...)."""
-    return load(model, drafter)(prompt, **options)
+def generate(prompt: str | list[str], model: str = "default", drafter: str = "ngram", kv_cache: str | None = None,
+             **options):
+    """load(model, drafter, kv_cache=kv_cache) called once on `prompt`; `options` as Generator's (max_new_tokens, k,
+    temperature, ...)."""
+    return load(model, drafter, kv_cache=kv_cache)(prompt, **options)

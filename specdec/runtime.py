@@ -28,6 +28,8 @@ class ModelSpec:
     map_weights: bool = False  # a GGUF target's packed planes mapped from the cache (models/gguf/plane_cache.py)
     context: int | None = None  # positions a sequence may use (None: the model's; LongRoPE: past its original
     # context, its long factors)
+    kv_cache: str | None = None  # the target's KV cache type (models/kv_cache.py KV_TYPES; None: f16, exact); a
+    # draft model's stays f16
 
     def __post_init__(self) -> None:
         names = self.drafter.split(",")
@@ -48,13 +50,18 @@ class ModelSpec:
                                f"{self.ngram_max}")
         if "draft-model" in names and not self.draft_model:
             raise SpecdecError("--drafter draft-model needs --draft-model PATH")
+        if self.kv_cache is not None:
+            from specdec.models.kv_cache import kv_type
+
+            kv_type(self.kv_cache)  # an unknown name: one line, before anything loads
 
     @classmethod
     def from_args(cls, args) -> ModelSpec:
         """From the shared command-line arguments (specdec.engine.cli.add_model_args)."""
         return cls(args.model, args.drafter, args.draft_model, args.precision, args.draft_precision, args.device,
                    args.ngram_max, args.ngram_min, getattr(args, "draft_head", None),
-                   getattr(args, "map_weights", False), getattr(args, "context", None))
+                   getattr(args, "map_weights", False), getattr(args, "context", None),
+                   getattr(args, "kv_cache", None))
 
 
 def build(spec: ModelSpec):
@@ -66,7 +73,7 @@ def build(spec: ModelSpec):
 
         if not torch.cuda.is_available():
             raise SpecdecError("--device cuda: no CUDA device is available here")
-    target = load_model(spec.model, spec.precision, spec.device, spec.map_weights, spec.context)
+    target = load_model(spec.model, spec.precision, spec.device, spec.map_weights, spec.context, spec.kv_cache)
     return target, drafter_for(spec, target)
 
 
@@ -103,7 +110,7 @@ def _drafter(name: str, spec: ModelSpec, target):
         return load_head(spec.draft_head, spec.model, target)
     # as the target's when that was chosen (a GGUF path only fits a GGUF draft: then the draft's own default)
     same = spec.precision if spec.precision not in GGUF_PRECISIONS else None
-    draft = load_model(spec.draft_model, spec.draft_precision or same, spec.device)
+    draft = load_model(spec.draft_model, spec.draft_precision or same, spec.device)  # its KV cache f16, always
     DraftModelDrafter.check_compatible(target.tokenizer, draft.tokenizer)
     drafter = DraftModelDrafter(draft.model, target.model.cfg.vocab_size)
     # what the draft costs decides whether it can pay: said at every load (the one place it is measured at load)

@@ -11,6 +11,7 @@ import pytest
 
 from specdec.cli import main
 from specdec.engine import costs
+from specdec.engine.policy import PassCost
 from specdec.engine.speculation import DEFAULT_K, Speculation, speculation
 from specdec.errors import SpecdecError
 from specdec.models.gguf.synth import write
@@ -34,6 +35,23 @@ def test_measured_once_then_read_back(tiny, capsys):
     again = costs.target_profile(load_model(str(path), "gguf-q8"), 9)  # another load of the same file: the cache
     assert capsys.readouterr().err.count("measuring") == 0 and again.verify_cost == first.verify_cost
     assert costs.cached(load_model(str(path), "gguf-q16")) is None  # another path: its own curve
+
+
+def test_measured_at_a_long_context_too_and_an_entry_without_it_stays(tiny, tmp_path, capsys):
+    """128, 512 and 2048 cached tokens where the model's positions allow (tiny-llama's 8192 do); 512's curve is the
+    typical one, and `auto` reads all three. An entry measured before the long point was is read back as it is."""
+    _, loaded = tiny
+    prof = costs.target_profile(loaded, 5)
+    assert [c.context for c in prof.contexts] == [128, 512, 2048] and prof.typical_context == 512
+    assert prof.verify_cost == prof.contexts[1].verify_cost and prof.step_s == prof.contexts[1].step_s
+    assert [c for c, _ in PassCost.from_profile(prof).contexts] == [128, 512, 2048]
+    store = tmp_path / "cache" / costs.STORE
+    entries = json.loads(store.read_text())
+    entries[costs.key(loaded)]["contexts"] = entries[costs.key(loaded)]["contexts"][:2]  # as cached before
+    store.write_text(json.dumps(entries))
+    capsys.readouterr()
+    old = costs.target_profile(loaded, 5)
+    assert "measuring" not in capsys.readouterr().err and [c.context for c in old.contexts] == [128, 512]
 
 
 def test_wider_plans_measure_again_and_a_torn_or_foreign_entry_is_rebuilt(tiny, tmp_path, capsys):

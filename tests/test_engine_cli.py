@@ -166,10 +166,11 @@ def reuse_bundled(bundled, monkeypatch):
     takes seconds); any other model is loaded for real."""
     real = loader.load_model
 
-    def load(spec="default", precision="fp16", device="cpu", map_weights=False, context=None):
-        if spec in ("default", "", None) and device == "cpu" and not map_weights and context is None:
+    def load(spec="default", precision="fp16", device="cpu", map_weights=False, context=None, kv_cache=None):
+        if spec in ("default", "", None) and device == "cpu" and not map_weights and context is None and \
+                kv_cache in (None, "f16"):
             return bundled(precision)
-        return real(spec, precision, device, map_weights, context)
+        return real(spec, precision, device, map_weights, context, kv_cache)
 
     monkeypatch.setattr(loader, "load_model", load)
 

@@ -205,7 +205,8 @@ def check_at_baseline(h: dict, baseline: dict) -> None:
 def test_health_shows_the_engine_without_the_prompts(server):
     h = server.health()
     assert {k: h[k] for k in ("status", "running", "waiting")} == {"status": "ok", "running": 0, "waiting": 0}
-    assert all(isinstance(v, int) for k, v in h.items() if k not in ("status", "problems")), h
+    assert all(isinstance(v, int) for k, v in h.items() if k not in ("status", "problems", "kv_cache")), h
+    assert h["kv_cache"] == "f16"  # the KV cache type (--kv-cache), always named
     assert "w1" not in json.dumps(h)
     assert h["threads"] >= 1  # the thread team its passes run on (specdec/kernels/cores.py)
 

@@ -190,6 +190,23 @@ def test_pass_floor_memory_binds_then_arithmetic():
         pass_floor(0, work, rates)
 
 
+def test_attention_runs_at_its_cache_types_rate_and_a_prompt_counts_it():
+    from specdec.theory.floor import PassWork, Rates, pass_floor, prompt_floor
+
+    work = PassWork(weight_bytes=100e6, kv_bytes=20e6, product_macs=100e6, attention_macs=10e6, elementwise=2e6)
+    f16 = Rates(bandwidth=40e9, product_rate=400e9, fma_rate=120e9)
+    q8 = Rates(bandwidth=40e9, product_rate=400e9, fma_rate=120e9, attention_rate=400e9)  # int8 dot products
+    assert pass_floor(1, work, f16).per_row_s == pytest.approx(12e6 / 120e9)
+    assert pass_floor(1, work, q8).per_row_s == pytest.approx(10e6 / 400e9 + 2e6 / 120e9)
+    # 1,000 tokens of 100 M multiply-adds, 20 M of them the LM head (counted once), and 3 G of attention in all
+    p = prompt_floor(1000, 100e6, 20e6, 3e9, q8)
+    assert p.products_s == pytest.approx((1000 * 80e6 + 20e6) / 400e9) and p.attention_s == pytest.approx(3e9 / 400e9)
+    assert p.seconds == pytest.approx(p.products_s + p.attention_s)
+    assert prompt_floor(1000, 100e6, 20e6, 3e9, f16).attention_s == pytest.approx(3e9 / 120e9)
+    with pytest.raises(ValueError):
+        prompt_floor(0, 100e6, 20e6, 0, f16)
+
+
 def test_attention_work_grows_with_the_context_up_to_a_window(bundled):
     import dataclasses
 
@@ -219,6 +236,21 @@ def test_profile_prints_each_widths_floor(capsys, tmp_path):
     floors = [e["floor_s"][n] for n in ("1", "2", "3")]
     assert 0 < floors[0] < floors[1] < floors[2]  # each row adds its unshared work
     assert all(e["over_floor"][n] == pytest.approx(e["times_s"][n] / e["floor_s"][n]) for n in ("1", "2", "3"))
+
+
+def test_profile_prints_a_prompts_floor_at_its_cache_types_rate(capsys, tmp_path):
+    prof = tmp_path / "p.json"
+    assert main(["profile", "--model", "default", "--precision", "gguf-q8", "--kv-cache", "q8_0", "--contexts", "64",
+                 "--max-rows", "2", "--reps", "1", "--bandwidth-gib", "0.05", "--prompt-tokens", "200",
+                 "--json", str(prof), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "prompt of 200 tokens: prefill" in out and "int8 dot products (q8_0 cache)" in out
+    pr = json.loads(prof.read_text())["prompt"]
+    assert pr["kv_cache"] == "q8_0" and pr["floor_s"] == pytest.approx(pr["products_s"] + pr["attention_s"])
+    assert pr["over_floor"] == pytest.approx(pr["prefill_s"] / pr["floor_s"]) and pr["prefill_s"] > 0
+    # attention over the prompt: every position over the positions up to it, 2 x heads x head_dim a key (SmolLM2:
+    # 30 layers, 9 heads of 64)
+    assert pr["attention_macs"] == 30 * 9 * 64 * 2 * 200 * 201 // 2
 
 
 # ---- --json: one meaning in every command (specdec/outputs.py) -------------------------------------------------

@@ -36,6 +36,9 @@ def register(sub) -> None:
                    help="tokens per sequence for the batch capacity (default: the middle of --contexts)")
     p.add_argument("--bandwidth-gib", type=float, default=1.0, action=POSITIVE,
                    help="tensor size for the bandwidth test")
+    p.add_argument("--prompt-tokens", type=int, default=None, action=AT_LEAST_1, metavar="N",
+                   help="also time a prefill of N tokens against its floor: the products at their rate and attention "
+                        "at the rate the KV cache type allows (the time to first token's goal)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run_profile)
 
@@ -81,7 +84,7 @@ def register(sub) -> None:
 
 def run_profile(args) -> int:
     from specdec.bench.hardware.profile import profile
-    from specdec.bench.render import render_profile
+    from specdec.bench.render import kv_note, render_profile
     from specdec.runtime import ModelSpec, build
 
     contexts = parse_ints(args.contexts, "--contexts")
@@ -89,7 +92,7 @@ def run_profile(args) -> int:
     target, drafter = build(ModelSpec.from_args(args))
     budget = args.memory_budget_gb * 2**30 if args.memory_budget_gb else None
     prof = profile(target, drafter, contexts, args.max_rows, args.reps, args.k, int(args.bandwidth_gib * 2**30),
-                   budget, args.batch_context, progress=not args.quiet)
+                   budget, args.batch_context, progress=not args.quiet, prompt_tokens=args.prompt_tokens)
     from specdec.engine.costs import keep
     from specdec.theory.profile import Profile
 
@@ -99,8 +102,8 @@ def run_profile(args) -> int:
         return 0
     print(render_profile(prof))
     if kept:
-        print(f"kept as {target.name}'s pass costs on this CPU ({target.model.precision}): generate, serve, bench and "
-              "expect plan with them from now on")
+        print(f"kept as {target.name}'s pass costs on this CPU ({target.model.precision}{kv_note(prof)}): generate, "
+              "serve, bench and expect plan with them from now on")
     if json_file(args):
         Profile.from_json(prof, "the measured profile").save(json_file(args))  # what every reader will check
         print(f"wrote {json_file(args)}: `specdec plan --profile {json_file(args)} --alpha A` picks k with these "
@@ -147,9 +150,7 @@ def run_bench(args) -> int:
     target, drafter = build_with_chat_template(args, "each prompt goes to the model as raw text (turns joined)")
     prof, source = planning_profile(target, drafter, how, args) if args.profile or how.policy == "auto" else (None,
                                                                                                               None)
-    if prof and (prof.model, prof.precision) != (target.name, target.model.precision):
-        print(f"specdec: warning: the profile was measured for {prof.model} ({prof.precision}), "
-              f"not {target.name} ({target.model.precision})", file=sys.stderr)
+    kv = check_profile_fits(prof, target, args.compare)
 
     engine = lambda: Engine(target.model, target.tokenizer, args.device)  # one meter per method
     methods = [engine_method("plain", engine(), NoDrafter(), 1)]
@@ -178,7 +179,7 @@ def run_bench(args) -> int:
     samples = run_all(prompts, methods, target.tokenizer, args.max_new_tokens, progress=not args.quiet)
     mark_identity(samples, methods, logit_gap_fn(target.model))
     config = {"model": target.name, "model_path": str(target.path), "backend": target.backend,
-              "precision": target.model.precision, "device": args.device, "drafter": drafter.name,
+              "precision": target.model.precision, "kv_cache": kv, "device": args.device, "drafter": drafter.name,
               "k": "auto" if how.policy == "auto" else how.k, "policy": how.policy, "default_k": default_k,
               "max_new_tokens": args.max_new_tokens, "prompts": len(prompts),
               "prompt_file": args.prompts, "categories": args.categories, "per_category": args.per_category,
@@ -188,6 +189,21 @@ def run_bench(args) -> int:
         config["llamacpp"] = llamacpp
     write_report(build_report(samples, methods, config, prof, source, args.drift_margin), args)
     return 0
+
+
+def check_profile_fits(prof, target, compare: str | None) -> str:
+    """Warn where the profile bench plans with was measured for another model, path or KV cache type, and note that
+    a compared engine runs its own default cache; the target's KV cache type."""
+    from specdec.models.target import TargetTraits
+
+    kv = TargetTraits.of(target.model).kv_cache
+    measured = (prof.model, prof.precision, prof.raw.get("kv_cache", "f16")) if prof else None
+    if measured and measured != (target.name, target.model.precision, kv):
+        print(f"specdec: warning: the profile was measured for {prof.model} ({prof.precision}, KV cache "
+              f"{measured[2]}), not {target.name} ({target.model.precision}, KV cache {kv})", file=sys.stderr)
+    if compare and kv != "f16":
+        print(f"specdec: note: --compare {compare} runs that engine's default KV cache, not {kv}", file=sys.stderr)
+    return kv
 
 
 def planning_profile(target, drafter, how, args):

@@ -156,7 +156,7 @@ def markdown(report: BenchReport) -> str:
     if report.endpoint:
         raise ValueError("an endpoint report: render it with specdec.bench.serving.endpoint_report.markdown")
     cfg = report.config
-    out = [f"# specdec bench: {cfg['model']} ({cfg['precision']}), drafter {cfg['drafter']}, "
+    out = [f"# specdec bench: {cfg['model']} ({cfg['precision']}{kv_note(cfg)}), drafter {cfg['drafter']}, "
            f"{cfg['max_new_tokens']} new tokens, greedy, batch 1",
            "", f"{cfg['prompts']} prompts from {cfg['prompt_file']}; plain and speculative decoding alternate "
            "on each prompt. Speedup = mean tokens/s over mean plain tokens/s on the same prompts (prefill "
@@ -211,9 +211,15 @@ def _bytes(n) -> str:
     return "-" if n is None else f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n / 1e3:.1f} KB"
 
 
+def kv_note(record: dict) -> str:
+    """", KV cache q8_0" for a run on a KV cache type other than f16 (runs before there were types lack the field)."""
+    kv = record.get("kv_cache")
+    return f", KV cache {kv}" if kv not in (None, "f16") else ""
+
+
 def render_profile(p: dict) -> str:
     """The profile as text for people (the JSON holds the same and more)."""
-    out = [f"profile: {p['model']} ({p['backend']}, {p['precision']}), drafter {p['drafter']}, "
+    out = [f"profile: {p['model']} ({p['backend']}, {p['precision']}{kv_note(p)}), drafter {p['drafter']}, "
            f"{p['threads']} threads, medians of {p['reps']} runs"]
     bw, floor = p.get("bandwidth"), p.get("floor")
     if bw:
@@ -233,6 +239,13 @@ def render_profile(p: dict) -> str:
                    f"{cf['macs_per_s'] / 1e9:.0f} G per s ({cf['arithmetic']}, all threads) = "
                    f"{cf['seconds_per_token'] * 1e3:.1f} ms per token; the memory floor "
                    f"{'binds' if floor['seconds_per_token'] >= cf['seconds_per_token'] else 'does not bind'}")
+    pr = p.get("prompt")
+    if pr:
+        out.append(f"prompt of {pr['tokens']} tokens: prefill {pr['prefill_s']:.2f} s, {pr['over_floor']:.2f}x its "
+                   f"floor {pr['floor_s']:.2f} s (products {pr['products_s']:.2f} s at "
+                   f"{pr['products_rate'] / 1e9:.0f} G/s, "
+                   f"attention {pr['attention_s']:.2f} s at {pr['attention_rate'] / 1e9:.0f} G/s: "
+                   f"{pr['attention_arithmetic']})")
     ctxs = p["contexts"]
     floors = all("floor_s" in e for e in ctxs)
     out.append("verify cost T(n)/T(1) (ms per pass in brackets" +

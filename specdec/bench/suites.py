@@ -59,6 +59,10 @@ def add_suite_commands(bench) -> None:
             p.add_argument("--max-batch", type=int, action=AT_LEAST_1, help="the servers' --max-batch (default 8)")
         else:
             p.add_argument("--quick", action="store_true", help=QUICK)
+        if suite == "long_context":
+            from specdec.engine.cli import add_kv_cache_arg
+
+            add_kv_cache_arg(p, default=argparse.SUPPRESS)
         p.set_defaults(suite_command=suite)
 
 
@@ -108,7 +112,8 @@ def resolve_suite_args(args) -> None:
     given = [f for f, v in (("--endpoint", args.endpoint), ("--baseline", args.baseline), ("--compare", args.compare),
                             ("--profile", args.profile), ("--json", args.json), ("--markdown", args.markdown),
                             ("--plot", args.plot), ("--model", args.model != "default" or None),
-                            ("--chat-template", getattr(args, "chat_template", None))) if v]
+                            ("--chat-template", getattr(args, "chat_template", None)),
+                            ("--kv-cache", suite != "long_context" and getattr(args, "kv_cache", None))) if v]
     if suite != "endpoint_check" and args.concurrency != "1":
         given.append("--concurrency")
     if given:

@@ -29,6 +29,7 @@ def add_model_args(p, drafter_default: str = "ngram") -> None:
                    help="the draft model's weights (default: the target's --precision where that is not a gguf "
                         "path, else the draft's own: a GGUF draft takes the path its own file defaults to)")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
+    add_kv_cache_arg(p)
     p.add_argument("--map-weights", action="store_true",
                    help="a GGUF's repacked weights written once to the cache (the file's size again on disk) and "
                         "mapped, as llama.cpp maps its file: not this process's memory, shared by processes serving "
@@ -38,6 +39,19 @@ def add_model_args(p, drafter_default: str = "ngram") -> None:
     p.add_argument("--draft-head", metavar="DIR",
                    help="--drafter eagle: a head from `specdec train-draft` (default: the one shipped for the bundled "
                         "model)")
+
+
+def add_kv_cache_arg(p, default=None) -> None:
+    """--kv-cache, the target's KV cache type (models/kv_cache.py), named as llama.cpp's --cache-type-k/-v (None:
+    f16)."""
+    from specdec.models.kv_cache import DEFAULT_KV, KV_TYPES
+
+    p.add_argument("--kv-cache", choices=tuple(KV_TYPES), default=default,
+                   help=f"the target's KV cache, named as llama.cpp's --cache-type-k/-v: {DEFAULT_KV} (the default: "
+                        "exact), q8_0 or q4_0 (keys and values quantized in blocks of 32 as llama.cpp's types of "
+                        "those names: about half or a quarter of f16's bytes a position, so longer contexts and more "
+                        "slots fit; a slightly different model, and speculation stays exact for the type chosen). "
+                        "q8_0 and q4_0 need the native kernels; a --draft-model's cache stays f16")
 
 
 def add_chat_template_arg(p) -> None:

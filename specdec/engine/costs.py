@@ -1,13 +1,16 @@
 """What a target pass over n token-rows costs here: the one curve every planner reads (`--k auto` in generate and
 demo, serve's auto policy, bench's predictions, `specdec expect`), measured once per model file, CPU, kernel build,
-path and thread team, and kept in the cache (pass-costs.json) for every later command. `--profile FILE` (a
-`specdec profile` measurement) overrides it.
+path, KV cache type and thread team, and kept in the cache (pass-costs.json) for every later command.
+`--profile FILE` (a `specdec profile` measurement) overrides it.
 
 The measurement (`measure_target`): batch-1 passes of 1..13 rows (then about 50% apart, up to the widest a caller
-plans) after 128 and 512 cached tokens, three reps each with the widths alternated, the fastest kept (other load
-only ever adds time); the curve at 512 is the one planned with. A later caller that plans wider passes than the
-entry holds measures again, to its width. A torn or foreign entry is measured again; an unwritable cache keeps it
-in this process's memory (atomic.KeyedStore).
+plans) after 128, 512 and 2048 cached tokens (those the model's positions allow), three reps each with the widths
+alternated, the fastest kept (other load only ever adds time). The curve at 512 is the typical one (`verify_cost`,
+`step_s`: the knee, bench's predictions, `specdec expect`); `auto` reads every context's (engine/policy.py
+PassCost) and prices a row's pass at its own sequence's length, since attention makes a wide pass dearer against a
+narrow one as the context grows. An entry measured before 2048 was (128 and 512 only) stays valid: it plans without
+the long point. A later caller that plans wider passes than the entry holds measures again, to its width. A torn
+or foreign entry is measured again; an unwritable cache keeps it in this process's memory (atomic.KeyedStore).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from specdec.theory.profile import Profile
 
 STORE = "pass-costs.json"
 PROFILE_FORMAT, PROFILE_VERSION = "specdec-profile", 1
-CONTEXTS, REPS, MIN_ROWS = (128, 512), 3, 13
+CONTEXTS, TYPICAL, REPS, MIN_ROWS = (128, 512, 2048), 512, 3, 13
 KNEE_THRESHOLD = 1.5
 KNEE_RULE = (f"threshold: the first n whose pass costs more than {KNEE_THRESHOLD} 1-row passes; "
              "roofline: the knee of max(1, n / knee) fitted to T(n)/T(1) by least squares")
@@ -48,17 +51,18 @@ def context_entry(context: int, times: dict[int, list], pick=statistics.median) 
 
 
 def measure_target(loaded, contexts: Sequence[int], rows: Sequence[int], reps: int, tick: Tick = lambda: None,
-                   pick=statistics.median) -> dict:
-    """The target's part of a profile: a curve per context, the middle context's as the one planned with, the knee,
-    and what it was measured on."""
+                   pick=statistics.median, typical: int | None = None) -> dict:
+    """The target's part of a profile: a curve per context, `typical`'s (default: the middle context's) as the
+    typical one, its knee, and what it was measured on."""
     import torch
 
     contexts = sorted(set(contexts))
-    typical = contexts[len(contexts) // 2]
+    typical = typical if typical in contexts else contexts[len(contexts) // 2]
     entries = [context_entry(ctx, time_passes(loaded.model, ctx, rows, reps, tick), pick) for ctx in contexts]
     mid = next(e for e in entries if e["context"] == typical)
+    traits = TargetTraits.of(loaded.model)
     return {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, "machine": provenance(), "model": loaded.name,
-            "backend": loaded.backend, "precision": TargetTraits.of(loaded.model).precision,
+            "backend": loaded.backend, "precision": traits.precision, "kv_cache": traits.kv_cache,
             "threads": torch.get_num_threads(), "reps": reps, "typical_context": typical,
             "verify_cost": mid["verify_cost"], "step_s": mid["step_s"], "draft_cost": None, "contexts": entries,
             "knee": {"rule": KNEE_RULE, "context": typical, "threshold": KNEE_THRESHOLD,
@@ -75,13 +79,17 @@ def widths(rows: int) -> list[int]:
 
 def key(loaded) -> str:
     """The model's files (its folder: a GGUF's converted folder is named for the file's path, size and time), the
-    path it runs on, this CPU, the kernels' build and the thread team."""
+    path it runs on, its KV cache type, this CPU, the kernels' build and the thread team. The type is named where
+    it is not f16 (models/kv_cache.py), so that f16's keys stay those of the entries cached before there were types,
+    and a q8_0 cache never plans with an f16 curve."""
     from specdec.kernels import kernels_dir
     from specdec.provenance import cpu_name, isa
 
+    traits = TargetTraits.of(loaded.model)
     folder = Path(loaded.path).resolve()
     stamp = max((f.stat().st_mtime_ns for f in folder.iterdir() if f.is_file()), default=0)
-    return (f"{folder}:{stamp}|{TargetTraits.of(loaded.model).precision}|{cpu_name()}|{','.join(isa())}|"
+    kv = "" if traits.kv_cache == "f16" else f"|kv {traits.kv_cache}"
+    return (f"{folder}:{stamp}|{traits.precision}{kv}|{cpu_name()}|{','.join(isa())}|"
             f"{kernels_dir().name}|threads {team()}")
 
 
@@ -121,10 +129,11 @@ def target_profile(loaded, rows: int = MIN_ROWS, file: str | None = None, quiet:
     limit = loaded.model.cfg.max_position_embeddings
     contexts = [c for c in CONTEXTS if c + rows < limit] or [max(1, limit - rows - 1)]
     if not quiet:
-        print(f"specdec: measuring this model's pass costs here, once (passes of 1..{rows} rows; kept in "
+        print(f"specdec: measuring this model's pass costs here, once (passes of 1..{rows} rows after "
+              f"{', '.join(map(str, contexts))} cached tokens; kept in "
               f"{cache_root() / STORE}; --profile FILE overrides)", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    data = measure_target(loaded, contexts, widths(rows), REPS, pick=min)
+    data = measure_target(loaded, contexts, widths(rows), REPS, pick=min, typical=TYPICAL)
     data["measure_s"] = round(time.perf_counter() - t0, 2)
     return keep(loaded, data, rows)[0]
 

@@ -8,7 +8,9 @@ that asks the drafter and the policy in the order they need is engine/round.py.
 with E_r(k) = 1 + sum_{j<=k} prod_{i<=j} a_r,i from the row's own per-position acceptance estimates (a Beta
 posterior whose prior is the server's running per-position rate), or from the drafter's own confidence in
 each drafted token where it gives one (`trim`: a trained head's probabilities, prompt lookup's measured rate for
-matches as long), and pass_seconds the measured cost of a target pass over that many token-rows. Nothing about
+matches as long), and pass_seconds the measured cost of a target pass over that many token-rows, at the rows' mean
+context where the curves were measured at several (`PassCost`: a wide pass gets dearer against a narrow one as
+the context grows, so the plan follows each sequence's length). Nothing about
 batch size is hard-coded: while a pass is memory-bound extra rows cost almost nothing and every row drafts; once
 compute binds, each extra row costs a share of a pass and only rows whose drafts are accepted often enough keep
 drafting.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -48,6 +50,7 @@ class RowView:
     judged: Sequence[int]  # per draft position: drafts judged there
     hits: Sequence[int]  # ... and accepted
     cap: int  # the most tokens this row may draft now (cache room, budget, drafts available)
+    context: int = 0  # the row's sequence length: tokens in its cache (0: unknown)
 
 
 class Policy(Protocol):
@@ -56,7 +59,7 @@ class Policy(Protocol):
 
     max_k: int  # the most drafts a row verifies in a round
     trims: bool
-    cost: Callable[[int], float] | None  # seconds of a target pass over n rows, where the policy prices them
+    cost: Callable[..., float] | None  # seconds of a pass over n rows (at a context), where the policy prices them
 
 
     def plan(self, rows: Sequence[RowView]) -> list[int]:
@@ -67,8 +70,10 @@ class Policy(Protocol):
         """Each row's k after drafting rows[i].cap tokens that came with confidence[i][j] (NaN: none)."""
         ...
 
-    def observe(self, rows: int, seconds: float, draft_seconds: float, max_k: int) -> None:
-        """A round's costs: its target pass over `rows` token-rows, and `max_k` drafting steps."""
+    def observe(self, rows: int, seconds: float, draft_seconds: float, max_k: int,
+                context: float | None = None) -> None:
+        """A round's costs: its target pass over `rows` token-rows after `context` cached tokens (a row's mean;
+        None: unknown), and `max_k` drafting steps."""
         ...
 
     def learn(self, judged: Sequence[int], hits: Sequence[int]) -> None:
@@ -102,7 +107,8 @@ class FixedK:
     def trim(self, rows: Sequence[RowView], confidence: Sequence[Sequence[float]]) -> list[int]:
         return self.plan(rows)  # confidences do not move a fixed k
 
-    def observe(self, rows: int, seconds: float, draft_seconds: float, max_k: int) -> None:
+    def observe(self, rows: int, seconds: float, draft_seconds: float, max_k: int,
+                context: float | None = None) -> None:
         pass
 
     def learn(self, judged: Sequence[int], hits: Sequence[int]) -> None:
@@ -126,7 +132,8 @@ class Never:
     def trim(self, rows: Sequence[RowView], confidence: Sequence[Sequence[float]]) -> list[int]:
         return [0] * len(rows)
 
-    def observe(self, rows: int, seconds: float, draft_seconds: float, max_k: int) -> None:
+    def observe(self, rows: int, seconds: float, draft_seconds: float, max_k: int,
+                context: float | None = None) -> None:
         pass
 
     def learn(self, judged: Sequence[int], hits: Sequence[int]) -> None:
@@ -136,31 +143,64 @@ class Never:
         pass
 
 
+Points = tuple[tuple[int, float], ...]  # sorted (rows, seconds)
+
+
 @dataclass
 class PassCost:
     """Seconds of one target pass over n token-rows: measured points read by theory/cost.py's rule (linear
-    between them and beyond the last two). `scale` follows what passes really take (longer contexts cost more
-    attention)."""
+    between them and beyond the last two). `scale` follows what passes really take.
 
-    points: tuple[tuple[int, float], ...]  # sorted (rows, seconds)
+    `contexts`, where a profile measured curves after several cached-token counts: attention's share of a pass
+    grows with the context, and faster for a wide pass than a narrow one, so the curve's shape changes with it (a
+    6-row pass is dearer against a 1-row pass at 2k tokens than at 512), not only its level. A cost asked at a
+    context reads each measured curve at n rows (the same rule) and goes linearly in context between the two
+    measured contexts around it; beyond the last two, along the line through them (attention's cost is linear in
+    the context), never below the last; below the first, the first's. Without a context, or with fewer than two
+    curves, the cost is `points`' (the typical context's curve)."""
+
+    points: Points
     scale: float = 1.0
+    contexts: tuple[tuple[float, Points], ...] = ()  # sorted (cached tokens, its curve), each context once
 
     def __post_init__(self) -> None:
-        if not self.points or self.points[0][0] != 1 or any(s <= 0 for _, s in self.points):
-            raise SpecdecError("a pass cost curve needs positive times starting at 1 row")
+        for pts in (self.points, *(c for _, c in self.contexts)):
+            if not pts or pts[0][0] != 1 or any(s <= 0 for _, s in pts):
+                raise SpecdecError("a pass cost curve needs positive times starting at 1 row")
+        if any(a[0] >= b[0] for a, b in zip(self.contexts, self.contexts[1:])):
+            raise SpecdecError("pass cost curves by context must be sorted, each context once")
 
     @classmethod
     def from_profile(cls, prof: Profile) -> PassCost:
-        """From a `specdec profile`: its verify curve (relative) times its one-row step."""
+        """From a `specdec profile`: its verify curve (relative) times its one-row step; and each per-context
+        curve that has its own one-row step, likewise."""
         if prof.step_s is None:
             raise SpecdecError("the profile has no one-row step time (step_s): no pass costs in seconds")
-        return cls(tuple(sorted((n, v * prof.step_s) for n, v in prof.verify_cost.items())))
+        by_context = {c.context: tuple(sorted((n, v * c.step_s) for n, v in c.verify_cost.items()))
+                      for c in prof.contexts if c.step_s is not None}
+        return cls(tuple(sorted((n, v * prof.step_s) for n, v in prof.verify_cost.items())),
+                   contexts=tuple(sorted(by_context.items())))
 
-    def __call__(self, n: int) -> float:
-        return read_cost(self.points, n) * self.scale
+    def __call__(self, n: int, context: float | None = None) -> float:
+        return self._base(n, context) * self.scale
 
-    def observe(self, n: int, seconds: float, weight: float | None = None) -> None:
-        predicted = self(n) / self.scale
+    def _base(self, n: int, context: float | None) -> float:
+        """The measured cost at n rows (and `context` cached tokens), before `scale`."""
+        curves = self.contexts
+        if context is None or len(curves) < 2:
+            return read_cost(self.points, n)
+        if context <= curves[0][0]:
+            return read_cost(curves[0][1], n)
+        i = min(bisect.bisect_left([c for c, _ in curves], context), len(curves) - 1)
+        (c0, p0), (c1, p1) = curves[i - 1], curves[i]
+        t0, t1 = read_cost(p0, n), read_cost(p1, n)
+        t = t0 + (t1 - t0) * (context - c0) / (c1 - c0)
+        return max(t, t1) if context > c1 else t
+
+    def observe(self, n: int, seconds: float, context: float | None = None, weight: float | None = None) -> None:
+        """A pass over n rows after `context` cached tokens (None: unknown) took `seconds`: `scale` moves towards
+        its ratio to the measured cost there."""
+        predicted = self(n, context) / self.scale
         if seconds > 0 and predicted > 0:
             self.scale = SCALE_DECAY.mix(self.scale, seconds / predicted, weight)
 
@@ -189,7 +229,8 @@ class LearnedPassCost:
     proportion to the width. (Interpolating would be a guess that keeps the policy away: on vLLM-CPU a step of 9
     rows cost 2.5-3 times one of 5, and the 6 to 8 between went untried.) A width not stepped through in the last
     `forget` steps drops out and is learned afresh when the policy goes there again: a price measured once, in a
-    busy moment, does not keep the policy away for good."""
+    busy moment, does not keep the policy away for good. A context is accepted and not read: the steps it learns
+    from are vLLM's, at whatever contexts its rows had."""
 
     def __init__(self, min_seen: int = 3, decay: Decay = LEARNED_DECAY, forget: int = 2000):
         self.min_seen, self.decay, self.forget = min_seen, decay, forget
@@ -197,7 +238,7 @@ class LearnedPassCost:
         self.steps = 0
         self._curve: tuple[tuple[int, float], ...] | None = None
 
-    def observe(self, n: int, seconds: float) -> None:
+    def observe(self, n: int, seconds: float, context: float | None = None) -> None:
         if n < 1 or not seconds > 0:
             return
         self.steps += 1
@@ -222,13 +263,20 @@ class LearnedPassCost:
             self._curve = smooth(pts) if pts else ()
         return self._curve
 
-    def __call__(self, n: int) -> float:
+    def __call__(self, n: int, context: float | None = None) -> float:
         pts = self.curve()
         if not pts:
             return 1.0  # nothing known: every width alike, so the first steps try drafting
         if n <= pts[0][0]:
             return pts[0][1] * n / pts[0][0]
         return pts[bisect.bisect_right([p[0] for p in pts], n) - 1][1]  # the nearest measured width at or below n
+
+
+def mean_context(contexts: Iterable[int]) -> float | None:
+    """The mean of the rows' contexts that are known (0: unknown; None: none is): what a pass over them is priced
+    at, and observed at."""
+    known = [c for c in contexts if c > 0]
+    return sum(known) / len(known) if known else None
 
 
 def check_row_floor(x: float, name: str = "row floor") -> float:
@@ -284,7 +332,7 @@ class Auto:
 
     def plan(self, rows: Sequence[RowView]) -> list[int]:
         """Each row's k before drafting, from its acceptance estimates."""
-        return self._best([self.estimates(r) for r in rows], self.draft_step_s)
+        return self._best([self.estimates(r) for r in rows], self.draft_step_s, mean_context(r.context for r in rows))
 
     def trim(self, rows: Sequence[RowView], confidence: Sequence[Sequence[float]]) -> list[int]:
         """Each row's k after drafting, from drafts of rows[i].cap tokens that came with the drafter's own
@@ -295,7 +343,7 @@ class Auto:
         for r, conf in zip(rows, confidence):
             est = self.estimates(r)
             gains.append([min(1.0, c * self.calibration) if c == c else e for c, e in zip(conf, est)])
-        return self._best(gains, 0.0)
+        return self._best(gains, 0.0, mean_context(r.context for r in rows))
 
     @property
     def calibration(self) -> float:
@@ -310,16 +358,18 @@ class Auto:
         self.conf_sum = self.conf_sum * decay + sum(c for c, _ in given)
         self.conf_hits = self.conf_hits * decay + sum(hit for _, hit in given)
 
-    def _best(self, gains: list[list[float]], draft_step_s: float) -> list[int]:
+    def _best(self, gains: list[list[float]], draft_step_s: float, context: float | None = None) -> list[int]:
         """Greedy by marginal expected tokens; keeps the best prefix of the additions (the cost curve has
         steps, so the first addition that loses does not end the search) among those that keep every row above
         `row_floor` times its speed without drafts: its expected tokens over the step's seconds, against one token
-        over a plain step's."""
+        over a plain step's. Every width is priced at `context` cached tokens (the rows' mean, `mean_context`;
+        None: the typical context's curve): the curves are of one sequence's passes, and what a batch of rows
+        at different contexts costs beyond that, the cost's learned `scale` takes up, observed at the same mean."""
         ks = [0] * len(gains)
         nxt = [g[0] if g else 0.0 for g in gains]  # the expected tokens the next draft of each row adds
         rows = [1.0] * len(gains)  # each row's expected tokens
         tokens, width = float(len(gains)), len(gains)
-        plain = self.cost(width)
+        plain = self.cost(width, context)
         best, best_ks = tokens / plain, list(ks)
         while True:
             r = max(range(len(gains)), key=lambda i: nxt[i], default=None)
@@ -330,7 +380,7 @@ class Auto:
             ks[r] += 1
             width += 1
             nxt[r] = nxt[r] * gains[r][ks[r]] if ks[r] < len(gains[r]) else 0.0
-            step = self.cost(width) + draft_step_s * max(ks)
+            step = self.cost(width, context) + draft_step_s * max(ks)
             if tokens / step > best and self.row_floor * step <= plain * min(rows):
                 best, best_ks = tokens / step, list(ks)
         return best_ks
@@ -341,10 +391,12 @@ class Auto:
             self.prior_judged[i] += judged[i]
             self.prior_hits[i] += hits[i]
 
-    def observe(self, rows: int, seconds: float, draft_seconds: float, max_k: int) -> None:
-        """A round took `seconds` for its target pass over `rows` token-rows and `draft_seconds` for `max_k`
-        drafting steps. While nothing is drafted the drafting cost decays, so that drafting is tried again."""
-        self.cost.observe(rows, seconds)
+    def observe(self, rows: int, seconds: float, draft_seconds: float, max_k: int,
+                context: float | None = None) -> None:
+        """A round took `seconds` for its target pass over `rows` token-rows after `context` cached tokens (the
+        rows' mean, as `plan` prices it; None: unknown) and `draft_seconds` for `max_k` drafting steps. While
+        nothing is drafted the drafting cost decays, so that drafting is tried again."""
+        self.cost.observe(rows, seconds, context)
         if max_k > 0:
             self.draft_step_s = DRAFT_STEP_DECAY.mix(self.draft_step_s, draft_seconds / max_k)
         else:

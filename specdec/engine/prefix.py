@@ -10,6 +10,10 @@ tokens, against seconds to prefill them.
 Exactness: reuse is only offered by a model whose keys and values at a position do not depend on how that
 position was computed (`exact_kv_reuse`: the native kernels compute prefill, decode and verify rows one way,
 whatever the chunking), so a request's output is identical with and without the cache.
+
+Entries are keyed by the KV cache's type as well as their tokens: the store's rows are of the type of the model's
+caches when it was made (models/kv_cache.py: f16, q8_0, q4_0), and a cache of another type neither finds entries
+here nor leaves any (keys quantized to q8_0 are not an f16 prompt's keys).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ class PrefixCache:
             raise SpecdecError("prefix caching needs the native kernels (this model's prefill and decode "
                                "compute keys differently, so reuse would change outputs)")
         self.cache = model.new_cache(entries, capacity, huge_pages=huge_pages)
+        self.kind = getattr(self.cache, "kind", None)  # the KV cache type every entry holds: half its key
         self.capacity = self.cache.capacity
         self.entries: list[Entry | None] = [None] * entries
         self.clock = 0
@@ -71,14 +76,21 @@ class PrefixCache:
                 problems.append(f"prefix entry {i} was used at {e.used}, after the clock ({self.clock})")
         return problems
 
+    def holds(self, cache) -> bool:
+        """Whether `cache` is of the KV cache type the entries hold (the other half of an entry's key)."""
+        return getattr(cache, "kind", None) == self.kind
+
     def _tick(self) -> int:
         self.clock += 1
         return self.clock
 
     def load(self, prompt: list[int], cache, slot: int) -> int:
         """Copy the longest stored prefix of `prompt` (all but its last token: that one's logits are needed)
-        into row `slot` of `cache`. Returns how many positions were copied (0: nothing stored matches)."""
+        into row `slot` of `cache`. Returns how many positions were copied (0: nothing stored matches, or `cache`
+        is of another KV cache type than the entries)."""
         self.lookups += 1
+        if not self.holds(cache):
+            return 0
         best, n, wanted = None, 0, prompt[:-1]
         for i, e in enumerate(self.entries):
             if e is not None:
@@ -94,9 +106,10 @@ class PrefixCache:
         return n
 
     def store(self, tokens: list[int], cache, slot: int) -> None:
-        """Keep the keys and values of `tokens` (the valid positions of row `slot` of `cache`)."""
+        """Keep the keys and values of `tokens` (the valid positions of row `slot` of `cache`; nothing where `cache`
+        is of another KV cache type than the entries)."""
         tokens = tokens[:self.capacity]
-        if not tokens:
+        if not tokens or not self.holds(cache):
             return
         target = None
         for i, e in enumerate(self.entries):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec.drafters.base import Drafter
-from specdec.engine.policy import Policy, RowView
+from specdec.engine.policy import Policy, RowView, mean_context
 from specdec.engine.sequence import Evidence
 from specdec.sampling.verify import PAD
 
@@ -77,7 +77,7 @@ def offers(drafter: Drafter, slots, contexts, rows: Sequence[RowView]):
     they were offered)."""
     d = drafter.propose(slots, contexts, [r.cap for r in rows])
     offered = [[t for t in row if t != PAD] for row in d.tokens.tolist()]
-    return d, offered, [RowView(r.judged, r.hits, len(o)) for r, o in zip(rows, offered)]
+    return d, offered, [RowView(r.judged, r.hits, len(o), r.context) for r, o in zip(rows, offered)]
 
 
 class Lookup:
@@ -131,18 +131,23 @@ def evidence_totals(rows: Sequence[Evidence]) -> tuple[list[int], list[int]]:
 
 
 class Round:
-    """One round over `rows` (sequence.Evidence: a step-loop Sequence, a row of vLLM's batch) in `slots`. It notes
-    what the rows had judged when it opened, so that `learn` takes this round's share of their evidence: what the
-    target verified and what it shadow-scored. Open it before the round's tokens are committed."""
+    """One round over `rows` (sequence.Evidence: a step-loop Sequence, a row of vLLM's batch) in `slots`, each row
+    after contexts[i] cached tokens (its sequence length: what the round's pass attends over; 0 or None: unknown,
+    planned at the typical context). It notes what the rows had judged when it opened, so that `learn` takes this
+    round's share of their evidence: what the target verified and what it shadow-scored. Open it before the round's
+    tokens are committed."""
 
-    def __init__(self, policy: Policy, drafter: Drafter, rows: Sequence[Evidence], slots: Sequence[int]):
+    def __init__(self, policy: Policy, drafter: Drafter, rows: Sequence[Evidence], slots: Sequence[int],
+                 contexts: Sequence[int] | None = None):
         self.policy, self.drafter, self.rows, self.slots = policy, drafter, rows, list(slots)
+        self.contexts = list(contexts) if contexts is not None else [0] * len(rows)
         self.before = evidence_totals(rows)
 
     def choose(self, room: Sequence[int], greedy: bool) -> Choice:
         """Each row's drafts; room[i]: the most tokens row i may take beyond its next one (cache, budget). A free
         drafter's drafts beyond those verified are handed to the row to shadow-score."""
-        rows = [RowView(r.judged, r.hits, max(0, min(self.policy.max_k, n))) for r, n in zip(self.rows, room)]
+        rows = [RowView(r.judged, r.hits, max(0, min(self.policy.max_k, n)), c)
+                for r, n, c in zip(self.rows, room, self.contexts)]
         c = choose(self.policy, self.drafter, self.slots, [r.tokens for r in self.rows], rows, greedy)
         if isinstance(c, LookupChoice):
             for r, o, d in zip(self.rows, c.offered, c.drafts):
@@ -152,8 +157,8 @@ class Round:
 
     def learn(self, choice: Choice, accepted: Sequence[int], width: int, draft_s: float, verify_s: float) -> None:
         """What the drafter and the policy learn from the round: the target accepted the first accepted[i] of
-        choice.drafts[i]; its pass over `width` token-rows took verify_s (0: not a measure of the cost), drafting
-        draft_s; and the evidence the rows gained since the round opened."""
+        choice.drafts[i]; its pass over `width` token-rows at the rows' contexts took verify_s (0: not a measure of
+        the cost), drafting draft_s; and the evidence the rows gained since the round opened."""
         policy, drafter = self.policy, self.drafter
         spec = [i for i, d in enumerate(choice.drafts) if d]
         if spec:
@@ -161,6 +166,6 @@ class Round:
         if isinstance(choice, TrimmedChoice):  # the positions the target judged: a accepted, then one rejected
             for c, a in zip(choice.confidence, accepted):
                 policy.learn_confidence(c[: a + 1], a)
-        policy.observe(width, verify_s, draft_s - drafter.catch_up_s, choice.steps)
+        policy.observe(width, verify_s, draft_s - drafter.catch_up_s, choice.steps, mean_context(self.contexts))
         judged, hits = evidence_totals(self.rows)  # verified and shadow-scored, into the running prior
         policy.learn([j - b for j, b in zip(judged, self.before[0])], [h - b for h, b in zip(hits, self.before[1])])

@@ -109,6 +109,7 @@ class Scheduler:
         if served is not None and served < self.context:  # a draft model with a shorter context bounds it
             self.context = served
         self.cache = model.new_cache(self.cfg.max_batch, self.context, huge_pages=self.cfg.kv_huge_pages)
+        self.kv_cache = self.target.kv_cache  # the pool's KV cache type, by name (models/kv_cache.py)
         # finished sequences' keys and values, reused by prompts that share them: a caller's own (an Engine keeps
         # one across its runs), else the scheduler's, where the target reuses keys exactly
         if prefix_cache is None and self.cfg.prefix_cache and self.target.exact_kv_reuse:
@@ -283,7 +284,7 @@ class Scheduler:
         rows = [s for s in rows if s.finish is None]
         if not rows:
             return done
-        rnd = Round(self.policy, self.drafter, rows, [s.slot for s in rows])
+        rnd = Round(self.policy, self.drafter, rows, [s.slot for s in rows], [s.length for s in rows])
         td = time.perf_counter()
         # room: positions length..length+k must exist, and drafting past the token budget is wasted
         choice = rnd.choose([min(self.context - 1 - s.length, s.cfg.max_new_tokens - s.num_generated - 1)

@@ -30,7 +30,8 @@ of one `propose` to the start of the next is vLLM's step over the rows and draft
 a prompt are left out). That is the measure to trust: it is vLLM's kernels, batch and hardware that run the step,
 and a `specdec profile` times specdec's own. What it learned is kept in specdec's cache (engine/costs.py) with each
 summary line, keyed by the model, vLLM's version, the CPU and the threads, and the next start on them begins from
-it. A profile's verify curve is still accepted as the cost curve's shape, scaled to vLLM's steps as they run.
+it. A profile's verify curve is still accepted as the cost curve's shape, scaled to vLLM's steps as they run (and
+read at the rows' mean sequence length where the profile measured curves at several contexts).
 """
 
 from __future__ import annotations
@@ -283,7 +284,7 @@ class Proposer:
         self._learn([m for m in matched if m is not None and m[1] is not None], pure, t_in)
         out: list[list[int]] = [[] for _ in matched]
         if rows:
-            choice = Round(self.policy, self.drafter, rows, [r.slot for r in rows]).choose(
+            choice = Round(self.policy, self.drafter, rows, [r.slot for r in rows], [r.n for r in rows]).choose(
                 [self.max_len - 1 - r.n for r in rows], greedy=False)
             for j, r in enumerate(rows):
                 r.draft = choice.drafts[j]
@@ -305,7 +306,8 @@ class Proposer:
         if not cont:
             return
         rows = [r for r, _ in cont]
-        rnd = Round(self.policy, self.drafter, rows, [r.slot for r in rows])  # before the verdict is recorded
+        # opened before the verdict is recorded, at the contexts the step ran after
+        rnd = Round(self.policy, self.drafter, rows, [r.slot for r in rows], [r.n for r in rows])
         accepted = []
         for r, new in cont:
             n, a = r.verified(new)

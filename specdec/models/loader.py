@@ -9,6 +9,7 @@ from pathlib import Path
 
 from specdec.errors import SpecdecError
 from specdec.models.config import GGUF_PRECISIONS, PRECISIONS, SUPPORTED_TYPES, read_config
+from specdec.models.target import TargetTraits
 from specdec.paths import cache_root
 
 GEMMA_TYPES = ("gemma3_text", "gemma2")  # model_type values models.gemma3 runs
@@ -135,15 +136,18 @@ def longrope_line(cfg) -> str:
 
 
 def load_model(spec: str = "default", precision: str | None = None, device: str = "cpu",
-               map_weights: bool = False, context: int | None = None) -> LoadedModel:
+               map_weights: bool = False, context: int | None = None, kv_cache: str | None = None) -> LoadedModel:
     """`precision` None: default_precision, measured now on a GGUF's first load here (choose_path). `map_weights`: a
     GGUF's packed planes mapped from a file in the cache, not held in this process's memory (gguf/plane_cache.py).
     `context`: positions a sequence may use (None: the model's; ModelConfig.with_context: capped at what the model
-    holds, and LongRoPE's long factors past its original context)."""
+    holds, and LongRoPE's long factors past its original context). `kv_cache`: the KV cache's type (kv_cache.py
+    KV_TYPES; None: f16), set on the model as it is built, before any cache is made (with_kv_cache)."""
+    from specdec.models.kv_cache import kv_type
     from specdec.models.text.tokenizer import Tokenizer
 
     if precision is not None and precision not in PRECISIONS:
         raise SpecdecError(f"unknown precision {precision!r} (choose from {', '.join(PRECISIONS)})")
+    kind = kv_type(kv_cache)  # an unknown name, before any conversion
     if map_weights and precision is not None and precision not in GGUF_PRECISIONS:  # before any conversion
         raise SpecdecError(f"--map-weights maps a GGUF's packed planes: it needs one of {', '.join(GGUF_PRECISIONS)}, "
                            f"not --precision {precision}")
@@ -156,13 +160,59 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
     except Exception as e:  # a folder without a usable tokenizer.json
         raise SpecdecError(f"{path}: cannot load its tokenizer ({e})") from None
     name = model_name(spec, path)
-    build = lambda p: _build(path, spec, p, device, map_weights, context, model_type)
+    if not kind.exact and model_type not in SUPPORTED_TYPES + GEMMA_TYPES:  # before transformers loads its weights
+        raise transformers_kv(kind.name, name)
+    if not kind.exact and (device != "cpu" or precision not in (None, "fp16") + GGUF_PRECISIONS):  # before loading
+        raise SpecdecError(f"--kv-cache {kind.name} needs the native kernels (a GGUF on gguf-q8 or gguf-q16, or fp16, "
+                           f"on CPU); --precision {precision} on {device} runs the torch path, whose cache is f16/fp32")
+    build = lambda p: with_kv_cache(_build(path, spec, p, device, map_weights, context, model_type), kind.name, name)
     precision = precision or default_precision(path, spec, device, model_type)
     model = build(precision) if precision is not None else choose_path(path, spec, build)
     if model_type in SUPPORTED_TYPES and model.cfg.long_context:
         print(f"specdec: {name} uses LongRoPE: {longrope_line(model.cfg)}", file=sys.stderr)
+    if not kind.exact:
+        print(f"specdec: {name}: {kv_cache_line(model)}", file=sys.stderr)
     backend = "specdec" if model_type in SUPPORTED_TYPES + GEMMA_TYPES else "transformers"
     return LoadedModel(model, tokenizer, name, path, backend)
+
+
+def with_kv_cache(model, kv_cache: str, name: str):
+    """`model` with its KV cache of type `kv_cache` (kv_cache.py), set before it makes any cache: its own
+    use_kv_cache, which refuses in one line where its path cannot run the type. A model without one (the
+    transformers adapter) keeps its own cache: f16 (the exact default) only."""
+    use = TargetTraits.of(model).use_kv_cache
+    if use is not None:
+        use(kv_cache)
+    elif kv_cache != "f16":
+        raise transformers_kv(kv_cache, name)
+    return model
+
+
+def transformers_kv(kv_cache: str, name: str) -> SpecdecError:
+    return SpecdecError(f"--kv-cache {kv_cache} needs specdec's own model code on the native kernels; {name} runs "
+                        "through Hugging Face transformers, which keeps its own cache: leave --kv-cache at f16")
+
+
+def kv_bytes_per_position(model) -> int | None:
+    """Bytes of one position's keys and values over every layer in the model's cache, of its type and path (the
+    torch path keeps fp32); None for a model that does not say (the transformers adapter)."""
+    per = TargetTraits.of(model).kv_bytes_per_token
+    return None if per is None else int(per())
+
+
+def kv_cache_line(model) -> str:
+    """The model's KV cache type and what a position of it takes, in one line (load_model says it for a type other
+    than f16)."""
+    from specdec.models.kv_cache import KV_TYPES, kv_type
+
+    kind, per = kv_type(TargetTraits.of(model).kv_cache), kv_bytes_per_position(model)
+    size = "" if per is None else f"{per:,} bytes a position"
+    if kind.exact:
+        return f"KV cache {kind.name}" + (f" ({size})" if size else "")
+    f16 = KV_TYPES["f16"].bytes_per_position(model.cfg)
+    return (f"KV cache {kind.name} ({kind.bytes_per_value(model.cfg.head_dim):.2f} bytes a value, "
+            f"{kind.bytes_per_position(model.cfg) / f16:.0%} of f16{': ' + size if size else ''}): keys and values in "
+            f"blocks of 32 as llama.cpp's {kind.name}, a slightly different model; speculation stays exact for it")
 
 
 def choose_path(path: Path, spec: str, build):

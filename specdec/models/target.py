@@ -27,9 +27,11 @@ class TargetTraits:
     how its prefill is chunked or on which pass computed them (the native kernels): several prefill chunks may go
     in one pass, and a prefix cache may reuse them. supports_taps: its passes can return the hidden states of
     chosen layers, for a drafter that reads them. kernels: the native kernels module its passes run on (None:
-    torch). precision: its weights' path (`gguf-q16`, `fp16`, ...). act_bits: the integer paths' activation bits
-    (None elsewhere). embed: its token embedding (a tensor, or a RowLookup of the file's rows). The costs, for the
-    benches: weight bytes a token reads, multiply-adds a token, KV-cache bytes a position (a method), and
+    torch). precision: its weights' path (`gguf-q16`, `fp16`, ...). kv_cache: its KV cache's type, by name
+    (models/kv_cache.py: f16, the exact default, or q8_0 or q4_0 on the native kernels), and use_kv_cache, how to
+    set it (None: a model that keeps f16 only, the transformers adapter). act_bits: the integer paths' activation
+    bits (None elsewhere). embed: its token embedding (a tensor, or a RowLookup of the file's rows). The costs, for
+    the benches: weight bytes a token reads, multiply-adds a token, KV-cache bytes a position (a method), and
     expert_layers, a mixture's native expert layers, which count the experts each pass reads (empty for a dense
     model); these are read from the model when asked (a scheduler's start-up does not sum a model's matrices)."""
 
@@ -41,6 +43,8 @@ class TargetTraits:
     act_bits: int | None = None
     embed: object = None
     kv_bytes_per_token: Callable[[], float] | None = None
+    kv_cache: str = "f16"  # kv_cache.DEFAULT_KV (not imported: this module stays free of torch)
+    use_kv_cache: Callable[[str | None], None] | None = None
     model: object = field(default=None, repr=False, compare=False)  # what the costs are read from
 
     @property
@@ -63,4 +67,5 @@ class TargetTraits:
         return cls(getattr(model, "device", "cpu"), getattr(model, "exact_kv_reuse", False),
                    getattr(model, "supports_taps", False), getattr(model, "kernels", None),
                    getattr(model, "precision", None), getattr(model, "act_bits", None), getattr(model, "embed", None),
-                   getattr(model, "kv_bytes_per_token", None), model)
+                   getattr(model, "kv_bytes_per_token", None), getattr(model, "kv_cache", "f16"),
+                   getattr(model, "use_kv_cache", None), model)

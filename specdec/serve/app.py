@@ -277,7 +277,7 @@ async def models(request: Request):
 async def health(request: Request):
     worker = state(request).worker
     running, waiting = worker.load  # now; the rest (counts only) as the engine left them after its last step
-    return {"status": "ok", "running": running, "waiting": waiting, **worker.state}
+    return {"status": "ok", "running": running, "waiting": waiting, "kv_cache": worker.kv_cache, **worker.state}
 
 
 async def live(request: Request):

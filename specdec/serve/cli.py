@@ -101,16 +101,59 @@ def model_aliases(given: str, name: str) -> set[str]:
     return out
 
 
-def warn_reserved(gib: float, available: float | None = None) -> bool:
+def warn_reserved(gib: float, available: float | None = None, kv: str | None = None,
+                  per_position: int | None = None, native: bool = True) -> bool:
     """The KV pool and prefix cache are reserved for every slot's whole context but backed by memory only as
-    sequences fill them: say so when filling them all would take more than the machine has left."""
+    sequences fill them: say so when filling them all would take more than the machine has left. `kv`,
+    `per_position`: the KV cache's type and bytes a position, named in the warning; `native`: the model runs on
+    the native kernels, which can keep a smaller type (offered)."""
     available = available_gib() if available is None else available
     if available is None or gib <= available:
         return False
-    print(f"specdec: warning: the KV pool and prefix cache can grow to {gib:.1f} GiB as sequences fill them, more "
-          f"than the {available:.1f} GiB this machine has available: lower --context, --max-batch or "
-          f"--prefix-cache if long requests on every slot are expected", file=sys.stderr, flush=True)
+    sizes = f" ({kv_sizes(kv, per_position)})" if kv else ""
+    smaller = f", or use --kv-cache {SMALLER_KV[kv]}" if native and kv in SMALLER_KV else ""
+    print(f"specdec: warning: the KV pool and prefix cache can grow to {gib:.1f} GiB as sequences fill them{sizes}, "
+          f"more than the {available:.1f} GiB this machine has available: lower --context, --max-batch or "
+          f"--prefix-cache{smaller} if long requests on every slot are expected", file=sys.stderr, flush=True)
     return True
+
+
+SMALLER_KV = {"f16": "q8_0 or q4_0", "q8_0": "q4_0"}  # the --kv-cache types that keep a position in fewer bytes
+
+
+def kv_sizes(kv: str, per_position: int | None) -> str:
+    """"KV cache q8_0, 12,240 bytes a position": the type and what one position's keys and values take over every
+    layer (None: a model that does not say)."""
+    return f"KV cache {kv}" + (f", {per_position:,} bytes a position" if per_position else "")
+
+
+def longest_context(per_position: int | None, rows: int, available: int | None) -> int | None:
+    """The longest context at which `rows` sequences (the pool's slots and the prefix cache's entries) all fit in
+    `available` bytes at `per_position` bytes a position; None where either is unknown."""
+    if not per_position or available is None:
+        return None
+    return available // (per_position * max(rows, 1))
+
+
+def check_context_fits(context: int, kv: str, per_position: int | None, available: int | None,
+                       native: bool = True) -> None:
+    """--context N that not even one sequence could fill in the memory this machine has left (the model loaded):
+    refused in one line before the pool is made, with the KV cache's type, its bytes a position and the longest
+    context one sequence can hold, and the smaller types where the model runs on the native kernels (`native`). (A
+    pool whose every slot could not fill is only warned about: warn_reserved.)"""
+    one = longest_context(per_position, 1, available)
+    if one is None or context <= one:
+        return
+    smaller = SMALLER_KV.get(kv) if native else None
+    raise SpecdecError(f"--context {context} does not fit here: one sequence's keys and values take "
+                       f"{size(context * per_position)} ({kv_sizes(kv, per_position)}), and {size(available)} is "
+                       f"available, enough for {one:,} positions: lower --context"
+                       + (f", or use --kv-cache {smaller}" if smaller else ""))
+
+
+def size(nbytes: float) -> str:
+    """Bytes in GiB, or MiB below one GiB."""
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
 
 
 def run_serve(args) -> int:
@@ -120,6 +163,8 @@ def run_serve(args) -> int:
     from specdec.engine.cli import chat_template_for
     from specdec.engine.scheduler import Scheduler, SchedulerConfig
     from specdec.engine.speculation import from_args
+    from specdec.models.loader import available_bytes, kv_bytes_per_position
+    from specdec.models.target import TargetTraits
     from specdec.models.text.chat_templates import use_chat_template
     from specdec.runtime import ModelSpec, build
     from specdec.serve.app import ServeConfig, create_app
@@ -140,6 +185,12 @@ def run_serve(args) -> int:
     chosen = chat_template_for(args)  # a bad name or file, before the model loads
     check_bindable(args.host, args.port)  # before the model loads: a taken port is found in a second
     target, drafter = build(spec)
+    traits = TargetTraits.of(target.model)
+    per_position, available = kv_bytes_per_position(target.model), available_bytes()
+    limit = target.model.cfg.max_position_embeddings
+    if args.context is not None:  # before the pool is made (the model's own context is only warned about)
+        check_context_fits(min(args.context, limit), traits.kv_cache, per_position, available,
+                           traits.kernels is not None)
     chat = use_chat_template(target.tokenizer, chosen)  # before the scheduler reads its end-of-turn token
     if chat == "none":
         chat = "none (chat requests get a 400 naming --chat-template; /v1/completions takes raw text)"
@@ -160,10 +211,20 @@ def run_serve(args) -> int:
                                                            args.max_tokens_default, aliases,
                                                            args.lossy_typical_acceptance, args.pace))
     kv_gib = getattr(sched.cache, "nbytes", 0) / 2**30
-    warn_reserved(kv_gib + (sched.prefix.nbytes / 2**30 if sched.prefix is not None else 0.0))
+    kv = kv_sizes(sched.kv_cache, per_position)
+    warn_reserved(kv_gib + (sched.prefix.nbytes / 2**30 if sched.prefix is not None else 0.0),
+                  None if available is None else available / 2**30, sched.kv_cache, per_position,
+                  traits.kernels is not None)
+    rows = args.max_batch + (len(sched.prefix.entries) if sched.prefix is not None else 0)
+    longest = longest_context(per_position, rows, available)
+    whole = " (the model's whole context)" if longest is not None and longest >= limit else ""
+    fits = ("" if longest is None else f"; the {available / 2**30:.1f} GiB available holds every slot"
+            f"{' and prefix entry' if sched.prefix is not None else ''} full at up to {min(longest, limit):,} "
+            f"positions{whole}")
     print(f"specdec: serving {name} ({target.model.precision}) on http://{args.host}:{args.port}/v1 - drafter "
           f"{drafter.name}, policy {how}, max batch {args.max_batch}, context "
-          f"{sched.context} (KV pool up to {kv_gib:.1f} GiB, taken as sequences fill it), prefix cache {prefix}"
+          f"{sched.context} ({kv}: KV pool up to {kv_gib:.1f} GiB, taken as sequences fill it{fits}), prefix "
+          f"cache {prefix}"
           f", streams paced {args.pace}{', acceptance LOSSY (typical)' if args.lossy_typical_acceptance else ''}"
           f", chat template {chat}",
           file=sys.stderr,

@@ -6,8 +6,8 @@ Requests arrive from the event loop through `submit` (which refuses at once when
 through `cancel` (a client that went away); each step's events go back to the request's own asyncio queue.
 The thread sleeps while there is nothing to do.
 
-The HTTP layer talks to this worker only (`context`, `new_sequence`, `submit`, `cancel`, `load`, `state`,
-`metrics`), and the worker to the step loop only through `StepLoop`.
+The HTTP layer talks to this worker only (`context`, `kv_cache`, `new_sequence`, `submit`, `cancel`, `load`,
+`state`, `metrics`), and the worker to the step loop only through `StepLoop`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class StepLoop(Protocol):
     """What the worker needs of the step loop (specdec.engine.scheduler.Scheduler)."""
 
     context: int  # tokens a sequence may hold, prompt included
+    kv_cache: str  # the KV pool's type (models/kv_cache.py: f16, q8_0, q4_0)
     on_round: RoundCallback | None
 
     @property
@@ -131,6 +132,11 @@ class EngineWorker:
     def context(self) -> int:
         """Tokens a request may hold, prompt included."""
         return self._sched.context
+
+    @property
+    def kv_cache(self) -> str:
+        """The KV cache type the model's keys and values are kept in (fixed at start)."""
+        return self._sched.kv_cache
 
     def new_sequence(self, prompt: list[int], cfg: GenerationConfig) -> Sequence:
         """A request, ready to submit. (The step loop sets where its random stream lives; it reads no state

@@ -8,8 +8,13 @@ attention kernel shares them between its rows); it multiplies each row through e
 - `bytes`: the weight bytes a token reads plus the KV-cache bytes of the context it attends to;
 - `products`: the multiply-adds of the matrix products of one row, at the rate the model's path issues them
   (int8 block dot products for gguf-q8, two of them a multiply-add for gguf-q16, fp32 FMAs otherwise);
-- `per_row`: the work no row can share with another, at the fp32 FMA rate: its attention over the context (scores
-  and weighted values), its norms and activations, and the softmax over the vocabulary where it is sampled.
+- `per_row`: the work no row can share with another: its attention over the context (scores and weighted values)
+  at the rate its KV cache type allows (fp32 FMAs over an f16 cache; int8 dot products over q8_0 and q4_0, whose
+  scores and value sums are integer), and at the fp32 FMA rate its norms and activations, and the softmax over
+  the vocabulary where it is sampled.
+
+A prompt's floor (`prompt_floor`, the time to first token's): every position's products at their rate, its
+attention over the positions before it at the cache type's rate, the LM head once.
 
 Whichever of reading and multiplying takes longer binds; a kernel that overlaps the other with it entirely meets
 the floor. All rates are measured on the machine the floor is printed for (bench/hardware/profile.py), so a
@@ -35,11 +40,17 @@ class PassWork:
 @dataclass(frozen=True)
 class Rates:
     """This machine's, measured: read bandwidth (bytes/s), the products' multiply-add rate on the model's path and
-    the fp32 FMA rate (multiply-adds/s, all threads)."""
+    the fp32 FMA rate (multiply-adds/s, all threads); attention's rate where its cache type is not fp32 FMAs'
+    (the int8 dot products' over q8_0 and q4_0; None: the fp32 FMA rate)."""
 
     bandwidth: float
     product_rate: float
     fma_rate: float
+    attention_rate: float | None = None
+
+    @property
+    def attention(self) -> float:
+        return self.attention_rate or self.fma_rate
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,27 @@ class Floor:
 def pass_floor(rows: int, work: PassWork, rates: Rates) -> Floor:
     if rows < 1:
         raise ValueError(f"a pass has at least one row, not {rows}")
-    per_row = (work.attention_macs + work.elementwise) / rates.fma_rate
+    per_row = work.attention_macs / rates.attention + work.elementwise / rates.fma_rate
     return Floor(rows, (work.weight_bytes + work.kv_bytes) / rates.bandwidth,
                  rows * work.product_macs / rates.product_rate, rows * per_row)
+
+
+@dataclass(frozen=True)
+class PromptFloor:
+    tokens: int
+    products_s: float  # every position's matrix products, the LM head once
+    attention_s: float  # every position's attention over the positions up to it
+
+    @property
+    def seconds(self) -> float:
+        return self.products_s + self.attention_s
+
+
+def prompt_floor(tokens: int, product_macs: float, head_macs: float, attention_macs: float,
+                 rates: Rates) -> PromptFloor:
+    """A prompt of `tokens` tokens: product_macs a row (the LM head's head_macs among them, counted once), and
+    attention_macs over the whole prompt (the sum over its positions)."""
+    if tokens < 1:
+        raise ValueError(f"a prompt has at least one token, not {tokens}")
+    products = tokens * (product_macs - head_macs) + head_macs
+    return PromptFloor(tokens, products / rates.product_rate, attention_macs / rates.attention)

@@ -36,6 +36,7 @@ def register(sub) -> None:
 def run(args) -> int:
     from specdec.engine.costs import STORE, cached, target_profile
     from specdec.engine.speculation import speculation
+    from specdec.models.target import TargetTraits
     from specdec.runtime import ModelSpec, build
 
     cap = speculation(args.k, "auto").k
@@ -45,13 +46,14 @@ def run(args) -> int:
         raise SpecdecError("--draft-model is for --drafter draft-model (or no --drafter: every drafter)")
     spec = (ModelSpec.from_args(Namespace(**{**vars(args), "drafter": args.drafter or "ngram"})))
     target, _ = build(ModelSpec(spec.model, "none", precision=spec.precision, device=spec.device,
-                                context=spec.context))
+                                context=spec.context, kv_cache=spec.kv_cache))
     was_cached = cached(target, cap + 1) is not None
     prof = target_profile(target, cap + 1)
     rows = sorted(prof.verify_cost)
     team = prof.raw.get("team", prof.raw.get("threads", "?"))
+    kv = TargetTraits.of(target.model).kv_cache
     print(f"{target.name} on {prof.raw.get('machine', {}).get('cpu', '?')}, {team} threads, path "
-          f"{target.model.precision}")
+          f"{target.model.precision}" + (f", KV cache {kv}" if kv != "f16" else ""))
     measured = prof.raw.get("machine", {}).get("date_utc", "?")
     print(f"a one-row pass: {prof.step_s * 1e3:.2f} ms ({1 / prof.step_s:.1f} tok/s plain, after "
           f"{prof.typical_context:.0f} cached tokens); pass costs "

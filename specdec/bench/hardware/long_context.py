@@ -131,17 +131,19 @@ def measure_prefix(model, tokenizer, document: str) -> PrefixRun:
 
 
 def run_long_context(args) -> int:
-    """args: prompts (Spec-Bench question.jsonl), out (a folder), max_new_tokens, quick."""
+    """args: prompts (Spec-Bench question.jsonl), out (a folder), max_new_tokens, quick, kv_cache (the bundled
+    model's KV cache type; None: f16)."""
     from specdec.atomic import write_text_atomic
     from specdec.bench.hardware.long_context_report import render
     from specdec.models.gguf.convert import bundled_gguf_path
+    from specdec.models.target import TargetTraits
     from specdec.provenance import provenance
     from specdec.runtime import ModelSpec, build
 
     contexts = [512, 3072] if args.quick else [512, 2048, 3072, 4096, 8180]  # 8180 + 9 rows fit 8192
     reps = 3 if args.quick else 5
 
-    loaded = build(ModelSpec(model="default"))[0]
+    loaded = build(ModelSpec(model="default", kv_cache=getattr(args, "kv_cache", None)))[0]
     model, tok = loaded.model, loaded.tokenizer
     if model.kernels is None:
         log("the native kernels are not available: these figures would describe the torch fallback")
@@ -183,7 +185,8 @@ def run_long_context(args) -> int:
     result = LongContextRun(bandwidth_gb_s=bw / 1e9, fma_peak_gmac_s=peak / 1e9, weight_bytes=weights,
                             kv_bytes_per_position=kv, passes=passes, ttft=ttft, ngram=ngram, prefix=prefix,
                             llamacpp=llama, threads=torch.get_num_threads(), products_gmac_s=rates[0] / 1e9,
-                            products_arithmetic=products["arithmetic"] if products else "torch", machine=machine)
+                            products_arithmetic=products["arithmetic"] if products else "torch", machine=machine,
+                            kv_cache=TargetTraits.of(model).kv_cache)
     report = render(result)
     print(report)
     out = Path(args.out)

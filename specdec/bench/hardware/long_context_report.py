@@ -75,6 +75,7 @@ class LongContextRun(Result):
     products_gmac_s: float | None = None  # the rate the matrix products are issued at (runs before 2026-12-01 lack it)
     products_arithmetic: str | None = None
     machine: dict = field(default_factory=dict)  # provenance (runs before 2026-12-02 lack it)
+    kv_cache: str = "f16"  # the KV cache type (models/kv_cache.py; runs before there were types lack it: f16)
 
 
 def verdict(ok: bool) -> str:
@@ -89,7 +90,7 @@ def render(r: LongContextRun) -> str:
              "Measured by `specdec bench long-context` (`make long-context`) in one run; greedy; 2 threads.", "",
              f"Machine: read bandwidth {r.bandwidth_gb_s:.1f} GB/s, fp32 multiply-add peak "
              f"{r.fma_peak_gmac_s:.0f} G/s{products}; weights {r.weight_bytes / 1e6:.0f} MB "
-             f"a pass, KV cache {r.kv_bytes_per_position / 1e3:.1f} KB a position.", "",
+             f"a pass, KV cache {r.kv_cache}: {r.kv_bytes_per_position / 1e3:.1f} KB a position.", "",
              "| context | decode ms/token | tok/s | vs 512 | memory floor ms | of floor | compute floor ms | "
              + " | ".join(f"{n} rows" for n in ROWS[1:]) + " |",
              "|---" * (7 + len(ROWS) - 1) + "|"]

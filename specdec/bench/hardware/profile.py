@@ -192,8 +192,9 @@ def physical_memory() -> int:
 
 def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_rows: int = 32, reps: int = 5,
             k: int = 5, bandwidth_bytes: int = 1 << 30, budget_bytes: float | None = None,
-            batch_context: int | None = None, progress: bool = True) -> dict:
-    """Measure everything; bandwidth_bytes = 0 skips bandwidth and memory (the quick profile of `bench`)."""
+            batch_context: int | None = None, progress: bool = True, prompt_tokens: int | None = None) -> dict:
+    """Measure everything; bandwidth_bytes = 0 skips bandwidth and memory (the quick profile of `bench`);
+    prompt_tokens: also a prompt of that many tokens against its floor (prompt_entry)."""
     from tqdm import tqdm
 
     from specdec.drafters.draft_model import DraftModelDrafter
@@ -244,6 +245,8 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
             out["memory"] = memory_entry(target_mem, model_memory(draft_model) if draft_model else None,
                                          draft.get("index_bytes_per_token", 0.0), budget_bytes or physical_memory(),
                                          batch_context or typical)
+    if prompt_tokens:
+        out["prompt"] = prompt_entry(model, prompt_tokens)
     out["team_changes"] = team.changes - changes
     if out["team_changes"]:
         print(f"specdec: the thread team changed size {out['team_changes']} time(s) while profiling (other processes "
@@ -252,12 +255,22 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
     return out
 
 
+def attention_rate(model, seconds: float = 0.5) -> tuple[float | None, str]:
+    """Attention's multiply-add rate on the model's KV cache type, and its name: the int8 dot products' over q8_0 and
+    q4_0 (their scores and value sums are integer, kernels/attention_q.inc), None (the fp32 FMA rate) over f16."""
+    traits = TargetTraits.of(model)
+    if (traits.kv_cache or "f16") == "f16":
+        return None, "fp32 FMA"
+    return traits.kernels.int8_peak(seconds), f"int8 dot products ({traits.kv_cache} cache)"
+
+
 def add_pass_floors(model, entries: list[dict], bandwidth: float, product_rate: float, seconds: float = 0.5) -> None:
     """Each context entry's floor per width (theory/floor.py), in seconds, and each measured pass over its floor."""
     from specdec.theory.floor import PassWork, Rates, pass_floor
 
     traits = TargetTraits.of(model)
-    rates = Rates(bandwidth, product_rate, traits.kernels.fma_peak(seconds))
+    att_rate, att_name = attention_rate(model, seconds)
+    rates = Rates(bandwidth, product_rate, traits.kernels.fma_peak(seconds), att_rate)
     for e in entries:
         att, kv = model.attention_work(e["context"])
         work = PassWork(traits.weight_bytes_per_token, kv, traits.macs_per_token, att, model.elementwise_per_token())
@@ -266,8 +279,43 @@ def add_pass_floors(model, entries: list[dict], bandwidth: float, product_rate: 
         e["over_floor"] = {n: e["times_s"][n] / f.seconds for n, f in floors.items()}
         e["floor_binds"] = {n: f.binds for n, f in floors.items()}
     entries[0]["floor_rule"] = ("max(weight + KV bytes / read bandwidth, rows x products' multiply-adds / their "
-                                "rate) + rows x (attention's multiply-adds + elementwise work) / the fp32 FMA rate "
-                                f"({rates.fma_rate / 1e9:.0f} G/s); theory/floor.py")
+                                f"rate) + rows x (attention's multiply-adds / the {att_name} rate "
+                                f"({rates.attention / 1e9:.0f} G/s) + elementwise work / the fp32 FMA rate "
+                                f"({rates.fma_rate / 1e9:.0f} G/s)); theory/floor.py")
+
+
+def prompt_entry(model, tokens: int, reps: int = 2, seconds: float = 0.5) -> dict:
+    """A prompt of `tokens` tokens: its floor (theory/floor.py prompt_floor: the products at their rate, attention
+    at its cache type's) and its prefill timed (the fastest of `reps`, random tokens: a prefill's arithmetic does
+    not depend on them), as time to first token is."""
+    from specdec.theory.floor import Rates, prompt_floor
+
+    traits = TargetTraits.of(model)
+    cf = compute_floor(model, 1.0, seconds)
+    if cf is None:
+        raise SpecdecError("--prompt-tokens needs the native kernels (its floor counts their rates)")
+    limit = model.cfg.max_position_embeddings
+    if not 1 <= tokens < limit:
+        raise SpecdecError(f"--prompt-tokens must be in 1..{limit - 1} for this model, got {tokens}")
+    att_rate, att_name = attention_rate(model, seconds)
+    rates = Rates(0.0, cf["macs_per_s"], traits.kernels.fma_peak(seconds), att_rate)
+    attention = sum(model.attention_work(p)[0] for p in range(1, tokens + 1))
+    head = model.cfg.vocab_size * model.cfg.hidden_size
+    floor = prompt_floor(tokens, cf["macs_per_token"], head, attention, rates)
+    ids = torch.randint(100, model.cfg.vocab_size, (1, tokens), generator=torch.Generator().manual_seed(0))
+    times = []
+    for _ in range(reps):
+        cache = model.new_cache(1, tokens + 1)
+        t0 = time.perf_counter()
+        model.forward(ids, torch.zeros(1, dtype=torch.long), cache, last_only=torch.tensor([tokens - 1]), prefill=True)
+        times.append(time.perf_counter() - t0)
+        del cache
+    return {"tokens": tokens, "floor_s": floor.seconds, "products_s": floor.products_s,
+            "attention_s": floor.attention_s, "attention_macs": attention, "attention_rate": rates.attention,
+            "attention_arithmetic": att_name, "products_rate": rates.product_rate, "prefill_s": min(times),
+            "over_floor": min(times) / floor.seconds, "kv_cache": traits.kv_cache or "f16",
+            "rule": "every position's products at their rate (the LM head once) + its attention over the positions "
+                    f"up to it at the {att_name} rate; the prefill: the fastest of {reps}, random tokens"}
 
 
 def compute_floor(model, step_s: float, seconds: float = 0.5) -> dict | None:
