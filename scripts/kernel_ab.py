@@ -76,6 +76,7 @@ def main() -> int:
     ap.add_argument("--rows", type=row_counts, default="1,2,4,6,8")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--reps", type=int, default=60)
+    ap.add_argument("--kv-cache", default="f16", help="the KV cache type both builds run (f16, q8_0, q4_0)")
     args = ap.parse_args()
     try:
         return compare(args)
@@ -117,6 +118,7 @@ def compare(args) -> int:
     start = torch.tensor([args.context])
     caches = {}
     for name, m in models.items():
+        m.use_kv_cache(args.kv_cache)
         caches[name] = m.new_cache(1, args.context + max(rows) + 1)
         m.forward(prompt, torch.zeros(1, dtype=torch.long), caches[name], last_only=torch.tensor([args.context - 1]),
                   prefill=True)

@@ -411,18 +411,10 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
         }
       return std::make_pair(first, hi);
     };
-    // A unit's blocks of keys or values into L2 ahead of their tiles: a partition's values while its scores run, the
-    // next unit's keys while its values do (every type's blocks are bb bytes a head, keys and values alike).
-    const auto fetch = [&](const void* cache, const Unit& w, int64_t first, int64_t hi) {
-      const char* p = static_cast<const char*>(cache) + ((w.slot * hk + w.g) * nblk + first / KB) * bb;
-      const int64_t bytes = (hi - first + KB - 1) / KB * bb;
-      for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
-    };
     for (int64_t u = u0; u < u1; ++u) {
       const Unit& w = units[u];
       const int64_t a = w.part * SPLIT;
       const auto [first, hi] = span(w);
-      fetch(vc_, w, first, hi);
       const at::Half* kbase = kc + (w.slot * hk + w.g) * nblk * d * KB;
       const at::Half* vbase = vc + (w.slot * hk + w.g) * cap * d;
       const uint8_t* qbase = kq + (w.slot * hk + w.g) * nblk * bb;  // a quantized cache's blocks
@@ -460,10 +452,6 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
             for (int64_t j = lo; j < n; ++j) sr[j] = softcap * std::tanh(sr[j] / softcap);
           softmax_part(sr, lo, n, dst, dst + 1);
         }
-      }
-      if (u + 1 < u1) {
-        const auto [f1, h1] = span(units[u + 1]);
-        fetch(kc_, units[u + 1], f1, h1);
       }
       for (int64_t key0 = first; key0 < hi; key0 += KB) {  // values, block by block
         const int64_t nk = std::min(KB, hi - key0);
