@@ -121,3 +121,59 @@ def test_a_quantized_cache_is_read_by_the_kernels_alone(model):
     model.use_kv_cache("q4_0")
     with pytest.raises(SpecdecError, match="native kernels alone"):
         model.new_cache(1, 64).keys(0)
+
+
+# ---- the quality price, bounded (docs/results/kv-cache-quality.md) ----------------------------------------------
+
+# Mean KL(p_f16 || p_type) over the second half of a 1,024-token window of code (tests/data/kv_quality_text.py.txt),
+# as scripts/kv_quality.py measures it, on the bundled model on gguf-q16: 0.00057 for q8_0 and 0.119 for q4_0
+# (deterministic: the kernels give the same bits on every ISA; docs/results/kv-cache-quality.md has three more
+# windows, 0.00055-0.00062 for q8_0). gguf-q16, because gguf-q8 rounds every activation to 8 bits and so turns
+# any small change upstream into a few of those roundings re-rolled: there the same q8_0 cache measures 0.0046, and
+# noise of 1e-4 of the embeddings alone 0.0037, which would leave a bound too loose to catch anything. The upper
+# bounds are about 2x (q8_0) and 1.4x (q4_0) the measured values: a query rounded by truncation (0.0021 in a
+# simulation), 7-bit values (0.0016) or a mislaid nibble fail them; the lower one fails a cache left at f16.
+BOUNDS = {"q8_0": (0.0002, 0.0012), "q4_0": (0.05, 0.17)}
+
+
+def window_logits(model, ids: torch.Tensor, kind: str, chunk: int = 256) -> torch.Tensor:
+    """Logits [n/2 - 1, vocab] at positions n/2 .. n-2 of a chunked prefill of ids [1, n] on a `kind` cache."""
+    model.use_kv_cache(kind)
+    n = ids.shape[1]
+    cache, out = model.new_cache(1, n), []
+    for a in range(0, n, chunk):
+        logits = model.forward(ids[:, a:a + chunk], torch.tensor([a]), cache)[0]  # [chunk, vocab]
+        out.append(logits[max(0, n // 2 - a):])
+    return torch.cat(out)[: n // 2 - 1]
+
+
+@pytest.fixture(scope="module")
+def q16(kernels):
+    from specdec.models.loader import load_model
+
+    m = load_model("default", "gguf-q16").model
+    yield m
+    m.use_kv_cache("f16")
+
+
+@pytest.fixture(scope="module")
+def text_ids(model):
+    from pathlib import Path
+
+    from specdec.models.loader import load_model
+    from specdec.models.text.tokenizer import encode_text
+
+    # code: two modules of this package's engine as they were when the bounds were measured, kept fixed
+    text = (Path(__file__).resolve().parent / "data" / "kv_quality_text.py.txt").read_text()
+    tok = load_model("default", "gguf-q8").tokenizer
+    return torch.tensor([encode_text(tok, text)[:1024]])
+
+
+@pytest.mark.parametrize("kind", QUANTIZED)
+def test_a_quantized_cache_stays_close_to_f16(q16, text_ids, kind):
+    ref = window_logits(q16, text_ids, "f16").double().log_softmax(-1)  # [511, vocab]
+    got = window_logits(q16, text_ids, kind).double().log_softmax(-1)
+    kl = (ref.exp() * (ref - got)).sum(-1)  # [511]
+    low, high = BOUNDS[kind]
+    assert low < float(kl.mean()) < high, f"{kind}: mean KL {float(kl.mean()):.5f}"
+    assert float((ref.argmax(-1) == got.argmax(-1)).double().mean()) >= 0.75
