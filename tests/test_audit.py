@@ -226,3 +226,35 @@ def test_lossy_typical_acceptance_is_flagged(servers):
     # typical acceptance changes later positions of every prompt, where drafts are accepted
     differs = {t["prompt"] for t in r["positions"] if t["position"] >= 2 and t["p"] * r["tests"] < 0.05}
     assert len(differs) >= 3, r["positions"]
+
+
+@pytest.fixture(scope="module")
+def q8_servers(tmp_path_factory):
+    """A reference and an exact speculative server, both on a q8_0 KV cache (a slightly different model than f16's)."""
+    model = tmp_path_factory.mktemp("audit-q8") / "model"
+    flags = {"reference": ("--drafter", "none"), "exact": ("--policy", "always", "--drafter", "ngram")}
+    up: dict[str, Server] = {}
+    try:
+        for name, f in flags.items():
+            up[name] = Server(model, *SERVE, "--kv-cache", "q8_0", *f)
+        yield up
+    finally:
+        for s in up.values():
+            assert s.stop() == 0, s.output()
+
+
+@pytest.mark.slow
+def test_speculation_on_a_q8_cache_is_lossless_against_a_q8_reference(q8_servers):
+    r, _ = audit_server(q8_servers, "exact")
+    assert r["verdict"] == "lossless" and r["p"] > 0.5, r["message"]
+    assert r["endpoint_kv_cache"] == r["reference_kv_cache"] == "q8_0" and r["kv_cache_note"] is None
+    assert r["endpoint_speculation"]["accepted_tokens"] > 100
+
+
+@pytest.mark.slow
+def test_a_q8_endpoint_against_an_f16_reference_says_what_it_compares(servers, q8_servers):
+    rc, out = run_audit("--endpoint", q8_servers["exact"].url, "--reference", servers["reference"].url, *E2E)
+    r = json.loads(out)
+    assert rc == (0 if r["verdict"] == "lossless" else 1)
+    assert (r["endpoint_kv_cache"], r["reference_kv_cache"]) == ("q8_0", "f16")
+    assert "the endpoint's KV cache is q8_0, the reference's f16" in r["kv_cache_note"]

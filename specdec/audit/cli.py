@@ -50,6 +50,7 @@ from specdec.outputs import add_json_arg, check_json_file, emit_json, json_on_st
 
 REFERENCE_SEED_OFFSET = 2**30
 ACCEPTANCE_HEADER = "x-specdec-acceptance"  # what a specdec server says about its acceptance rule
+KV_CACHE_HEADER = "x-specdec-kv-cache"  # and about its KV cache's type (f16, q8_0, q4_0)
 
 # Copy-heavy prompts: the continuation repeats text already in the prompt, so a drafter that looks up the
 # context drafts nearly every round, while the model at temperature 1 still leaves room for other tokens.
@@ -131,6 +132,7 @@ class Collected:
     drafted: int = 0  # from specdec's usage.speculative, or else the endpoint's /metrics counters
     accepted: int = 0
     acceptance: str | None = None  # the x-specdec-acceptance header, where the server sends one
+    kv_cache: str | None = None  # the x-specdec-kv-cache header, likewise
 
 
 async def collect(servers: tuple[Server, Server], prompts: tuple[str, ...], samples: int, body: dict, seed: int,
@@ -160,6 +162,7 @@ async def collect(servers: tuple[Server, Server], prompts: tuple[str, ...], samp
             got.drafted += int(spec.get("drafted_tokens") or 0)
             got.accepted += int(spec.get("accepted_tokens") or 0)
             got.acceptance = r.headers.get(ACCEPTANCE_HEADER, got.acceptance)
+            got.kv_cache = r.headers.get(KV_CACHE_HEADER, got.kv_cache)
 
         queues = [asyncio.Queue() for _ in servers]
         for job in jobs:
@@ -241,6 +244,18 @@ def load_tokenizer(spec: str):
     return Tokenizer.from_dir(folder if (folder / "tokenizer.json").is_file() else resolve_model_dir(spec))
 
 
+def kv_note(got: tuple[Collected, Collected], verdict: str) -> str | None:
+    """What the two servers' KV cache types mean for the verdict, where they differ: a quantized cache is a slightly
+    different model, so the audit then measures the cache's difference beside speculation's."""
+    ep, ref = got[0].kv_cache, got[1].kv_cache
+    if ep is None or ref is None or ep == ref:
+        return None
+    seen = ("a difference was found: it may be the cache type's (a slightly different model), not speculation's"
+            if verdict != "lossless" else "the difference the cache types make was not detectable at this sample size")
+    return (f"the endpoint's KV cache is {ep}, the reference's {ref}: {seen}; audit against a reference on the same "
+            "type to test speculation alone")
+
+
 def run_audit(args) -> int:
     from specdec.audit.stats import END, OTHER, compare
 
@@ -268,7 +283,9 @@ def run_audit(args) -> int:
                      "top_p": args.top_p,
                      "seeds": {"endpoint": args.seed, "reference": args.seed + REFERENCE_SEED_OFFSET},
                      "prompts": list(prompts), "endpoint_speculation": speculation,
-                     "endpoint_acceptance": ep.acceptance, "wall_s": round(wall, 2)})
+                     "endpoint_acceptance": ep.acceptance, "endpoint_kv_cache": ep.kv_cache,
+                     "reference_kv_cache": got[1].kv_cache, "kv_cache_note": kv_note(got, result.verdict),
+                     "wall_s": round(wall, 2)})
     if not json_on_stdout(args):
         def show(label) -> str:
             return "<end>" if label == END else OTHER if label == OTHER else repr(tok.decode([label]))
@@ -281,6 +298,8 @@ def run_audit(args) -> int:
             print(f"  endpoint: {ep.accepted} of {ep.drafted} drafted tokens accepted")
         if ep.acceptance:
             print(f"  endpoint says: {ACCEPTANCE_HEADER}: {ep.acceptance}")
+        if kv_note(got, result.verdict):
+            print(f"  {kv_note(got, result.verdict)}")
         print(f"  {result.tests} tests at level {args.significance:g}/{result.tests} each (Bonferroni); position 1 "
               f"(the prompt pass) p = {result.first_position_p:.2g}; wall {wall:.1f} s")
         print(result.message)

@@ -45,6 +45,7 @@ class ServeConfig:
 
 LIVE_HEADER = "x-specdec-live"  # on GET /: the path of the server's live measurements, relative to the page
 ACCEPTANCE_HEADER = "x-specdec-acceptance"  # on every completion response: "exact" or "lossy-typical"
+KV_CACHE_HEADER = "x-specdec-kv-cache"  # and the KV cache's type (f16, q8_0, q4_0): the model as configured
 
 
 @dataclass
@@ -71,7 +72,8 @@ def create_app(worker: EngineWorker, tokenizer, cfg: ServeConfig) -> FastAPI:
     app = FastAPI(title="specdec", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.specdec = AppState(
         worker, tokenizer, cfg, int(time.time()), {p.name: p for p in STATIC_DIR.iterdir() if p.is_file()},
-        {ACCEPTANCE_HEADER: "lossy-typical" if cfg.lossy_typical_acceptance else "exact"}, RatePrior())
+        {ACCEPTANCE_HEADER: "lossy-typical" if cfg.lossy_typical_acceptance else "exact",
+         KV_CACHE_HEADER: worker.kv_cache}, RatePrior())
     app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, server_error)
