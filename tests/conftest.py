@@ -269,6 +269,18 @@ def information_line(line: str) -> bool:
         line.endswith("kept in memory only, and measured again by the next process")
 
 
+def one_error_line(code: int, err: str, *fragments: str) -> str:
+    """A command that failed as users should see it fail: exit status 2 and one `specdec: error:` line (besides the
+    information lines), no traceback, naming each fragment. Returns the line."""
+    assert code == 2, err
+    lines = [line for line in err.strip().splitlines() if not information_line(line)]
+    assert len(lines) == 1 and lines[0].startswith("specdec: error: "), err
+    assert "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
 # ---- fixtures shared by several test modules ------------------------------------------------------------------
 # (pytest finds them here; test modules no longer import fixtures from each other)
 

@@ -12,7 +12,7 @@ import pytest
 
 import specdec.models.loader as loader
 from specdec.cli import main
-from tests.conftest import information_line, write_tiny_model, write_word_tokenizer
+from tests.conftest import one_error_line, write_tiny_model, write_word_tokenizer
 
 WORDS = ["<unk>", "<eos>", *[f"w{i}" for i in range(30)]]
 
@@ -33,12 +33,7 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def assert_clear_error(code: int, err: str, *fragments: str) -> None:
-    assert code == 2, err
-    lines = [line for line in err.strip().splitlines() if not information_line(line)]
-    assert len(lines) == 1 and lines[0].startswith("specdec: error: "), err
-    assert "Traceback" not in err
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
+    one_error_line(code, err, *fragments)
 
 
 def test_tiny_model_folder_works(capsys, tiny_cli_model):

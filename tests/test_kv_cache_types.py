@@ -17,7 +17,7 @@ import pytest
 
 from specdec.cli import main
 from specdec.errors import SpecdecError
-from tests.conftest import information_line, write_tiny_model, write_word_tokenizer
+from tests.conftest import one_error_line, write_tiny_model, write_word_tokenizer
 
 WORDS = ["<unk>", "<eos>", *[f"w{i}" for i in range(30)]]
 TYPES = ("f16", "q8_0", "q4_0")
@@ -41,16 +41,6 @@ def quantized_types(kernels, monkeypatch):
     if real is None or not set(TYPES) <= set(real()):
         monkeypatch.setattr(kernels, "kv_types", lambda: TYPES, raising=False)
     return kernels
-
-
-def one_error_line(code: int, err: str, *fragments: str) -> str:
-    assert code == 2, err
-    lines = [line for line in err.strip().splitlines() if not information_line(line)]
-    assert len(lines) == 1 and lines[0].startswith("specdec: error: "), err
-    assert "Traceback" not in err
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 # ---- the name --------------------------------------------------------------------------------------------------

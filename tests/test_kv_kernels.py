@@ -15,13 +15,18 @@ from specdec.models.kv_cache import KV_TYPES
 QUANTIZED = ("q8_0", "q4_0")
 
 
-@pytest.fixture(scope="module")
-def model(kernels):
+def switching(precision: str):
+    """The bundled model on `precision`, put back to an f16 cache afterwards (a module's tests switch its type)."""
     from specdec.models.loader import load_model
 
-    m = load_model("default", "gguf-q8").model
+    m = load_model("default", precision).model
     yield m
     m.use_kv_cache("f16")
+
+
+@pytest.fixture(scope="module")
+def model(kernels):
+    yield from switching("gguf-q8")
 
 
 @pytest.fixture(scope="module")
@@ -149,11 +154,7 @@ def window_logits(model, ids: torch.Tensor, kind: str, chunk: int = 256) -> torc
 
 @pytest.fixture(scope="module")
 def q16(kernels):
-    from specdec.models.loader import load_model
-
-    m = load_model("default", "gguf-q16").model
-    yield m
-    m.use_kv_cache("f16")
+    yield from switching("gguf-q16")
 
 
 @pytest.fixture(scope="module")
