@@ -178,3 +178,20 @@ def test_a_quantized_cache_stays_close_to_f16(q16, text_ids, kind):
     low, high = BOUNDS[kind]
     assert low < float(kl.mean()) < high, f"{kind}: mean KL {float(kl.mean()):.5f}"
     assert float((ref.argmax(-1) == got.argmax(-1)).double().mean()) >= 0.75
+
+
+def test_an_engine_whose_model_changed_type_makes_a_pool_of_the_new_type(model, ids):
+    from specdec.drafters.ngram import NgramDrafter
+    from specdec.engine.generate import Engine, GenerationConfig
+    from specdec.engine.policy import FixedK
+    from specdec.models.loader import load_model
+
+    tok = load_model("default", "gguf-q8").tokenizer
+    prompt, cfg, drafter, policy = ids[0, :40].tolist(), GenerationConfig(8), NgramDrafter(4, 1), FixedK(3)
+    model.use_kv_cache("f16")
+    engine = Engine(model, tok)
+    engine.generate([prompt], cfg, drafter, policy)  # the same drafter and policy: a second call may reuse the pool
+    model.use_kv_cache("q8_0")
+    got = engine.generate([prompt], cfg, drafter, policy)[0].token_ids
+    assert engine._sched.cache.kind.name == "q8_0"  # not the f16 pool of the first call
+    assert got == Engine(model, tok).generate([prompt], cfg, drafter, policy)[0].token_ids
