@@ -284,13 +284,20 @@ int64_t kv_block_bytes(Kv kind, int64_t d) {
 
 std::vector<std::string> kv_type_names() { return {"f16", "q8_0", "q4_0"}; }  // every CPU the kernels run on
 
-void store_kv_q(const float* k, const float* v, uint8_t* kc, uint8_t* vc, Kv kind, int64_t slot, int64_t g,
+void store_kv_q(const float* k_in, const float* v_in, uint8_t* kc, uint8_t* vc, Kv kind, int64_t slot, int64_t g,
                 int64_t p, int64_t hk, int64_t cap, int64_t d) {
   const int64_t bb = kv_block_bytes(kind, d), B = d / 32, j = p % KB, at_block = ((slot * hk + g) * (cap / KB) + p / KB) * bb;
   uint8_t* kb = kc + at_block;
   uint8_t* vb = vc + at_block;
   at::Half* ks = reinterpret_cast<at::Half*>(kb + kv_data_bytes(kind, d));
   at::Half* vs = reinterpret_cast<at::Half*>(vb + kv_data_bytes(kind, d));
+  float kr[1024], vr[1024];  // the key and value, rotated (attention_q.inc)
+  std::copy_n(k_in, d, kr);
+  std::copy_n(v_in, d, vr);
+  rotate(kr, d);
+  rotate(vr, d);
+  const float* k = kr;
+  const float* v = vr;
   int8_t q[32];
   for (int64_t b = 0; b < B; ++b) {
     if (kind == Kv::Q8) {
@@ -489,6 +496,7 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
       }
       const __m256 dv = _mm256_set1_ps(den);
       for (int64_t c = 0; c < d; c += 8) _mm256_storeu_ps(o + c, _mm256_div_ps(_mm256_loadu_ps(o + c), dv));
+      if (kind != Kv::F16) rotate(o, d);  // a quantized cache's values were rotated: the sum turned back
     }
   });
 }

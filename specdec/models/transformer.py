@@ -260,9 +260,9 @@ class Transformer:
                 raise SpecdecError(f"--kv-cache {kind.name} needs the native kernels (a GGUF on gguf-q8 or gguf-q16, "
                                    f"or fp16, on CPU); this model runs on the torch path ({self.precision} on "
                                    f"{self.device.type})")
-            if self.cfg.head_dim % 32:
-                raise SpecdecError(f"--kv-cache {kind.name} quantizes each 32 values of a head; this model's heads "
-                                   f"hold {self.cfg.head_dim}: use f16")
+            if self.cfg.head_dim % 32 or self.cfg.head_dim > 1024:
+                raise SpecdecError(f"--kv-cache {kind.name} quantizes each 32 values of a head (of up to 1,024); this "
+                                   f"model's heads hold {self.cfg.head_dim}: use f16")
             if kind.name not in self.kernels.kv_types():
                 raise SpecdecError(f"--kv-cache {kind.name}: the kernels cannot run it on this CPU (they run "
                                    f"{', '.join(self.kernels.kv_types())})")
