@@ -108,6 +108,10 @@ def compare(args) -> int:
     except subprocess.CalledProcessError as e:
         print(f"kernel_ab: cannot read the kernels at {args.rev}: {e.stderr.decode().strip()}", file=sys.stderr)
         return 2
+    if args.kv_cache not in (None, "f16") and not hasattr(then, "kv_types"):
+        print(f"kernel_ab: the kernels at {args.rev} keep f16 caches only (--kv-cache {args.kv_cache} came later)",
+              file=sys.stderr)
+        return 2
     models = {"rev": load_on(then, args.precision, args.model), "tree": load_on(here, args.precision, args.model)}
     vocab, limit = models["tree"].cfg.vocab_size, models["tree"].cfg.max_position_embeddings
     if args.context + max(rows) > limit:

@@ -4,9 +4,9 @@ torch path, the transformers adapter); set at load with a line saying what it ke
 start line with its bytes a position; and part of the keys of what is kept per model (the pass costs, the prefix
 cache's entries), so that a q8_0 cache never reads what an f16 one left.
 
-The kernels' q8_0 and q4_0 attention is not here yet: where a test needs a model on q8_0, the kernels' kv_types is
-stood in for (`quantized_types`) and nothing runs a pass. The one test that decodes on q8_0 runs once the kernels
-list it."""
+The kernels' q8_0 and q4_0 attention is tested in test_kv_kernels.py. Here, where a test needs a model on q8_0
+without a pass, the kernels' kv_types is stood in for (`quantized_types`), so that these tests run on a CPU whose
+kernels could not; the one test that decodes on a quantized type runs where the kernels list it."""
 
 from __future__ import annotations
 
@@ -125,6 +125,38 @@ def test_the_torch_path_refuses_a_quantized_type_in_one_line(capsys, folder, kv)
     code = main(["generate", "--model", str(folder), "--precision", "fp32", "--kv-cache", kv, "--prompt", "w1",
                  "--no-chat"])
     one_error_line(code, capsys.readouterr().err, f"--kv-cache {kv}", "native kernels", "fp32")
+
+
+@pytest.mark.parametrize("precision, kernels_built", [("fp32", True), ("fp16", False)])
+def test_a_path_that_cannot_keep_the_type_is_refused_before_any_weights_load(capsys, folder, monkeypatch,
+                                                                              quantized_types, precision,
+                                                                              kernels_built):
+    """Decided from the config, the precision and whether the kernels could be built: nothing is loaded (or a GGUF
+    converted) to be thrown away."""
+    from specdec.models import loader
+
+    def no_build(*a, **k):
+        raise AssertionError("weights loaded before the refusal")
+
+    monkeypatch.setattr(loader, "_build", no_build)
+    if not kernels_built:
+        monkeypatch.setattr("specdec.kernels.decode_kernels", lambda: None)
+    with pytest.raises(SpecdecError) as e:
+        loader.load_model(str(folder), precision, kv_cache="q4_0")
+    assert "--kv-cache q4_0 needs the native kernels" in str(e.value) and f"torch path ({precision}" in str(e.value)
+
+
+@pytest.mark.parametrize("hidden, head", [(1024, 512), (96, 48)])
+def test_heads_the_quantized_blocks_cannot_hold_are_refused_in_one_line(capsys, tmp_path, quantized_types, hidden,
+                                                                       head):
+    """The quantized kernels round each 32 values of a head and hold heads of up to 256 (their value weights'
+    blocks); a head of 512 or of 48 is refused at load, f16 still runs it."""
+    write_tiny_model(tmp_path, vocab=len(WORDS), max_pos=64, hidden=hidden, heads=2)
+    write_word_tokenizer(tmp_path, WORDS)
+    capsys.readouterr()  # the writer's progress
+    code = main(["generate", "--model", str(tmp_path), "--precision", "fp16", "--kv-cache", "q8_0", "--prompt", "w1",
+                 "--no-chat", "--max-new-tokens", "2"])
+    one_error_line(code, capsys.readouterr().err, "--kv-cache q8_0", f"heads hold {head}", "use f16")
 
 
 def test_the_transformers_adapter_refuses_a_quantized_type_and_takes_f16(capsys, folder, monkeypatch):

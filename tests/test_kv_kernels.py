@@ -190,9 +190,12 @@ def test_an_engine_whose_model_changed_type_makes_a_pool_of_the_new_type(model, 
     tok = load_model("default", "gguf-q8").tokenizer
     prompt, cfg, drafter, policy = ids[0, :40].tolist(), GenerationConfig(8), NgramDrafter(4, 1), FixedK(3)
     model.use_kv_cache("f16")
-    engine = Engine(model, tok)
+    engine = Engine(model, tok, prefix_cache=1)
     engine.generate([prompt], cfg, drafter, policy)  # the same drafter and policy: a second call may reuse the pool
     model.use_kv_cache("q8_0")
     got = engine.generate([prompt], cfg, drafter, policy)[0].token_ids
     assert engine._sched.cache.kind.name == "q8_0"  # not the f16 pool of the first call
+    assert engine.prefix.kind.name == "q8_0"  # nor its prefix store, whose entries a q8_0 pool would never find
+    engine.generate([prompt], cfg, drafter, policy)
+    assert engine.prefix.hits == 1  # the q8_0 call's prompt, found again
     assert got == Engine(model, tok).generate([prompt], cfg, drafter, policy)[0].token_ids

@@ -106,3 +106,21 @@ def test_the_whole_context_works_and_one_token_more_is_refused(long_model):
     with pytest.raises(SpecdecError, match=f"prompt of {MAX_POS} tokens does not fit the model's context of "
                                            f"{MAX_POS}"):
         engine.generate([tokens(MAX_POS, 7)], GenerationConfig(10))
+
+
+def test_bench_long_context_prices_attention_at_the_cache_types_rate_as_profile_does():
+    """`bench long-context --kv-cache q8_0` holds TTFT to the floor `profile --prompt-tokens` prints (theory/floor.py):
+    attention at the int8 rate where the type gives one, at the fp32 FMA rate on f16."""
+    from types import SimpleNamespace
+
+    from specdec.bench.hardware.long_context import pass_floor, prefill_floor
+    from specdec.theory.floor import Rates
+
+    cfg = SimpleNamespace(num_layers=2, num_heads=4, head_dim=64, vocab_size=100, hidden_size=256)
+    model = SimpleNamespace(cfg=cfg, macs_per_token=1e6)
+    f16, q8 = Rates(1e10, 1e9, 1e8), Rates(1e10, 1e9, 1e8, attention_rate=4e8)
+    att = 2 * 4 * 64 * 2 * 1000 * 1001 / 2  # every position's keys, over a 1,000-token prompt
+    products = (1000 * (1e6 - 100 * 256) + 100 * 256) / 1e9
+    assert prefill_floor(model, f16, 1000) == pytest.approx(products + att / 1e8)
+    assert prefill_floor(model, q8, 1000) == pytest.approx(products + att / 4e8)
+    assert pass_floor(model, q8, 999) == pytest.approx(1e6 / 1e9 + 2 * 4 * 64 * 2 * 1000 / 4e8)

@@ -11,6 +11,7 @@ import pytest
 from specdec.cli import main
 from specdec.theory import batch_model, expected_tokens, max_useful_draft_cost, plan, simulate, speedup
 from specdec.theory.economics import CostCurve
+from tests.conftest import one_error_line
 
 
 @pytest.mark.parametrize("a,best_k,best", [(0.9, 10, 3.43), (0.8, 6, 2.47), (0.6, 3, 1.67)])
@@ -251,6 +252,17 @@ def test_profile_prints_a_prompts_floor_at_its_cache_types_rate(capsys, tmp_path
     # attention over the prompt: every position over the positions up to it, 2 x heads x head_dim a key (SmolLM2:
     # 30 layers, 9 heads of 64)
     assert pr["attention_macs"] == 30 * 9 * 64 * 2 * 200 * 201 // 2
+
+
+def test_profile_refuses_a_prompt_past_the_context_before_it_measures(capsys, monkeypatch):
+    from specdec.bench.hardware import profile as prof
+
+    def measured(*a, **k):
+        raise AssertionError("measured before the refusal")
+
+    monkeypatch.setattr(prof, "measure_target", measured)
+    code = main(["profile", "--model", "default", "--precision", "gguf-q8", "--prompt-tokens", "9000000"])
+    one_error_line(code, capsys.readouterr().err, "--prompt-tokens must be in 1..")
 
 
 # ---- --json: one meaning in every command (specdec/outputs.py) -------------------------------------------------

@@ -96,11 +96,14 @@ class Engine:
     def _scheduler(self, drafter: Drafter, policy, batch: int, context: int, prefill_chunk: int | None) -> Scheduler:
         """The last call's step loop and KV pool where they serve this call (the same drafter and policy, room for
         the batch and the context, the same prefill chunk): a Generator called again allocates nothing. Else a new
-        one, sized for the larger of the two calls (and a new one where the model's KV cache type changed since). Rows
-        are batch-invariant, so the pool's size changes no value."""
-        old = self._sched
-        if old is not None and old.kv_cache != TargetTraits.of(self.model).kv_cache:  # the model's type changed
+        one, sized for the larger of the two calls (and a new one where the model's KV cache type changed since, with
+        a new prefix cache: the old one's entries are of the old type, and would never be found). Rows are
+        batch-invariant, so the pool's size changes no value."""
+        old, kv = self._sched, TargetTraits.of(self.model).kv_cache
+        if old is not None and old.kv_cache != kv:  # the model's type changed
             old = None
+        if self.prefix is not None and getattr(self.prefix.kind, "name", kv) != kv:
+            self.prefix = PrefixCache(self.model, len(self.prefix.entries), self.model.cfg.max_position_embeddings)
         if old is not None and old.idle and old.drafter is drafter and old.policy is policy and \
                 old.cfg.max_batch >= batch and old.context >= context and old.cfg.prefill_chunk == prefill_chunk:
             return old

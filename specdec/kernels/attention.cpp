@@ -291,7 +291,7 @@ void store_kv_q(const float* k_in, const float* v_in, uint8_t* kc, uint8_t* vc, 
   uint8_t* vb = vc + at_block;
   at::Half* ks = reinterpret_cast<at::Half*>(kb + kv_data_bytes(kind, d));
   at::Half* vs = reinterpret_cast<at::Half*>(vb + kv_data_bytes(kind, d));
-  float kr[1024], vr[1024];  // the key and value, rotated (attention_q.inc)
+  float kr[256], vr[256];  // the key and value, rotated (attention_q.inc; d <= 256)
   std::copy_n(k_in, d, kr);
   std::copy_n(v_in, d, vr);
   rotate(kr, d);

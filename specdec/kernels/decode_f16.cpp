@@ -240,8 +240,8 @@ void specdec::decoder_block(torch::Tensor x, torch::Tensor slot, torch::Tensor p
   specdec::Kv kind = specdec::Kv::F16;
   if (k_cache.dtype() == torch::kByte) {
     TORCH_CHECK(v_cache.dtype() == torch::kByte && k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes() &&
-                    d % 32 == 0 && d <= 1024,
-                "quantized caches: bytes [slots, hk, cap/KB, block bytes], d a multiple of 32 up to 1,024");
+                    d % 32 == 0 && d <= 256,
+                "quantized caches: bytes [slots, hk, cap/KB, block bytes], d a multiple of 32 up to 256");
     kind = k_cache.size(3) == specdec::kv_block_bytes(specdec::Kv::Q8, d) ? specdec::Kv::Q8 : specdec::Kv::Q4;
     TORCH_CHECK(k_cache.size(3) == specdec::kv_block_bytes(kind, d), "a quantized cache block of unknown size");
   } else {

@@ -63,7 +63,7 @@ class KVCache:
     keys in blocks of CHUNK positions transposed, [batch, kv_heads, capacity / CHUNK, head_dim, CHUNK] (see
     kernels/attention.cpp); `keys` and `values` give those layouts as [batch, kv_heads, capacity, head_dim]. A
     quantized type (`kind`, KvType) keeps keys and values as bytes, [batch, kv_heads, capacity / CHUNK,
-    block_bytes] each (laid out in kernels/attention_q.cpp), which the kernels alone read.
+    block_bytes] each (laid out in kernels/attention_q.inc), which the kernels alone read.
 
     huge_pages (the native cache on CPU): on 2 MB pages, for a cache its sequences fill (a run's own, sized to its
     prompts). A server's pool holds --context positions a slot and its sequences mostly use a fraction: on 2 MB

@@ -162,11 +162,10 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
     name = model_name(spec, path)
     if not kind.exact and model_type not in SUPPORTED_TYPES + GEMMA_TYPES:  # before transformers loads its weights
         raise transformers_kv(kind.name, name)
-    if not kind.exact and (device != "cpu" or precision not in (None, "fp16") + GGUF_PRECISIONS):  # before loading
-        raise SpecdecError(f"--kv-cache {kind.name} needs the native kernels (a GGUF on gguf-q8 or gguf-q16, or fp16, "
-                           f"on CPU); --precision {precision} on {device} runs the torch path, whose cache is f16/fp32")
     build = lambda p: with_kv_cache(_build(path, spec, p, device, map_weights, context, model_type), kind.name, name)
     precision = precision or default_precision(path, spec, device, model_type)
+    if not kind.exact:  # before any weights load, or a GGUF converts
+        check_kv_before_load(path, model_type, precision, device, kind)
     model = build(precision) if precision is not None else choose_path(path, spec, build)
     if model_type in SUPPORTED_TYPES and model.cfg.long_context:
         print(f"specdec: {name} uses LongRoPE: {longrope_line(model.cfg)}", file=sys.stderr)
@@ -174,6 +173,22 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
         print(f"specdec: {name}: {kv_cache_line(model)}", file=sys.stderr)
     backend = "specdec" if model_type in SUPPORTED_TYPES + GEMMA_TYPES else "transformers"
     return LoadedModel(model, tokenizer, name, path, backend)
+
+
+def check_kv_before_load(path: Path, model_type: str, precision: str | None, device: str, kind) -> None:
+    """The model's own refusal of a cache type (transformer.check_kv_cache), from its config alone: whether
+    `precision` (None: a GGUF path chosen at load) on `device` runs on the native kernels, and its head size."""
+    from specdec.kernels import decode_kernels
+    from specdec.models.config import ModelConfig
+    from specdec.models.gemma3 import Gemma3Config
+    from specdec.models.transformer import check_kv_cache, runs_native
+
+    cfg = (Gemma3Config if model_type in GEMMA_TYPES else ModelConfig).from_dir(path)
+    if model_type in GEMMA_TYPES:  # Gemma runs natively on its GGUF blocks only
+        native = device == "cpu" and (precision is None or precision in GGUF_PRECISIONS)
+    else:
+        native = precision is None or runs_native(cfg, precision, device)
+    check_kv_cache(kind, cfg.head_dim, decode_kernels() if native else None, f"{precision} on {device}")
 
 
 def with_kv_cache(model, kv_cache: str, name: str):

@@ -110,6 +110,36 @@ class Block:
         return [self.qkv, self.o] + (self.experts.linears if self.experts else [self.gate_up, self.down])
 
 
+def native_fp16(cfg: ModelConfig) -> tuple[str, ...]:
+    """("fp16",) where the native fp16 block runs this model: it has no q/k norms, window or experts (those run
+    natively on their GGUF blocks only)."""
+    return ("fp16",) if not (cfg.qk_norm or cfg.sliding_window or cfg.moe) else ()
+
+
+def runs_native(cfg: ModelConfig, precision: str, device: str) -> bool:
+    """Whether this model at `precision` on `device` runs on the native kernels, where they can be built."""
+    return (precision in native_fp16(cfg) + GGUF_PRECISIONS and torch.device(device).type == "cpu"
+            and cfg.head_dim % 8 == 0 and cfg.hidden_size % 8 == 0)
+
+
+def check_kv_cache(kind: KvType, head_dim: int, kernels, torch_path: str) -> None:
+    """A one-line SpecdecError where a model cannot keep a cache of type `kind`: `kernels` the native kernels it runs
+    on (None: the torch path, `torch_path` saying which), `head_dim` its heads' size. The loader asks before it loads
+    any weights, the model again when a type is set."""
+    if kind.exact:
+        return
+    if kernels is None:
+        raise SpecdecError(f"--kv-cache {kind.name} needs the native kernels (gguf-q8 or gguf-q16 on a GGUF's blocks, "
+                           "or fp16 for a model without q/k norms, windows or experts, on CPU); this model runs on the "
+                           f"torch path ({torch_path}), whose cache is f16/fp32")
+    if head_dim % 32 or head_dim > 256:
+        raise SpecdecError(f"--kv-cache {kind.name} quantizes each 32 values of a head (of up to 256); this "
+                           f"model's heads hold {head_dim}: use f16")
+    if kind.name not in kernels.kv_types():
+        raise SpecdecError(f"--kv-cache {kind.name}: the kernels cannot run it on this CPU (they run "
+                           f"{', '.join(kernels.kv_types())})")
+
+
 class Transformer:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], precision: str = "fp16",
                  device: str = "cpu", quantized: dict[str, QTensor] | None = None, planes=None):
@@ -121,10 +151,7 @@ class Transformer:
         self.cfg, self.precision, self.device = cfg, precision, torch.device(device)
         weights = {name: t.to(self.device) for name, t in weights.items()}
         self.kernels = None
-        # the native fp16 block has no q/k norms, window or experts: those run natively on their GGUF blocks only
-        native_fp16 = ("fp16",) if not (cfg.qk_norm or cfg.sliding_window or cfg.moe) else ()
-        if (precision in native_fp16 + GGUF_PRECISIONS and self.device.type == "cpu" and cfg.head_dim % 8 == 0
-                and cfg.hidden_size % 8 == 0):
+        if runs_native(cfg, precision, device):
             from specdec.kernels import decode_kernels
 
             self.kernels = decode_kernels()  # None when they cannot be built: the torch path is used
@@ -255,17 +282,7 @@ class Transformer:
         """Caches made from now on are of type `name` (None: f16), or a one-line SpecdecError where this model's
         path or this CPU cannot run it."""
         kind = kv_type(name)
-        if not kind.exact:
-            if self.kernels is None:
-                raise SpecdecError(f"--kv-cache {kind.name} needs the native kernels (a GGUF on gguf-q8 or gguf-q16, "
-                                   f"or fp16, on CPU); this model runs on the torch path ({self.precision} on "
-                                   f"{self.device.type})")
-            if self.cfg.head_dim % 32 or self.cfg.head_dim > 1024:
-                raise SpecdecError(f"--kv-cache {kind.name} quantizes each 32 values of a head (of up to 1,024); this "
-                                   f"model's heads hold {self.cfg.head_dim}: use f16")
-            if kind.name not in self.kernels.kv_types():
-                raise SpecdecError(f"--kv-cache {kind.name}: the kernels cannot run it on this CPU (they run "
-                                   f"{', '.join(self.kernels.kv_types())})")
+        check_kv_cache(kind, self.cfg.head_dim, self.kernels, f"{self.precision} on {self.device.type}")
         self.kv = kind
 
     def new_cache(self, batch: int, capacity: int, huge_pages: bool = True) -> KVCache:

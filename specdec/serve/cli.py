@@ -111,14 +111,19 @@ def warn_reserved(gib: float, available: float | None = None, kv: str | None = N
     if available is None or gib <= available:
         return False
     sizes = f" ({kv_sizes(kv, per_position)})" if kv else ""
-    smaller = f", or use --kv-cache {SMALLER_KV[kv]}" if native and kv in SMALLER_KV else ""
     print(f"specdec: warning: the KV pool and prefix cache can grow to {gib:.1f} GiB as sequences fill them{sizes}, "
           f"more than the {available:.1f} GiB this machine has available: lower --context, --max-batch or "
-          f"--prefix-cache{smaller} if long requests on every slot are expected", file=sys.stderr, flush=True)
+          f"--prefix-cache{smaller_kv(kv, native)} if long requests on every slot are expected", file=sys.stderr,
+          flush=True)
     return True
 
 
 SMALLER_KV = {"f16": "q8_0 or q4_0", "q8_0": "q4_0"}  # the --kv-cache types that keep a position in fewer bytes
+
+
+def smaller_kv(kv: str | None, native: bool) -> str:
+    """", or use --kv-cache q8_0": the next smaller type, offered where the model runs on the native kernels."""
+    return f", or use --kv-cache {SMALLER_KV[kv]}" if native and kv in SMALLER_KV else ""
 
 
 def kv_sizes(kv: str, per_position: int | None) -> str:
@@ -144,11 +149,9 @@ def check_context_fits(context: int, kv: str, per_position: int | None, availabl
     one = longest_context(per_position, 1, available)
     if one is None or context <= one:
         return
-    smaller = SMALLER_KV.get(kv) if native else None
     raise SpecdecError(f"--context {context} does not fit here: one sequence's keys and values take "
                        f"{size(context * per_position)} ({kv_sizes(kv, per_position)}), and {size(available)} is "
-                       f"available, enough for {one:,} positions: lower --context"
-                       + (f", or use --kv-cache {smaller}" if smaller else ""))
+                       f"available, enough for {one:,} positions: lower --context{smaller_kv(kv, native)}")
 
 
 def size(nbytes: float) -> str:

@@ -6,7 +6,8 @@ shares one machine state (`--quick`: contexts 512 and 3072, fewer repetitions).
 2. Per context (512, 2k, 3k, 4k, 8k): the one-row decode pass against its memory floor (weight bytes plus the KV
    bytes of the context, at the measured bandwidth), and the verify cost curve T(n)/T(1) for 1 to 9 rows.
 3. Time to first token of `Engine.generate` at 3k and 8k prompt tokens against the compute floor (the pass's
-   multiply-adds at the measured peak).
+   multiply-adds at the measured peak; attention's at the rate its cache type allows, as `specdec profile
+   --prompt-tokens` prices it: fp32 FMAs on f16, int8 dot products on q8_0 and q4_0).
 4. n-gram speculation on long copy-heavy prompts (Spec-Bench summarization and rag items of --prompts, a long file
    edit), greedy: decode-phase speed with and without it, k = 5 and the `auto` policy, and whether outputs are
    identical.
@@ -30,34 +31,35 @@ import torch
 
 from specdec.bench.engines.llamacpp_compare import plain_and_lookup
 from specdec.bench.hardware.long_context_report import ROWS, ContextPass, LongContextRun, NgramRow, PrefixRun, TtftPoint
-from specdec.bench.hardware.profile import compute_floor, measure_bandwidth
+from specdec.bench.hardware.profile import attention_rate, compute_floor, measure_bandwidth
 from specdec.bench.prompts import load_prompts, select
 from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.generate import Engine, GenerationConfig
 from specdec.engine.policy import Auto, PassCost
 from specdec.models.text.tokenizer import encode_prompt
 from specdec.models.timing import time_passes
+from specdec.theory.floor import Rates, prompt_floor
 
 
 def log(*a) -> None:
     print(*a, file=sys.stderr, flush=True)
 
 
-def pass_floor(model, rates: tuple[float, float], position: int) -> float:
+def pass_floor(model, rates: Rates, position: int) -> float:
     """Seconds of arithmetic in one token-row's pass at `position`: the matrix products (LM head included) at the
-    rate the model's kernels issue them, attention over position + 1 keys at the fp32 FMA rate. rates: (products,
-    fp32 FMA) multiply-adds per second."""
+    rate the model's kernels issue them, attention over position + 1 keys at the rate its cache type allows (the fp32
+    FMA rate on f16, the int8 one on q8_0 and q4_0: profile.attention_rate)."""
     cfg = model.cfg
     att = cfg.num_layers * cfg.num_heads * cfg.head_dim * 2 * (position + 1)
-    return model.macs_per_token / rates[0] + att / rates[1]
+    return model.macs_per_token / rates.product_rate + att / rates.attention
 
 
-def prefill_floor(model, rates: tuple[float, float], n: int) -> float:
-    """The same for a prompt of n tokens: every position's products and attention, the LM head once."""
+def prefill_floor(model, rates: Rates, n: int) -> float:
+    """The same for a prompt of n tokens (theory/floor.py prompt_floor, as `specdec profile --prompt-tokens`
+    prices it): every position's products and attention, the LM head once."""
     cfg = model.cfg
-    head = cfg.vocab_size * cfg.hidden_size
     att = cfg.num_layers * cfg.num_heads * cfg.head_dim * 2 * n * (n + 1) / 2
-    return (n * (model.macs_per_token - head) + head) / rates[0] + att / rates[1]
+    return prompt_floor(n, model.macs_per_token, cfg.vocab_size * cfg.hidden_size, att, rates).seconds
 
 
 def file_edit_prompt(tokenizer, target: int) -> str:
@@ -151,7 +153,8 @@ def run_long_context(args) -> int:
     bw = measure_bandwidth(1 << 30, 7)["read_GBps"] * 1e9
     peak = model.kernels.fma_peak(0.5) if model.kernels is not None else float("nan")
     products = compute_floor(model, 0.0)  # the rate the matrix products are issued at (int8 blocks on gguf-q16)
-    rates = (products["macs_per_s"] if products else peak, peak)
+    att_rate = attention_rate(model)[0] if model.kernels is not None else None
+    rates = Rates(bw, products["macs_per_s"] if products else peak, peak, att_rate)
     weights, kv = model.weight_bytes_per_token, model.kv_bytes_per_token()
 
     passes = []
@@ -184,7 +187,7 @@ def run_long_context(args) -> int:
     machine["bandwidth_gbs"] = round(bw / 1e9, 2)
     result = LongContextRun(bandwidth_gb_s=bw / 1e9, fma_peak_gmac_s=peak / 1e9, weight_bytes=weights,
                             kv_bytes_per_position=kv, passes=passes, ttft=ttft, ngram=ngram, prefix=prefix,
-                            llamacpp=llama, threads=torch.get_num_threads(), products_gmac_s=rates[0] / 1e9,
+                            llamacpp=llama, threads=torch.get_num_threads(), products_gmac_s=rates.product_rate / 1e9,
                             products_arithmetic=products["arithmetic"] if products else "torch", machine=machine,
                             kv_cache=TargetTraits.of(model).kv_cache)
     report = render(result)

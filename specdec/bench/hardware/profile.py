@@ -202,6 +202,8 @@ def profile(loaded, drafter, contexts: Sequence[int] = (128, 512, 1024), max_row
     if reps < 1 or max_rows < 2:
         raise SpecdecError(f"--reps must be >= 1 and --max-rows >= 2 (got {reps} and {max_rows})")
     model, contexts = loaded.model, sorted(set(contexts))
+    if prompt_tokens:  # before the profile's minutes, not after
+        check_prompt_tokens(model, prompt_tokens)
     typical = contexts[len(contexts) // 2]
     rows = list(range(1, max_rows + 1))
     draft_model = drafter.model if isinstance(drafter, DraftModelDrafter) else None
@@ -284,19 +286,24 @@ def add_pass_floors(model, entries: list[dict], bandwidth: float, product_rate: 
                                 f"({rates.fma_rate / 1e9:.0f} G/s)); theory/floor.py")
 
 
+def check_prompt_tokens(model, tokens: int) -> None:
+    """A one-line SpecdecError unless a prompt of `tokens` tokens can be timed against its floor on this model."""
+    if TargetTraits.of(model).kernels is None:
+        raise SpecdecError("--prompt-tokens needs the native kernels (its floor counts their rates)")
+    limit = model.cfg.max_position_embeddings
+    if not 1 <= tokens < limit:
+        raise SpecdecError(f"--prompt-tokens must be in 1..{limit - 1} for this model, got {tokens}")
+
+
 def prompt_entry(model, tokens: int, reps: int = 2, seconds: float = 0.5) -> dict:
     """A prompt of `tokens` tokens: its floor (theory/floor.py prompt_floor: the products at their rate, attention
     at its cache type's) and its prefill timed (the fastest of `reps`, random tokens: a prefill's arithmetic does
     not depend on them), as time to first token is."""
     from specdec.theory.floor import Rates, prompt_floor
 
+    check_prompt_tokens(model, tokens)
     traits = TargetTraits.of(model)
     cf = compute_floor(model, 1.0, seconds)
-    if cf is None:
-        raise SpecdecError("--prompt-tokens needs the native kernels (its floor counts their rates)")
-    limit = model.cfg.max_position_embeddings
-    if not 1 <= tokens < limit:
-        raise SpecdecError(f"--prompt-tokens must be in 1..{limit - 1} for this model, got {tokens}")
     att_rate, att_name = attention_rate(model, seconds)
     rates = Rates(0.0, cf["macs_per_s"], traits.kernels.fma_peak(seconds), att_rate)
     attention = sum(model.attention_work(p)[0] for p in range(1, tokens + 1))
