@@ -162,11 +162,13 @@ def load_model(spec: str = "default", precision: str | None = None, device: str 
     name = model_name(spec, path)
     if not kind.exact and model_type not in SUPPORTED_TYPES + GEMMA_TYPES:  # before transformers loads its weights
         raise transformers_kv(kind.name, name)
-    build = lambda p: with_kv_cache(_build(path, spec, p, device, map_weights, context, model_type), kind.name, name)
+    build = lambda p: _build(path, spec, p, device, map_weights, context, model_type)
     precision = precision or default_precision(path, spec, device, model_type)
     if not kind.exact:  # before any weights load, or a GGUF converts
         check_kv_before_load(path, model_type, precision, device, kind)
-    model = build(precision) if precision is not None else choose_path(path, spec, build)
+    # the path a GGUF is chosen for is timed on f16 caches whatever the type asked: one choice per file and CPU
+    model = with_kv_cache(build(precision) if precision is not None else choose_path(path, spec, build), kind.name,
+                          name)
     if model_type in SUPPORTED_TYPES and model.cfg.long_context:
         print(f"specdec: {name} uses LongRoPE: {longrope_line(model.cfg)}", file=sys.stderr)
     if not kind.exact:
