@@ -278,13 +278,14 @@ def run_audit(args) -> int:
     result = compare(ids[0], ids[1], args.max_tokens, args.significance)
     ep = got[0]
     speculation = {"drafted_tokens": ep.drafted, "accepted_tokens": ep.accepted} if ep.drafted else None
+    note = kv_note(got, result.verdict)
     emit_json(args, {**result.to_dict(), "endpoint": servers[0].url, "reference": servers[1].url,
                      "samples": args.samples, "max_tokens": args.max_tokens, "temperature": args.temperature,
                      "top_p": args.top_p,
                      "seeds": {"endpoint": args.seed, "reference": args.seed + REFERENCE_SEED_OFFSET},
                      "prompts": list(prompts), "endpoint_speculation": speculation,
                      "endpoint_acceptance": ep.acceptance, "endpoint_kv_cache": ep.kv_cache,
-                     "reference_kv_cache": got[1].kv_cache, "kv_cache_note": kv_note(got, result.verdict),
+                     "reference_kv_cache": got[1].kv_cache, "kv_cache_note": note,
                      "wall_s": round(wall, 2)})
     if not json_on_stdout(args):
         def show(label) -> str:
@@ -298,8 +299,8 @@ def run_audit(args) -> int:
             print(f"  endpoint: {ep.accepted} of {ep.drafted} drafted tokens accepted")
         if ep.acceptance:
             print(f"  endpoint says: {ACCEPTANCE_HEADER}: {ep.acceptance}")
-        if kv_note(got, result.verdict):
-            print(f"  {kv_note(got, result.verdict)}")
+        if note:
+            print(f"  {note}")
         print(f"  {result.tests} tests at level {args.significance:g}/{result.tests} each (Bonferroni); position 1 "
               f"(the prompt pass) p = {result.first_position_p:.2g}; wall {wall:.1f} s")
         print(result.message)
