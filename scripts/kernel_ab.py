@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/kernel_ab.py [--rev HEAD~1] [--model default|FILE.gguf] [--precision gguf-q16]
                                           [--rows 1,2,4,6,8] [--context 512] [--reps 60]
+                                          [--kv-cache f16|q8_0|q4_0] [--changed]
 
 Builds `specdec/kernels/` as it is at --rev (a module of its own, cached under the specdec cache like the
 working tree's build), loads the bundled model (or --model) once on each build, checks that every pass's logits
@@ -77,6 +78,9 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--kv-cache", default="f16", help="the KV cache type both builds run (f16, q8_0, q4_0)")
+    ap.add_argument("--changed", action="store_true",
+                    help="the working tree changes the arithmetic on purpose: say how far the logits moved, and time "
+                         "the builds anyway")
     args = ap.parse_args()
     try:
         return compare(args)
@@ -129,8 +133,13 @@ def compare(args) -> int:
     for n in rows:
         a, b = (models[k].forward(toks[n], start, caches[k]) for k in ("rev", "tree"))
         if not torch.equal(a, b):
-            print(f"kernel_ab: the builds' logits differ at {n} rows", file=sys.stderr)
-            return 1
+            if not args.changed:
+                print(f"kernel_ab: the builds' logits differ at {n} rows (--changed times them anyway)",
+                      file=sys.stderr)
+                return 1
+            same = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+            print(f"kernel_ab: at {n} rows the logits differ by up to {(a - b).abs().max().item():.3g}, "
+                  f"same top-1 at {same:.0%} of the rows (--changed)")
     times = {(k, n): [] for k in models for n in rows}
     for rep in range(args.reps):
         for n in rows:
@@ -139,7 +148,8 @@ def compare(args) -> int:
                 models[k].forward(toks[n], start, caches[k])
                 times[(k, n)].append(time.perf_counter() - t0)
     med = {key: statistics.median(v) for key, v in times.items()}
-    print(f"{args.precision}, context {args.context}, {args.reps} alternated repetitions; logits bit-identical")
+    same = "logits compared above" if args.changed else "logits bit-identical"
+    print(f"{args.precision}, context {args.context}, {args.reps} alternated repetitions; {same}")
     print(f"{'rows':>4}  {args.rev + ' ms':>12}  {'tree ms':>9}  tree/rev")
     for n in rows:
         print(f"{n:>4}  {med[('rev', n)] * 1e3:>12.2f}  {med[('tree', n)] * 1e3:>9.2f}  "

@@ -10,9 +10,9 @@
 // partition skip it (a prefill chunk skips the causal blocks above its diagonal).
 //
 // Invariance: a query's result is a fixed sequence of operations over its own position alone. Its keys are
-// split into partitions at fixed absolute boundaries (multiples of SPLIT); within a partition its scores are
-// FMA chains in ascending d, its softmax sums in ascending key order, its value sums in ascending key order;
-// partitions merge in ascending order. Nothing depends on the other rows, their number, the tiling or threads.
+// split into partitions at fixed absolute boundaries (multiples of SPLIT, or of SPLIT_Q on a quantized cache);
+// within a partition its scores are FMA chains in ascending d, its softmax sums in ascending key order, its value
+// sums in ascending key order; partitions merge in ascending order. Nothing depends on the other rows, their number, the tiling or threads.
 #include "common.h"
 
 #include <ATen/Parallel.h>
@@ -34,6 +34,12 @@ bool wide = cpu_has_avx512();
 #define SPLIT_KEYS 256
 #endif
 constexpr int64_t SPLIT = SPLIT_KEYS;  // keys per partition: the unit of memory reuse and of parallel work
+// A quantized cache's partitions are 4x as long: its integer tiles spend less per key, so a unit's fixed cost (its
+// queries gathered, its softmax, its partial result and their merge) weighed more, and each thread now reads runs of
+// keys and values 4x as long. On the bundled model at 3,300 positions (gguf-q8, scripts/kernel_ab.py --changed,
+// 40 alternated repetitions, 2026-12-06), a 1-row pass took 0.95x (q4_0) and 0.94x (q8_0) the time of 256's, a 6-row
+// pass 0.98x and 0.96x, a 3,300-token prefill 0.91x and 0.92x; 2,048 decoded no faster than 1,024.
+constexpr int64_t SPLIT_Q = 1024;
 constexpr int64_t ROWS = 16;    // rows of one slot per unit (bounds the score buffer)
 constexpr int SV = 2;        // key vectors (8 keys each) per score tile
 constexpr int VV = 2;        // value vectors (8 dims each) per value tile
@@ -342,6 +348,7 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
                const void* kc_, const void* vc_, Kv kind, int64_t hq, int64_t hk, int64_t cap, int64_t d, float scale,
                int64_t window, float* out, float softcap) {
   const int64_t group = hq / hk, nblk = cap / KB, stride = d + 2, bb = kv_block_bytes(kind, d);
+  const int64_t split = kind == Kv::F16 ? SPLIT : SPLIT_Q;
   const at::Half* kc = static_cast<const at::Half*>(kc_);  // the fp16 cache's
   const at::Half* vc = static_cast<const at::Half*>(vc_);
   const uint8_t* kq = static_cast<const uint8_t*>(kc_);  // a quantized one's
@@ -358,13 +365,13 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
   for (int64_t a0 = 0; a0 < R;) {
     int64_t a1 = a0 + 1, top = pos[a0];
     while (a1 < R && slot[a1] == slot[a0]) top = std::max(top, pos[a1++]);
-    parts = std::max(parts, top / SPLIT + 1);
+    parts = std::max(parts, top / split + 1);
     for (int64_t g = 0; g < hk; ++g)
-      for (int64_t part = 0; part <= top / SPLIT; ++part)
+      for (int64_t part = 0; part <= top / split; ++part)
         for (int64_t r0 = a0; r0 < a1; r0 += ROWS) {
           const int64_t r1 = std::min(a1, r0 + ROWS);
           bool any = false;
-          for (int64_t r = r0; r < r1; ++r) any |= sees(r, part * SPLIT, SPLIT);
+          for (int64_t r = r0; r < r1; ++r) any |= sees(r, part * split, split);
           if (any) units.push_back({slot[a0], g, part, r0, r1});
         }
     a0 = a1;
@@ -378,8 +385,8 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
     const Unit& w = units[u];
     int64_t keys = 16;  // a unit's fixed cost, in keys
     for (int64_t r = w.r0; r < w.r1; ++r)
-      if (sees(r, w.part * SPLIT, SPLIT))
-        keys += std::min(pos[r] + 1, (w.part + 1) * SPLIT) - std::max(low[r], w.part * SPLIT);
+      if (sees(r, w.part * split, split))
+        keys += std::min(pos[r] + 1, (w.part + 1) * split) - std::max(low[r], w.part * split);
     cost[u + 1] = cost[u] + keys;
   }
   const int64_t T = std::clamp<int64_t>(at::get_num_threads(), 1, std::max<int64_t>(1, units.size()));
@@ -399,7 +406,7 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
     static thread_local std::vector<const float*> qp;
     static thread_local std::vector<float*> sp, ap;
     static thread_local std::vector<int64_t> nv, qi;
-    s.resize(std::max(s.size(), size_t(ROWS * group * SPLIT)));
+    s.resize(std::max(s.size(), size_t(ROWS * group * split)));
     acc.resize(std::max(acc.size(), size_t(ROWS * group * d)));
     qp.resize(std::max(qp.size(), size_t(ROWS * group)));
     sp.resize(std::max(sp.size(), size_t(ROWS * group)));
@@ -409,18 +416,18 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
     const int64_t u0 = cut[t0], u1 = cut[t1];
     // Keys [first, hi) of unit w's partition are read, whole blocks from first's.
     const auto span = [&](const Unit& w) {
-      const int64_t a = w.part * SPLIT;
-      int64_t hi = a, first = a + SPLIT;
+      const int64_t a = w.part * split;
+      int64_t hi = a, first = a + split;
       for (int64_t r = w.r0; r < w.r1; ++r)
-        if (sees(r, a, SPLIT)) {
-          hi = std::max(hi, std::min(a + SPLIT, pos[r] + 1));
+        if (sees(r, a, split)) {
+          hi = std::max(hi, std::min(a + split, pos[r] + 1));
           first = std::min(first, std::max(a, low[r]) / KB * KB);
         }
       return std::make_pair(first, hi);
     };
     for (int64_t u = u0; u < u1; ++u) {
       const Unit& w = units[u];
-      const int64_t a = w.part * SPLIT;
+      const int64_t a = w.part * split;
       const auto [first, hi] = span(w);
       const at::Half* kbase = kc + (w.slot * hk + w.g) * nblk * d * KB;
       const at::Half* vbase = vc + (w.slot * hk + w.g) * cap * d;
@@ -436,7 +443,7 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
             const int64_t i = (r - w.r0) * group + h;
             qp[nq] = qkv + r * qstride + (w.g * group + h) * d;
             qi[nq] = r * hq + w.g * group + h;
-            sp[nq] = s.data() + i * SPLIT + (key0 - a);
+            sp[nq] = s.data() + i * split + (key0 - a);
             ap[nq] = acc.data() + i * d;
             nv[nq] = std::min(nk, pos[r] + 1 - key0);
           }
@@ -450,11 +457,11 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
         else scores_tiles_q<true>(qq, qi.data(), nq, qbase + (key0 / KB) * bb, scale, sp.data());
       }
       for (int64_t r = w.r0; r < w.r1; ++r) {
-        if (!sees(r, a, SPLIT)) continue;
-        const int64_t n = std::min(a + SPLIT, pos[r] + 1) - a, lo = std::max<int64_t>(0, low[r] - a);
+        if (!sees(r, a, split)) continue;
+        const int64_t n = std::min(a + split, pos[r] + 1) - a, lo = std::max<int64_t>(0, low[r] - a);
         for (int64_t h = 0; h < group; ++h) {
           float* dst = partial.data() + ((r * hq + w.g * group + h) * parts + w.part) * stride;
-          float* sr = s.data() + ((r - w.r0) * group + h) * SPLIT;
+          float* sr = s.data() + ((r - w.r0) * group + h) * split;
           if (softcap > 0.f)
             for (int64_t j = lo; j < n; ++j) sr[j] = softcap * std::tanh(sr[j] / softcap);
           softmax_part(sr, lo, n, dst, dst + 1);
@@ -469,7 +476,7 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
         else values_tiles_q<true>(sp.data(), nv.data(), nq, vqbase + (key0 / KB) * bb, d, ap.data());
       }
       for (int64_t r = w.r0; r < w.r1; ++r) {
-        if (!sees(r, a, SPLIT)) continue;
+        if (!sees(r, a, split)) continue;
         for (int64_t h = 0; h < group; ++h) {
           float* dst = partial.data() + ((r * hq + w.g * group + h) * parts + w.part) * stride;
           std::copy_n(acc.data() + ((r - w.r0) * group + h) * d, d, dst + 2);
@@ -480,7 +487,7 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
 
   at::parallel_for(0, R * hq, 64, [&](int64_t t0, int64_t t1) {  // merge the partitions, in ascending order
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r = t / hq, p0 = low[r] / SPLIT, np = pos[r] / SPLIT + 1;  // the partitions it sees
+      const int64_t r = t / hq, p0 = low[r] / split, np = pos[r] / split + 1;  // the partitions it sees
       const float* p = partial.data() + t * parts * stride;
       float mx = -INFINITY;
       for (int64_t i = p0; i < np; ++i) mx = std::max(mx, p[i * stride]);
