@@ -12,7 +12,8 @@
 // Invariance: a query's result is a fixed sequence of operations over its own position alone. Its keys are
 // split into partitions at fixed absolute boundaries (multiples of SPLIT, or of SPLIT_Q on a quantized cache);
 // within a partition its scores are FMA chains in ascending d, its softmax sums in ascending key order, its value
-// sums in ascending key order; partitions merge in ascending order. Nothing depends on the other rows, their number, the tiling or threads.
+// sums in ascending key order; partitions merge in ascending order. Nothing depends on the other rows, their
+// number, the tiling or threads.
 #include "common.h"
 
 #include <ATen/Parallel.h>
