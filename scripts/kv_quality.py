@@ -156,8 +156,10 @@ def main() -> None:
     ap.add_argument("--precision", help="the model's precision (default: chosen at load, as specdec chooses it)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                         text=True).stdout.strip() + " + working tree"
+    git = ["git", "-C", str(ROOT)]
+    rev = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    if subprocess.run([*git, "status", "--porcelain", "-uno"], capture_output=True, text=True).stdout.strip():
+        rev += " + working tree"  # tracked files changed: the revision alone does not say what ran
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_name(),
               "cores": torch.get_num_threads(), "revision": rev, "kernels": source_digest(),
               "command": " ".join(sys.argv),
