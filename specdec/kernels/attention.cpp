@@ -38,8 +38,9 @@ constexpr int64_t SPLIT = SPLIT_KEYS;  // keys per partition: the unit of memory
 // A quantized cache's partitions are 4x as long: its integer tiles spend less per key, so a unit's fixed cost (its
 // queries gathered, its softmax, its partial result and their merge) weighed more, and each thread now reads runs of
 // keys and values 4x as long. On the bundled model at 3,300 positions (gguf-q8, scripts/kernel_ab.py --changed,
-// 40 alternated repetitions, 2026-12-06), a 1-row pass took 0.95x (q4_0) and 0.94x (q8_0) the time of 256's, a 6-row
-// pass 0.98x and 0.96x, a 3,300-token prefill 0.91x and 0.92x; 2,048 decoded no faster than 1,024.
+// 40 alternated repetitions, an EPYC Zen 4, 2026-12-06), a 1-row pass took 0.95x (q4_0) and 0.94x (q8_0) the time
+// of 256's, a 6-row pass 0.98x and 0.96x, a 3,300-token prefill 0.91x and 0.92x; 2,048 decoded no faster than 1,024,
+// and on an AMX Xeon 512, 768 and 2,048 came within 2.5% of 1,024.
 constexpr int64_t SPLIT_Q = 1024;
 constexpr int64_t ROWS = 16;    // rows of one slot per unit (bounds the score buffer)
 constexpr int SV = 2;        // key vectors (8 keys each) per score tile
