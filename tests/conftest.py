@@ -292,7 +292,7 @@ def kernels():
 @pytest.fixture(params=["avx2", "vnni", "amx"])
 def isa(request, kernels):
     """Each build of the integer kernel that this CPU can run (vnni: AVX512-VNNI; amx: the VNNI build with q16
-    products of 5 rows or more on AMX's tiles), put back afterwards."""
+    products of 5 rows or more, and q8's of 16 or more, on AMX's tiles), put back afterwards."""
     if request.param == "vnni" and not kernels.cpu_has_vnni():
         pytest.skip("this CPU has no AVX512-VNNI: only the AVX2 build runs here")
     if request.param == "amx" and not kernels.cpu_has_amx():

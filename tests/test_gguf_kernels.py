@@ -162,19 +162,22 @@ def test_the_vnni_build_gives_the_avx2_builds_bits(kernels, kinds, act_bits, pai
         assert all(torch.equal(g, w) for g, w in zip(got, want)), f"{n} rows"
 
 
+@pytest.mark.parametrize("act_bits", [16, 8], ids=["q16", "q8"])
 @pytest.mark.parametrize("kind", ["Q4_1", "Q4_0", "Q8_0"])
-def test_the_amx_tiles_give_the_vnni_builds_bits(kernels, kind):
+def test_the_amx_tiles_give_the_vnni_builds_bits(kernels, kind, act_bits):
     """AMX's tiles sum the same integers as the VNNI build's dot products, and each lane then scales them in q8_pair's
-    order, so the products are its bits: at every number of rows (the tiles take 5 or more, in tiles of 8 rows and a
-    remainder), for two pairs at a time, a last pair, a last group alone and a pair whose second group is padding, on
-    one thread and split between two."""
+    order, so the products are its bits: at every number of rows (q16's tiles take 5 or more, in tiles of 8 rows and a
+    remainder; q8's 16 or more, in tiles of 16 and a remainder of up to 15 on the VNNI build), for two pairs at a time,
+    a last pair, a last group alone and a pair whose second group is padding, on one thread and split between two."""
     if not kernels.cpu_has_amx():
         pytest.skip("this CPU has no AMX-INT8 (or the kernel does not grant it)")
-    x = torch.randn(40, 256, generator=torch.Generator().manual_seed(12)) * 3
+    x = torch.randn(56, 256, generator=torch.Generator().manual_seed(12)) * 3
     x[3, :32] = 0.0  # an all-zero block
+    x[20, 32:64] = 0.0  # and one in q8's second tile
+    rows = list(range(1, 20)) + [40] if act_bits == 16 else [1, 8, 15, 16, 17, 23, 24, 31, 32, 33, 47, 56]
     for n in (48, 37, 13, 400):  # 6 groups: 2 pairs + 1; 5: 2 pairs + a group alone; 2 groups, 13 live rows; split
-        qm = kernels.QMatrix(*planes([random_qtensor(kind, n, 256, seed=40)], True, 16, paired=True))
-        amx_gives_vnnis_bits(kernels, qm, x, list(range(1, 20)) + [40], f"{kind} {n}")
+        qm = kernels.QMatrix(*planes([random_qtensor(kind, n, 256, seed=40)], True, act_bits, paired=True))
+        amx_gives_vnnis_bits(kernels, qm, x, rows, f"{kind} {n} q{act_bits}")
 
 
 def amx_gives_vnnis_bits(kernels, qm, x: torch.Tensor, rows: list[int], what: str) -> None:

@@ -317,6 +317,8 @@ constexpr int64_t AMX_MIN_ROWS = 5;
 // 5, 6 and 8 rows 0.99 to 1.06x (none faster), 9 rows (a tile and a row alone on AMX) 1.13x, 16 rows 0.92 to 0.94x,
 // 64 rows 0.89 and 0.90x, prefills of 128 and 512 tokens 0.85 to 0.87x (docs/results/amx-kquants.md).
 constexpr int64_t KQ_AMX_MIN_ROWS = 16;
+// ... and a q8 pass's (one activation plane, gguf_amx.inc's amx_rows8): tiles of 16 rows, for prefill's chunks.
+constexpr int64_t AMX8_MIN_ROWS = 16;
 
 // The layout decides the arithmetic: row layout -> exact, interleaved -> q8.
 void matmul(const float* x, const QMatrix& W, float* y, int64_t M);
@@ -361,6 +363,7 @@ void matmul(const float* x, const QMatrix& W, float* y, int64_t M) {
       else if (q16) use_vnni ? vnni::kq_rows<true>(a, W, y, g0, g1) : avx2::kq_rows<true>(a, W, y, g0, g1);
       else use_vnni ? vnni::kq_rows<false>(a, W, y, g0, g1) : avx2::kq_rows<false>(a, W, y, g0, g1);
     } else if (q16 && use_amx && W.paired && M >= AMX_MIN_ROWS) amx::amx_rows(a, W, y, g0, g1);
+    else if (q8 && use_amx && W.paired && M >= AMX8_MIN_ROWS) amx::amx_rows8(a, W, y, g0, g1);
     else if (q16) use_vnni ? vnni::q8_rows<true>(a, W, y, g0, g1) : avx2::q8_rows<true>(a, W, y, g0, g1);
     else if (q8) use_vnni ? vnni::q8_rows<false>(a, W, y, g0, g1) : avx2::q8_rows<false>(a, W, y, g0, g1);
     else exact_rows(x, W, y, M, g0, g1);

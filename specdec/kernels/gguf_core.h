@@ -113,6 +113,7 @@ namespace vnni { SPECDEC_GGUF_BUILD }
   template void kq_rows<false>(const Q8Rows&, const QView&, float*, int64_t, int64_t);
 namespace amx {
 void amx_rows(const Q8Rows& a, const QView& W, float* y, int64_t g0, int64_t g1);
+void amx_rows8(const Q8Rows& a, const QView& W, float* y, int64_t g0, int64_t g1);  // q8, one plane
 void kq_amx_rows(const Q8Rows& a, const QView& W, float* y, int64_t g0, int64_t g1);  // Q6_K: VNNI's
 }
 
