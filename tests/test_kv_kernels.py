@@ -70,6 +70,27 @@ def test_the_avx2_tiles_give_the_avx512_bits(model, kernels, ids, kind):
     assert torch.equal(wide, narrow)
 
 
+def test_the_amx_tiles_give_the_vnni_attentions_bits(model, kernels, ids):
+    """A q8_0 prefill's units of 16 rows take AMX's tiles for the key blocks every row sees (attention_amx.inc): the
+    same integers and float steps as the VNNI tiles, so the same logits, and the prefill still equals one-token
+    passes (above). The second piece starts at position 100, so some units straddle a key block's start, where only
+    some of their rows see the block (those blocks stay on the VNNI tiles)."""
+    if not kernels.cpu_has_amx():
+        pytest.skip("this CPU has no AMX-INT8 (or the kernel does not grant it)")
+    model.use_kv_cache("q8_0")
+    got = {}
+    before = kernels.set_isa("vnni")
+    try:
+        for isa in ("vnni", "amx"):
+            kernels.set_isa(isa)
+            c = model.new_cache(1, 400)
+            first = model.forward(ids[:, :100], torch.zeros(1, dtype=torch.long), c)[0]  # [100, vocab]
+            got[isa] = torch.cat([first, model.forward(ids[:, 100:], torch.tensor([100]), c)[0]])  # [330, vocab]
+    finally:
+        kernels.set_isa(before)
+    assert torch.equal(got["amx"], got["vnni"])
+
+
 @pytest.mark.parametrize("kind", QUANTIZED)
 def test_rows_of_a_batch_do_not_depend_on_each_other(model, ids, kind):
     model.use_kv_cache(kind)

@@ -30,6 +30,7 @@ bool cpu_has_avx512() {
   return __builtin_cpu_supports("avx512f");
 }
 bool wide = cpu_has_avx512();
+bool amx_tiles = false;  // gguf.cpp sets it as it loads (cpu_has_amx)
 
 #ifndef SPLIT_KEYS
 #define SPLIT_KEYS 256
@@ -438,6 +439,7 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
         }
       return std::make_pair(first, hi);
     };
+    bool tiled = false;  // whether this thread configured AMX's tiles
     for (int64_t u = u0; u < u1; ++u) {
       const Unit& w = units[u];
       const int64_t a = w.part * split;
@@ -463,9 +465,15 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
         }
         return nq;
       };
+      // A unit of 16 rows on a q8_0 cache takes AMX's tiles for the blocks every row sees (attention_amx.inc).
+      const bool tiles = kind == Kv::Q8 && amx_tiles && wide && vnni_attention && w.r1 - w.r0 == 16 && d == 64;
+      tiled |= tiles;
+      if (tiles) tiles_for_scores();
       for (int64_t key0 = first; key0 < hi; key0 += KB) {  // scores, block by block
         const int64_t nq = gather(key0, KB);
-        if (kind == Kv::F16) scores_tiles(qp.data(), nq, kbase + (key0 / KB) * d * KB, d, scale, sp.data());
+        if (tiles && nq == 16 * group)
+          scores_amx_q8(qq, w.r0, hq, w.g, group, qbase + (key0 / KB) * bb, scale, sp.data());
+        else if (kind == Kv::F16) scores_tiles(qp.data(), nq, kbase + (key0 / KB) * d * KB, d, scale, sp.data());
         else if (kind == Kv::Q8) scores_tiles_q<false>(qq, qi.data(), nq, qbase + (key0 / KB) * bb, scale, sp.data());
         else scores_tiles_q<true>(qq, qi.data(), nq, qbase + (key0 / KB) * bb, scale, sp.data());
       }
@@ -480,12 +488,14 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
           softmax_part(sr, lo, n, dst, dst + 1);
         }
       }
+      if (tiles) tiles_for_values();
       for (int64_t key0 = first; key0 < hi; key0 += KB) {  // values, block by block
         const int64_t nk = std::min(KB, hi - key0);
         const int64_t nq = gather(key0, nk);
         if (kind == Kv::F16) values_tiles(sp.data(), nv.data(), nq, vbase + key0 * d, d, ap.data());
         else if (kind == Kv::Q8)
-          values_tiles_q<false>(sp.data(), nv.data(), nq, vqbase + (key0 / KB) * bb, d, ap.data());
+          values_tiles_q<false>(sp.data(), nv.data(), nq, vqbase + (key0 / KB) * bb, d, ap.data(),
+                                tiles && nq == 16 * group);
         else values_tiles_q<true>(sp.data(), nv.data(), nq, vqbase + (key0 / KB) * bb, d, ap.data());
       }
       for (int64_t r = w.r0; r < w.r1; ++r) {
@@ -496,6 +506,7 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
         }
       }
     }
+    if (tiled) tiles_done();
   });
 
   at::parallel_for(0, R * hq, 64, [&](int64_t t0, int64_t t1) {  // merge the partitions, in ascending order

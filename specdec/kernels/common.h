@@ -134,6 +134,9 @@ constexpr int64_t KB = 64;  // positions per key block (the Python side's KV_BLO
 // unless gguf.cpp's set_isa("avx2") asks for the AVX2 builds throughout.
 extern bool wide;
 bool cpu_has_avx512();
+// Whether a q8_0 cache's prefill tiles run on AMX (attention_amx.inc): set by gguf.cpp where the CPU has AMX-INT8 and
+// this process may use it, unless set_isa asks for another build.
+extern bool amx_tiles;
 // The cache's type: fp16, or llama.cpp's q8_0 / q4_0 blocks (attention_q.inc), kept as bytes in blocks of KB
 // positions, kv_block_bytes(kind, d) a head's block, for keys and for values.
 enum class Kv : int { F16 = 0, Q8 = 1, Q4 = 2 };

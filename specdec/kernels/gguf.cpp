@@ -306,7 +306,7 @@ bool cpu_has_amx() {
   }();
   return granted;
 }
-bool use_amx = cpu_has_amx();
+bool use_amx = specdec::amx_tiles = cpu_has_amx();  // the products' tiles, and attention's (attention_amx.inc)
 
 // Rows from which a q16 pass's products run on AMX (on weights stored in pairs): below it, the VNNI build's are faster
 // (measured in gguf_amx.inc).
@@ -670,7 +670,7 @@ std::string set_isa(const std::string& want) {
               "isa must be auto, avx2, vnni or amx, not ", want);
   TORCH_CHECK(want != "vnni" || cpu_has_vnni(), "this CPU has no AVX512-VNNI");
   TORCH_CHECK(want != "amx" || cpu_has_amx(), "this CPU has no AMX-INT8 that this process may use");
-  use_amx = want == "amx" || (want == "auto" && cpu_has_amx());
+  use_amx = specdec::amx_tiles = want == "amx" || (want == "auto" && cpu_has_amx());
   use_vnni = use_amx || want == "vnni" || (want == "auto" && cpu_has_vnni());
   specdec::wide = want != "avx2" && (want != "auto" || specdec::cpu_has_avx512());
   return before;
