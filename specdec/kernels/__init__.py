@@ -28,7 +28,8 @@ from pathlib import Path
 SOURCES = [Path(__file__).with_name(n) for n in ("gguf_vnni.cpp", "module.cpp", "gguf_avx2.cpp")]
 HEADERS = [Path(__file__).with_name(n)
            for n in ("decode_f16.cpp", "attention.cpp", "attention_q.inc", "gguf.cpp", "common.h", "gguf_core.h",
-                     "gguf_q8.inc", "gguf_kq.inc", "gguf_pack.inc", "gguf_amx.inc", "attention_amx.inc")]
+                     "gguf_q8.inc", "gguf_kq.inc", "gguf_pack.inc", "gguf_amx.inc", "attention_amx.inc",
+                     "amx_tiles.h")]
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp"]
 
 

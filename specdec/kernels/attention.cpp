@@ -15,6 +15,7 @@
 // sums in ascending key order; partitions merge in ascending order. Nothing depends on the other rows, their
 // number, the tiling or threads.
 #include "common.h"
+#include "amx_tiles.h"
 
 #include <ATen/Parallel.h>
 

@@ -5,6 +5,7 @@
 // A translation unit of its own, without torch's API (gguf_core.h), so that it compiles beside the others.
 #define SPECDEC_LIGHT
 #include "gguf_core.h"
+#include "amx_tiles.h"
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni")
