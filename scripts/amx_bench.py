@@ -1,9 +1,10 @@
-"""AMX's tiles against the VNNI build's dot products on the q16 path, side by side in one process.
+"""AMX's tiles against the VNNI build's dot products, side by side in one process.
 
     .venv/bin/python scripts/amx_bench.py [--model default|FILE.gguf] [--context 512] [--rows 2,4,5,6,8,16,64]
-        [--reps 20] [--prefill 432,1000]
+        [--reps 20] [--prefill 432,1000] [--precision gguf-q16|gguf-q8] [--kv-cache f16|q8_0|q4_0]
 
-On the bundled model or --model (gguf-q16, weights in pairs of groups, the layout both builds read), alternating
+On the bundled model or --model (--precision, gguf-q16 unless told: weights in pairs of groups, the layout both
+builds read; --kv-cache, f16 unless told: q8_0's prefill attention takes the tiles too), alternating
 the two builds (`set_isa("vnni")` and `set_isa("amx")`, the order flipped every repetition so that drift falls on
 both alike):
 1. each product's shape alone (layer 0's qkv, o, gate_up and down, and the 8-bit LM head) at each number of rows,
@@ -12,7 +13,7 @@ both alike):
 3. prefills of random prompts of --prefill tokens (time to first token).
 Prints each time on AMX over the time on VNNI. AMX runs a product from 5 rows (gguf.cpp's AMX_MIN_ROWS; a K-quant's
 from 16, KQ_AMX_MIN_ROWS, and never Q6_K): below that both builds run the same code, and their ratio shows this
-machine's noise. Needs a CPU with AMX-INT8.
+machine's noise; gguf-q8's products run on AMX from 16 rows (AMX8_MIN_ROWS). Needs a CPU with AMX-INT8.
 """
 
 from __future__ import annotations
@@ -49,19 +50,22 @@ def main() -> int:
     ap.add_argument("--rows", default="2,4,5,6,8,16,64")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--prefill", default="432,1000")
+    ap.add_argument("--precision", default="gguf-q16", choices=("gguf-q16", "gguf-q8"))
+    ap.add_argument("--kv-cache", default="f16", help="the KV cache type both builds run (f16, q8_0, q4_0)")
     args = ap.parse_args()
     try:
         rows, lengths = parse_ints(args.rows, "--rows"), parse_ints(args.prefill, "--prefill")
         if args.reps < 1 or args.context < 1:
             raise SpecdecError(f"--reps and --context must be at least 1, not {args.reps} and {args.context}")
-        return measure(rows, lengths, args.reps, args.model, args.context)
+        return measure(rows, lengths, args.reps, args.model, args.context, args.precision, args.kv_cache)
     except SpecdecError as e:
         print(f"amx_bench: {e}", file=sys.stderr)
         return 2
 
 
-def measure(rows: list[int], lengths: list[int], reps: int, name: str = "default", ctx: int = 512) -> int:
-    model = load_model(name, "gguf-q16").model
+def measure(rows: list[int], lengths: list[int], reps: int, name: str = "default", ctx: int = 512,
+            precision: str = "gguf-q16", kv_cache: str = "f16") -> int:
+    model = load_model(name, precision, kv_cache=kv_cache).model
     k, cfg = model.kernels, model.cfg
     if k is None or model.lm_head_q is None or not k.cpu_has_amx():
         raise SpecdecError("needs the native kernels on a CPU with AMX-INT8 that this process may use")
@@ -70,7 +74,8 @@ def measure(rows: list[int], lengths: list[int], reps: int, name: str = "default
     before = k.set_isa("amx")
     g = torch.Generator().manual_seed(0)
     try:
-        print(f"gguf-q16, {reps} alternated repetitions, {torch.get_num_threads()} threads; time on AMX / on VNNI")
+        print(f"{precision}, KV cache {kv_cache}, {reps} alternated repetitions, {torch.get_num_threads()} threads; "
+              "time on AMX / on VNNI")
         mats = dict(zip(("qkv", "o", "gate_up", "down"), model.blocks[0].qmatrices), lm_head=model.lm_head_q)
         print(f"{'product':>24}  " + "  ".join(f"{n:>6}" for n in rows))
         for name, m in mats.items():
