@@ -173,6 +173,20 @@ def test_a_profile_reads_typed_and_saves_what_it_read(tmp_path):
         Profile.from_json({**data, "contexts": [data["contexts"][0], {"context": 5, "verify_cost": {"0": 1}}]})
 
 
+def test_kept_ceiling_is_the_ratio_of_bytes_read():
+    from specdec.theory.floor import kept_ceiling
+
+    # 100 MB of weights; 10 kB a position: 1 MB at 100 positions, 40 MB at 4,000
+    assert kept_ceiling(100e6, 10e3, 100, 4000) == pytest.approx(101 / 140)
+    assert kept_ceiling(100e6, 0, 100, 4000) == 1.0  # no cache to read: nothing lost
+    assert kept_ceiling(100e6, 10e3, 4000, 4000) == 1.0
+    # a cache of half the bytes a position keeps more
+    assert kept_ceiling(100e6, 5e3, 100, 4000) > kept_ceiling(100e6, 10e3, 100, 4000)
+    for bad in ((0, 10e3, 100, 4000), (100e6, -1, 100, 4000), (100e6, 10e3, 4000, 100), (100e6, 10e3, -1, 100)):
+        with pytest.raises(ValueError):
+            kept_ceiling(*bad)
+
+
 # ---- the floor of a pass (theory/floor.py) ---------------------------------------------------------------------
 
 def test_pass_floor_memory_binds_then_arithmetic():
@@ -252,6 +266,12 @@ def test_profile_prints_a_prompts_floor_at_its_cache_types_rate(capsys, tmp_path
     # attention over the prompt: every position over the positions up to it, 2 x heads x head_dim a key (SmolLM2:
     # 30 layers, 9 heads of 64)
     assert pr["attention_macs"] == 30 * 9 * 64 * 2 * 200 * 201 // 2
+    # what decoding after it keeps at most: q8_0 stores 34 bytes a 32 values, keys and values of 3 KV heads of 64 dims
+    # in 30 layers
+    assert pr["kv_bytes_per_position"] == 30 * 2 * 3 * 2 * 34
+    w = pr["weight_bytes"]
+    assert pr["kept_ceiling"] == pytest.approx(w / (w + 200 * pr["kv_bytes_per_position"])) and pr["kept_ceiling"] < 1
+    assert f"at the memory floor, decoding after it keeps at most {pr['kept_ceiling']:.0%} of its speed" in out
 
 
 def test_profile_refuses_a_prompt_past_the_context_before_it_measures(capsys, monkeypatch):

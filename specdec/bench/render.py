@@ -246,6 +246,12 @@ def render_profile(p: dict) -> str:
                    f"{pr['products_rate'] / 1e9:.0f} G/s, "
                    f"attention {pr['attention_s']:.2f} s at {pr['attention_rate'] / 1e9:.0f} G/s: "
                    f"{pr['attention_arithmetic']})")
+        if "kept_ceiling" in pr:
+            out.append(f"  at the memory floor, decoding after it keeps at most {pr['kept_ceiling']:.0%} of its speed "
+                       "with nothing cached: "
+                       f"a pass reads {_bytes(pr['weight_bytes'])} of weights and {_bytes(pr['kv_bytes_per_position'])}"
+                       f" a position of {pr['kv_cache']} cache, {_bytes(pr['kv_bytes_per_position'] * pr['tokens'])} "
+                       "here" + ("; --kv-cache q8_0 or q4_0 reads fewer" if pr["kv_cache"] == "f16" else ""))
     ctxs = p["contexts"]
     floors = all("floor_s" in e for e in ctxs)
     out.append("verify cost T(n)/T(1) (ms per pass in brackets" +

@@ -16,6 +16,10 @@ attention kernel shares them between its rows); it multiplies each row through e
 A prompt's floor (`prompt_floor`, the time to first token's): every position's products at their rate, its
 attention over the positions before it at the cache type's rate, the LM head once.
 
+The most of its short-context speed decoding keeps at a long context when both passes take just the time to read
+their bytes (`kept_ceiling`): the ratio of those bytes. A short pass slower than its reading leaves a long one more
+room; a decoder at its floor keeps no more.
+
 Whichever of reading and multiplying takes longer binds; a kernel that overlaps the other with it entirely meets
 the floor. All rates are measured on the machine the floor is printed for (bench/hardware/profile.py), so a
 measured pass "at 1.1x its floor" means the same on any CPU. Pure arithmetic: nothing here measures.
@@ -96,3 +100,16 @@ def prompt_floor(tokens: int, product_macs: float, head_macs: float, attention_m
         raise ValueError(f"a prompt has at least one token, not {tokens}")
     products = tokens * (product_macs - head_macs) + head_macs
     return PromptFloor(tokens, products / rates.product_rate, attention_macs / rates.attention)
+
+
+def kept_ceiling(weight_bytes: float, kv_bytes_per_position: float, short_positions: float,
+                 long_positions: float) -> float:
+    """The most of its short-context decoding speed a one-row pass keeps at a long context when both passes take just
+    the time to read their bytes at one bandwidth (the weights, plus each context's cached keys and values): the
+    ratio of those bytes. Passes that spend longer than their reading on the same other work keep more of a slower
+    speed (short_s / (short_s + extra cache bytes / bandwidth)); a decoder at its floor keeps no more than this, and a
+    goal near it asks attention to read the cache at the weights' rate with all its arithmetic hidden."""
+    if weight_bytes <= 0 or kv_bytes_per_position < 0 or not 0 <= short_positions <= long_positions:
+        raise ValueError("weights read, bytes a position, and 0 <= short <= long positions")
+    return (weight_bytes + kv_bytes_per_position * short_positions) / (weight_bytes + kv_bytes_per_position
+                                                                         * long_positions)

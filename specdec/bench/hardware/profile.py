@@ -299,7 +299,7 @@ def prompt_entry(model, tokens: int, reps: int = 2, seconds: float = 0.5) -> dic
     """A prompt of `tokens` tokens: its floor (theory/floor.py prompt_floor: the products at their rate, attention
     at its cache type's) and its prefill timed (the fastest of `reps`, random tokens: a prefill's arithmetic does
     not depend on them), as time to first token is."""
-    from specdec.theory.floor import Rates, prompt_floor
+    from specdec.theory.floor import Rates, kept_ceiling, prompt_floor
 
     check_prompt_tokens(model, tokens)
     traits = TargetTraits.of(model)
@@ -317,7 +317,13 @@ def prompt_entry(model, tokens: int, reps: int = 2, seconds: float = 0.5) -> dic
         model.forward(ids, torch.zeros(1, dtype=torch.long), cache, last_only=torch.tensor([tokens - 1]), prefill=True)
         times.append(time.perf_counter() - t0)
         del cache
-    return {"tokens": tokens, "floor_s": floor.seconds, "products_s": floor.products_s,
+    kept = {}
+    if traits.kv_bytes_per_token is not None:  # decoding after the prompt at the memory floor: the most of an empty
+        # cache's speed its bytes allow (theory/floor.py)
+        weights, per_position = float(model.weight_bytes_per_token), float(traits.kv_bytes_per_token())
+        kept = {"kept_ceiling": kept_ceiling(weights, per_position, 0, tokens), "weight_bytes": weights,
+                "kv_bytes_per_position": per_position}
+    return {"tokens": tokens, "floor_s": floor.seconds, "products_s": floor.products_s, **kept,
             "attention_s": floor.attention_s, "attention_macs": attention, "attention_rate": rates.attention,
             "attention_arithmetic": att_name, "products_rate": rates.product_rate, "prefill_s": min(times),
             "over_floor": min(times) / floor.seconds, "kv_cache": traits.kv_cache or "f16",
