@@ -33,9 +33,10 @@ from specdec.models.loader import load_model
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def build_at(rev: str):
-    """The kernels module as the sources were at `rev`: its own files, compiled as its own layout was (since
-    module.cpp, three translation units that include the rest; before it, every .cpp file)."""
+def sources_at(rev: str) -> tuple[Path, str, list[str]]:
+    """The kernels' sources as they were at `rev`, written under the specdec cache: their folder, a digest of them,
+    and the files a build compiles (since module.cpp, three translation units that include the rest; before it,
+    every .cpp file)."""
     listed = subprocess.run(["git", "ls-tree", "--name-only", rev, "specdec/kernels/"], cwd=ROOT, check=True,
                             capture_output=True, text=True).stdout.split()
     names = sorted(n for n in (Path(p).name for p in listed) if n.endswith((".cpp", ".h", ".inc")))
@@ -47,6 +48,18 @@ def build_at(rev: str):
     src.mkdir(parents=True, exist_ok=True)
     for n, t in texts.items():
         (src / n).write_bytes(t)
+    return src, digest, roots
+
+
+def git_error(e: subprocess.CalledProcessError) -> str:
+    """What git said on failing (ls-tree's text or show's bytes)."""
+    err = e.stderr if isinstance(e.stderr, str) else (e.stderr or b"").decode(errors="replace")
+    return err.strip() or f"git exited with {e.returncode}"
+
+
+def build_at(rev: str):
+    """The kernels module as the sources were at `rev`, compiled as its own layout was (sources_at)."""
+    src, digest, roots = sources_at(rev)
     print(f"kernel_ab: building {rev} ({digest}), about a minute the first time", file=sys.stderr)
     return kernels_pkg.compile_module(f"specdec_ab_{digest}", [src / n for n in roots], src)
 
@@ -110,7 +123,7 @@ def compare(args) -> int:
     try:
         then = build_at(args.rev)
     except subprocess.CalledProcessError as e:
-        print(f"kernel_ab: cannot read the kernels at {args.rev}: {e.stderr.decode().strip()}", file=sys.stderr)
+        print(f"kernel_ab: cannot read the kernels at {args.rev}: {git_error(e)}", file=sys.stderr)
         return 2
     if args.kv_cache not in (None, "f16") and not hasattr(then, "kv_types"):
         print(f"kernel_ab: the kernels at {args.rev} keep f16 caches only (--kv-cache {args.kv_cache} came later)",
