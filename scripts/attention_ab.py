@@ -15,6 +15,7 @@ have them. What a layer's attention costs beside the rest of a pass: scripts/ker
 from __future__ import annotations
 
 import argparse
+import hashlib
 import statistics
 import subprocess
 import sys
@@ -34,27 +35,10 @@ KINDS = {"f16": 0, "q8_0": 1, "q4_0": 2}
 
 def build(name: str, src: Path, digest: str):
     """attention_ab.cpp compiled against the attention in `src` (a module per version of both)."""
-    import hashlib
-
     bench = hashlib.sha256((HERE / "attention_ab.cpp").read_bytes()).hexdigest()[:8]
     print(f"attention_ab: building {name} ({digest}), about half a minute the first time", file=sys.stderr)
     return build_module(f"attention_ab_{digest}_{bench}", [HERE / "attention_ab.cpp"], src / "attention-ab",
                         FLAGS + [f"-I{src}"])
-
-
-def tree_sources() -> tuple[Path, str]:
-    import hashlib
-
-    from specdec.models.gguf.convert import cache_root
-
-    kernels = HERE.parent / "specdec" / "kernels"
-    files = sorted(p for p in kernels.iterdir() if p.suffix in (".cpp", ".h", ".inc"))
-    digest = hashlib.sha256(b"".join(p.name.encode() + b"\0" + p.read_bytes() for p in files)).hexdigest()[:12]
-    src = cache_root() / "kernels-ab" / f"tree-{digest}"
-    src.mkdir(parents=True, exist_ok=True)
-    for p in files:
-        (src / p.name).write_bytes(p.read_bytes())
-    return src, digest
 
 
 def main() -> int:
@@ -82,7 +66,7 @@ def main() -> int:
     except subprocess.CalledProcessError as e:
         print(f"attention_ab: cannot read the kernels at {args.rev}: {git_error(e)}", file=sys.stderr)
         return 2
-    tree_src, tree_digest = tree_sources()
+    tree_src, tree_digest, _ = sources_at(None)
     mods = {}
     for name, (src, digest) in {args.rev: (rev_src, rev_digest), "working tree": (tree_src, tree_digest)}.items():
         try:

@@ -33,15 +33,20 @@ from specdec.models.loader import load_model
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def sources_at(rev: str) -> tuple[Path, str, list[str]]:
-    """The kernels' sources as they were at `rev`, written under the specdec cache: their folder, a digest of them,
-    and the files a build compiles (since module.cpp, three translation units that include the rest; before it,
-    every .cpp file)."""
-    listed = subprocess.run(["git", "ls-tree", "--name-only", rev, "specdec/kernels/"], cwd=ROOT, check=True,
-                            capture_output=True, text=True).stdout.split()
-    names = sorted(n for n in (Path(p).name for p in listed) if n.endswith((".cpp", ".h", ".inc")))
-    texts = {n: subprocess.run(["git", "show", f"{rev}:specdec/kernels/{n}"], cwd=ROOT, check=True,
-                               capture_output=True).stdout for n in names}
+def sources_at(rev: str | None) -> tuple[Path, str, list[str]]:
+    """The kernels' sources as they were at `rev` (None: as the working tree has them), written under the specdec
+    cache: their folder, a digest of them, and the files a build compiles (since module.cpp, three translation units
+    that include the rest; before it, every .cpp file)."""
+    if rev is None:
+        files = (ROOT / "specdec" / "kernels").iterdir()
+        texts = {p.name: p.read_bytes() for p in files if p.suffix in (".cpp", ".h", ".inc")}
+        names = sorted(texts)
+    else:
+        listed = subprocess.run(["git", "ls-tree", "--name-only", rev, "specdec/kernels/"], cwd=ROOT, check=True,
+                                capture_output=True, text=True).stdout.split()
+        names = sorted(n for n in (Path(p).name for p in listed) if n.endswith((".cpp", ".h", ".inc")))
+        texts = {n: subprocess.run(["git", "show", f"{rev}:specdec/kernels/{n}"], cwd=ROOT, check=True,
+                                   capture_output=True).stdout for n in names}
     roots = [p.name for p in kernels_pkg.SOURCES] if "module.cpp" in texts else [n for n in names if n.endswith(".cpp")]
     digest = hashlib.sha256(b"".join(n.encode() + b"\0" + texts[n] for n in names)).hexdigest()[:12]
     src = cache_root() / "kernels-ab" / digest
