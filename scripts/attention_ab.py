@@ -57,9 +57,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     if min(args.context, args.rows, args.layers, args.rounds, args.reps, args.kv_heads) < 1 or \
-            args.heads % args.kv_heads or args.head_dim % 32:
-        print("attention_ab: counts must be at least 1, --heads a multiple of --kv-heads, --head-dim of 32",
-              file=sys.stderr)
+            args.heads % args.kv_heads or args.head_dim % 32 or not 32 <= args.head_dim <= 256:
+        print("attention_ab: counts must be at least 1, --heads a multiple of --kv-heads, --head-dim a multiple of 32 "
+              "up to 256 (the kernels' largest head)", file=sys.stderr)
         return 2
     try:
         rev_src, rev_digest, _ = sources_at(args.rev)
@@ -83,7 +83,11 @@ def main() -> int:
         if not m.use_amx(args.amx):
             print(f"attention_ab: {name} cannot use AMX's tiles here", file=sys.stderr)
             return 2
-        ids[name] = m.make_cache(args.layers, args.kv_heads, cap, d, KINDS[args.kv_cache], args.context + args.rows)
+        try:
+            ids[name] = m.make_cache(args.layers, args.kv_heads, cap, d, KINDS[args.kv_cache], args.context + args.rows)
+        except (RuntimeError, MemoryError) as e:  # a cache past this machine's memory, say
+            print(f"attention_ab: cannot make the cache: {str(e).splitlines()[0]}", file=sys.stderr)
+            return 2
     outs = {}
     for name, m in mods.items():
         outs[name] = torch.zeros(args.rows * hq * d)
