@@ -19,9 +19,8 @@ namespace {
 // `bytes` of zeros on 2 MB pages where Linux grants them, as the engine's KV pool is (specdec/models/hugepages.py):
 // 2 MB-aligned, so every block starts on a cache line and a stream of blocks crosses no 4 KB page. On the C heap,
 // a cache started 16 bytes past a line and sat on 4 KB pages, and its passes read slower than the engine's do.
-struct Region {
-  uint8_t* base = nullptr;
-  size_t size = 0;
+class Region {
+ public:
   explicit Region(size_t bytes) {
     constexpr size_t PAGE = size_t(2) << 20;
     size = (bytes + PAGE - 1) / PAGE * PAGE + PAGE;
@@ -40,7 +39,9 @@ struct Region {
   uint8_t* data() const { return data_; }
 
  private:
-  uint8_t* data_ = nullptr;
+  uint8_t* base = nullptr;  // the mapping, and its size
+  size_t size = 0;
+  uint8_t* data_ = nullptr;  // its first 2 MB boundary
 };
 
 // A cache of `layers` layers, `hk` KV heads of d dims, its first `fill` positions written with normal values.
