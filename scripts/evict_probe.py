@@ -1,14 +1,22 @@
-"""What a long context's cache costs the rest of a pass: short-context decode passes with N MB read between them.
+"""What a long context's cache costs the rest of a pass: short-context decode passes after reading N MB between them,
+against passes after computing for as long without reading.
 
     .venv/bin/python scripts/evict_probe.py [--kv-cache q8_0] [--context 300] [--mb 20,40,80] [--rounds 30]
 
 A one-row pass at a long context reads its KV cache besides the weights. Where the CPU's caches hold part of the
 weights from one pass to the next, those bytes also push weights out, so the matrix products that follow read more
 of them from memory. This script loads the bundled model (gguf-q8, --kv-cache), prefills --context random tokens,
-and times single passes, each after reading a buffer of N MB (N from --mb, and 0: none, the baseline), the sizes
-alternated within each round, 8 passes a size a round. The pass's time does not count the buffer's read. A long
-context's extra cache is its extra positions times the type's bytes a position (`specdec profile --prompt-tokens N`
-prints them): q8_0's 3,300 positions on the bundled model are 40 MB.
+and times single passes, each after one of:
+- nothing (back to back: the baseline);
+- reading a buffer of N MB (N from --mb), on the pass's threads;
+- as long a time spent on matrix products of two L2-sized matrices, on the same threads, reading nothing new.
+Arms alternate within each round, 8 passes an arm a round; a pass's time does not count what came before it.
+
+The third arm is the control that matters: on a machine whose last-level cache is shared with other tenants (a
+cloud VM), what the cache holds of the weights also decays with wall time, so a pass after any pause is slower, and
+only the difference between reading and computing for as long is what the bytes cost. A long context's extra cache
+is its extra positions times the type's bytes a position (`specdec profile --prompt-tokens N` prints them): q8_0's
+3,300 positions on the bundled model are 40 MB.
 """
 
 from __future__ import annotations
@@ -25,18 +33,26 @@ from specdec.errors import SpecdecError
 from specdec.models.loader import load_model
 
 
+def busy(seconds: float, a: torch.Tensor, b: torch.Tensor) -> None:
+    """Matrix products of two L2-sized matrices until `seconds` have passed: the pass's threads kept busy, reading
+    nothing a pass uses."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        torch.mm(a, b)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kv-cache", default="q8_0")
     ap.add_argument("--context", type=int, default=300)
-    ap.add_argument("--mb", default="20,40,80", help="MB to read between passes, comma-separated (0 is always run)")
+    ap.add_argument("--mb", default="20,40,80", help="MB to read between passes, comma-separated")
     ap.add_argument("--rounds", type=int, default=30)
     args = ap.parse_args()
     if args.context < 1 or args.rounds < 1:
         print("evict_probe: --context and --rounds must be at least 1", file=sys.stderr)
         return 2
     try:
-        sizes = [0] + parse_ints(args.mb, "--mb")
+        sizes = parse_ints(args.mb, "--mb")
         model = load_model("default", "gguf-q8").model
         model.use_kv_cache(args.kv_cache)
         if args.context + 1 > model.cfg.max_position_embeddings:
@@ -55,21 +71,35 @@ def main() -> int:
     except (RuntimeError, MemoryError) as e:  # a size past this machine's memory
         print(f"evict_probe: cannot allocate the buffers: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    times: dict[int, list[float]] = {mb: [] for mb in sizes}
+    a, b = torch.randn(192, 192, generator=g), torch.randn(192, 192, generator=g)  # [192, 192] fp32: 144 KB each
+    read_s = {}
+    for mb in sizes:  # how long each read takes, so the control computes for as long
+        times = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            buffers[mb].sum()
+            times.append(time.perf_counter() - t0)
+        read_s[mb] = statistics.median(times)
+    arms = [("none", 0)] + [("read", mb) for mb in sizes] + [("busy", mb) for mb in sizes]
+    times = {arm: [] for arm in arms}
     for r in range(args.rounds):
-        for mb in sizes if r % 2 == 0 else sizes[::-1]:
+        for arm in arms if r % 2 == 0 else arms[::-1]:
+            kind, mb = arm
             for _ in range(8):
-                if mb:
+                if kind == "read":
                     buffers[mb].sum()
+                elif kind == "busy":
+                    busy(read_s[mb], a, b)
                 t0 = time.perf_counter()
                 model.forward(token, at, cache)
-                times[mb].append(time.perf_counter() - t0)
-    base = statistics.median(times[0])
+                times[arm].append(time.perf_counter() - t0)
+    base = statistics.median(times[("none", 0)])
     print(f"{args.kv_cache} cache, {args.context} positions, gguf-q8, {torch.get_num_threads()} threads; medians of "
-          f"{8 * args.rounds} passes a size, sizes alternated")
+          f"{8 * args.rounds} passes an arm, arms alternated; back to back: {base * 1e3:.2f} ms a pass")
     for mb in sizes:
-        med = statistics.median(times[mb])
-        print(f"  {mb:>4} MB read between passes: {med * 1e3:.2f} ms a pass, {med / base:.3f}x none")
+        rd, bz = statistics.median(times[("read", mb)]), statistics.median(times[("busy", mb)])
+        print(f"  {mb:>4} MB read between passes ({read_s[mb] * 1e3:.2f} ms): {rd / base:.3f}x back to back; "
+              f"computing as long instead: {bz / base:.3f}x; the bytes cost {(rd - bz) * 1e3:+.2f} ms a pass")
     return 0
 
 
