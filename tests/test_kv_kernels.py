@@ -70,14 +70,15 @@ def test_the_avx2_tiles_give_the_avx512_bits(model, kernels, ids, kind):
     assert torch.equal(wide, narrow)
 
 
-def test_the_amx_tiles_give_the_vnni_attentions_bits(model, kernels, ids):
-    """A q8_0 prefill's units of 16 rows take AMX's tiles for the key blocks every row sees (attention_amx.inc): the
-    same integers and float steps as the VNNI tiles, so the same logits, and the prefill still equals one-token
-    passes (above). The second piece starts at position 100, so some units straddle a key block's start, where only
-    some of their rows see the block (those blocks stay on the VNNI tiles)."""
+@pytest.mark.parametrize("kind", QUANTIZED)
+def test_the_amx_tiles_give_the_vnni_attentions_bits(model, kernels, ids, kind):
+    """A prefill's units of 16 rows take AMX's tiles for the key blocks every row sees (attention_amx.inc; q4_0's
+    nibbles unpacked first): the same integers and float steps as the VNNI tiles, so the same logits, and the prefill
+    still equals one-token passes (above). The second piece starts at position 100, so some units straddle a key
+    block's start, where only some of their rows see the block (those blocks stay on the VNNI tiles)."""
     if not kernels.cpu_has_amx():
         pytest.skip("this CPU has no AMX-INT8 (or the kernel does not grant it)")
-    model.use_kv_cache("q8_0")
+    model.use_kv_cache(kind)
     got = {}
     before = kernels.set_isa("vnni")
     try:

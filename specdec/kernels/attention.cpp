@@ -466,14 +466,16 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
         }
         return nq;
       };
-      // A unit of 16 rows on a q8_0 cache takes AMX's tiles for the blocks every row sees (attention_amx.inc).
-      const bool tiles = kind == Kv::Q8 && amx_tiles && wide && vnni_attention && w.r1 - w.r0 == 16 && d == 64;
+      // A unit of 16 rows on a quantized cache takes AMX's tiles for the blocks every row sees (attention_amx.inc).
+      const bool tiles = kind != Kv::F16 && amx_tiles && wide && vnni_attention && w.r1 - w.r0 == 16 && d == 64;
       tiled |= tiles;
       if (tiles) tiles_for_scores();
       for (int64_t key0 = first; key0 < hi; key0 += KB) {  // scores, block by block
         const int64_t nq = gather(key0, KB);
-        if (tiles && nq == 16 * group)
-          scores_amx_q8(qq, w.r0, hq, w.g, group, qbase + (key0 / KB) * bb, scale, sp.data());
+        if (tiles && nq == 16 * group && kind == Kv::Q8)
+          scores_amx<false>(qq, w.r0, hq, w.g, group, qbase + (key0 / KB) * bb, scale, sp.data());
+        else if (tiles && nq == 16 * group)
+          scores_amx<true>(qq, w.r0, hq, w.g, group, qbase + (key0 / KB) * bb, scale, sp.data());
         else if (kind == Kv::F16) scores_tiles(qp.data(), nq, kbase + (key0 / KB) * d * KB, d, scale, sp.data());
         else if (kind == Kv::Q8) scores_tiles_q<false>(qq, qi.data(), nq, qbase + (key0 / KB) * bb, scale, sp.data());
         else scores_tiles_q<true>(qq, qi.data(), nq, qbase + (key0 / KB) * bb, scale, sp.data());
@@ -497,7 +499,9 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
         else if (kind == Kv::Q8)
           values_tiles_q<false>(sp.data(), nv.data(), nq, vqbase + (key0 / KB) * bb, d, ap.data(),
                                 tiles && nq == 16 * group);
-        else values_tiles_q<true>(sp.data(), nv.data(), nq, vqbase + (key0 / KB) * bb, d, ap.data());
+        else
+          values_tiles_q<true>(sp.data(), nv.data(), nq, vqbase + (key0 / KB) * bb, d, ap.data(),
+                               tiles && nq == 16 * group);
       }
       for (int64_t r = w.r0; r < w.r1; ++r) {
         if (!sees(r, a, split)) continue;
