@@ -472,10 +472,10 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
       if (tiles) tiles_for_scores();
       for (int64_t key0 = first; key0 < hi; key0 += KB) {  // scores, block by block
         const int64_t nq = gather(key0, KB);
-        if (tiles && nq == 16 * group && kind == Kv::Q8)
+        const bool whole = tiles && nq == 16 * group;  // every row of the unit sees the block
+        if (whole && kind == Kv::Q8)
           scores_amx<false>(qq, w.r0, hq, w.g, group, qbase + (key0 / KB) * bb, scale, sp.data());
-        else if (tiles && nq == 16 * group)
-          scores_amx<true>(qq, w.r0, hq, w.g, group, qbase + (key0 / KB) * bb, scale, sp.data());
+        else if (whole) scores_amx<true>(qq, w.r0, hq, w.g, group, qbase + (key0 / KB) * bb, scale, sp.data());
         else if (kind == Kv::F16) scores_tiles(qp.data(), nq, kbase + (key0 / KB) * d * KB, d, scale, sp.data());
         else if (kind == Kv::Q8) scores_tiles_q<false>(qq, qi.data(), nq, qbase + (key0 / KB) * bb, scale, sp.data());
         else scores_tiles_q<true>(qq, qi.data(), nq, qbase + (key0 / KB) * bb, scale, sp.data());
@@ -495,13 +495,11 @@ void attention(const float* qkv, int64_t qstride, const int64_t* slot, const int
       for (int64_t key0 = first; key0 < hi; key0 += KB) {  // values, block by block
         const int64_t nk = std::min(KB, hi - key0);
         const int64_t nq = gather(key0, nk);
+        const bool whole = tiles && nq == 16 * group;
         if (kind == Kv::F16) values_tiles(sp.data(), nv.data(), nq, vbase + key0 * d, d, ap.data());
         else if (kind == Kv::Q8)
-          values_tiles_q<false>(sp.data(), nv.data(), nq, vqbase + (key0 / KB) * bb, d, ap.data(),
-                                tiles && nq == 16 * group);
-        else
-          values_tiles_q<true>(sp.data(), nv.data(), nq, vqbase + (key0 / KB) * bb, d, ap.data(),
-                               tiles && nq == 16 * group);
+          values_tiles_q<false>(sp.data(), nv.data(), nq, vqbase + (key0 / KB) * bb, d, ap.data(), whole);
+        else values_tiles_q<true>(sp.data(), nv.data(), nq, vqbase + (key0 / KB) * bb, d, ap.data(), whole);
       }
       for (int64_t r = w.r0; r < w.r1; ++r) {
         if (!sees(r, a, split)) continue;
