@@ -2,14 +2,15 @@
 
     .venv/bin/python scripts/kernel_ab.py [--rev HEAD~1] [--model default|FILE.gguf] [--precision gguf-q16]
                                           [--rows 1,2,4,6,8] [--context 512] [--reps 60]
-                                          [--kv-cache f16|q8_0|q4_0] [--changed]
+                                          [--kv-cache f16|q8_0|q4_0] [--prefill N] [--changed]
 
 Builds `specdec/kernels/` as it is at --rev (a module of its own, cached under the specdec cache like the
 working tree's build), loads the bundled model (or --model) once on each build, checks that every pass's logits
 are bit for bit the same on both, then alternates passes (the order flipped every repetition, so drift falls on
 both alike) and prints per number of rows the median time of each and their ratio, and each build's cost of a pass
 in one-row passes. Python stays the working tree's: a revision whose kernel refuses a layout the working tree asks
-for (8-bit weights in pairs, before they had them) gets its matrices in the layout it had then.
+for (8-bit weights in pairs, before they had them) gets its matrices in the layout it had then. --prefill N also
+alternates prefills of N random tokens in one pass (time to first token), their last logits compared the same way.
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--kv-cache", default="f16", help="the KV cache type both builds run (f16, q8_0, q4_0)")
+    ap.add_argument("--prefill", type=int, default=0,
+                    help="also time prefills of this many random tokens in one pass, alternated (0: none)")
     ap.add_argument("--changed", action="store_true",
                     help="the working tree changes the arithmetic on purpose: say how far the logits moved, and time "
                          "the builds anyway")
@@ -119,8 +122,9 @@ def row_counts(text: str) -> list[int]:
 
 def compare(args) -> int:
     rows = args.rows
-    if args.reps < 1 or args.context < 1:
-        raise SpecdecError(f"--reps and --context must be at least 1, not {args.reps} and {args.context}")
+    if args.reps < 1 or args.context < 1 or args.prefill < 0:
+        raise SpecdecError(f"--reps and --context must be at least 1 and --prefill at least 0, not {args.reps}, "
+                           f"{args.context} and {args.prefill}")
     here = kernels_pkg.decode_kernels()
     if here is None:
         print("kernel_ab: the native kernels cannot be built here", file=sys.stderr)
@@ -136,8 +140,9 @@ def compare(args) -> int:
         return 2
     models = {"rev": load_on(then, args.precision, args.model), "tree": load_on(here, args.precision, args.model)}
     vocab, limit = models["tree"].cfg.vocab_size, models["tree"].cfg.max_position_embeddings
-    if args.context + max(rows) > limit:
-        raise SpecdecError(f"context {args.context} + {max(rows)} rows exceeds the model's {limit} positions")
+    if args.context + max(rows) > limit or args.prefill > limit:
+        raise SpecdecError(f"context {args.context} + {max(rows)} rows, or a prefill of {args.prefill}, exceeds the "
+                           f"model's {limit} positions")
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, args.context), generator=g)
     toks = {n: torch.randint(0, vocab, (1, n), generator=g) for n in rows}
@@ -175,6 +180,28 @@ def compare(args) -> int:
     for k in models:
         curve = ", ".join(f"{n}: {med[(k, n)] / med[(k, rows[0])]:.2f}" for n in rows)
         print(f"{args.rev if k == 'rev' else 'tree'} in {rows[0]}-row passes: {curve}")
+    return prefills(models, args, torch.randint(0, vocab, (1, args.prefill), generator=g)) if args.prefill else 0
+
+
+def prefills(models: dict, args, ids: torch.Tensor) -> int:
+    """Prefills of ids [1, n] into a new cache on each build, alternated (a quarter of --reps, at least 2): the
+    median time of each and their ratio, the logits of the last position compared as the passes' are."""
+    n = ids.shape[1]
+    times, last = {k: [] for k in models}, {}
+    for rep in range(max(2, args.reps // 4)):
+        for k in (("rev", "tree") if rep % 2 == 0 else ("tree", "rev")):
+            cache = models[k].new_cache(1, n + 1)
+            t0 = time.perf_counter()
+            last[k] = models[k].forward(ids, torch.zeros(1, dtype=torch.long), cache, last_only=torch.tensor([n - 1]),
+                                        prefill=True)
+            times[k].append(time.perf_counter() - t0)
+            del cache
+    if not torch.equal(last["rev"], last["tree"]) and not args.changed:
+        print("kernel_ab: the builds' prefill logits differ (--changed times them anyway)", file=sys.stderr)
+        return 1
+    rev, tree = statistics.median(times["rev"]), statistics.median(times["tree"])
+    print(f"prefill of {n} tokens ({len(times['rev'])} alternated): {args.rev} {rev:.3f} s, tree {tree:.3f} s, "
+          f"tree/rev {tree / rev:.3f}")
     return 0
 
 
