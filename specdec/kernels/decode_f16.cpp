@@ -376,9 +376,34 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   return out;
 }
 
-// The fp32 multiply-add peak of this machine, as these kernels issue them: every thread runs 12 independent
-// 8-lane FMA chains for about `seconds`. Returns multiply-adds per second, all threads together.
+// One thread's fp32 multiply-adds per second in 12 independent 16-lane FMA chains (AVX-512).
+__attribute__((target("avx512f"))) double fma_rate16(double secs) {
+  __m512 a[12];
+  for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_ps(0.001f * i);
+  const __m512 b = _mm512_set1_ps(0.9999f), c = _mm512_set1_ps(1e-4f);
+  const auto start = std::chrono::steady_clock::now();
+  int64_t done = 0;
+  double el = 0;
+  do {  // timed here: common.h's steps_per_second is compiled for the default target and could not inline the step
+    for (int s = 0; s < (1 << 20); ++s)
+#pragma GCC unroll 12
+      for (int i = 0; i < 12; ++i) a[i] = _mm512_fmadd_ps(a[i], b, c);
+    done += 1 << 20;
+    el = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  } while (el < secs);
+  __m512 sum = a[0];
+  for (int i = 1; i < 12; ++i) sum = _mm512_add_ps(sum, a[i]);
+  volatile float sink = _mm512_reduce_add_ps(sum);  // keeps the chains
+  (void)sink;
+  return done * 12.0 * 16.0 / el;
+}
+
+// The fp32 multiply-add peak of this machine's vector units: every thread runs 12 independent FMA chains at the widest
+// vector the kernels run here (16 lanes with AVX-512, 8 on AVX2 or after set_isa("avx2")) for about `seconds`. Returns multiply-adds per second, all
+// threads together. The floors count it (bench/hardware/profile.py): attention's tiles over an f16 cache issue 16
+// lanes where the CPU has them, which an Intel core or a Zen 5 runs at twice the 8-lane rate (a Zen 4 splits them).
 double fma_peak(double seconds) {
+  if (specdec::wide) return specdec::over_threads(seconds, fma_rate16);
   return specdec::over_threads(seconds, [](double secs) {
     __m256 a[12];
     for (int i = 0; i < 12; ++i) a[i] = _mm256_set1_ps(0.001f * i);
@@ -423,7 +448,7 @@ double stream_read(torch::Tensor buf, int64_t reps) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stream_read", &stream_read, "bytes per second of every thread streaming its share of a byte tensor");
-  m.def("fma_peak", &fma_peak, "fp32 multiply-adds per second over all threads (12 FMA chains a thread)");
+  m.def("fma_peak", &fma_peak, "fp32 multiply-adds per second over all threads (12 FMA chains a thread, at the widest vector the kernels run)");
   m.def("gemv_f16", &gemv_f16, "fp16-weight GEMV for a few rows");
   m.def("decode_block", &decode_block, "one decoder block for a decode/verify pass, in place");
   m.def("rms_norm", &rms_norm, "RMSNorm over rows");

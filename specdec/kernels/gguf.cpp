@@ -653,10 +653,12 @@ void eagle_block_gguf(torch::Tensor g, torch::Tensor e, torch::Tensor e_norm, to
                          });
 }
 
-// The int8 multiply-add rate of this machine as the q8 path issues them (its block_sum on the build the machine
-// runs), every thread at once for about `seconds`. Multiply-adds per second.
+// The int8 multiply-add peak of this machine's vector units: the widest dot product the kernels run here (gguf_q8.inc
+// dot_peak: 512-bit vpdpbusd on the VNNI and AMX builds, the AVX2 build's own), every thread at once for `seconds`.
+// Multiply-adds per second. AMX's tiles, where a prefill's products run on such a CPU, peak far higher: the floors
+// count the vector units (bench/hardware/profile.py says why).
 double int8_peak(double seconds) {
-  return specdec::over_threads(seconds, use_vnni ? vnni::dot_rate : avx2::dot_rate);
+  return specdec::over_threads(seconds, use_vnni ? vnni::dot_peak : avx2::dot_peak);
 }
 
 // Which build of the q8 kernel runs: "amx" (the VNNI build, with AMX's tiles for passes of several rows), "vnni"
@@ -725,7 +727,7 @@ void specdec::register_gguf(pybind11::module& m) {
         pybind11::arg("hq"), pybind11::arg("hk"), pybind11::arg("eps"), pybind11::arg("taps") = std::vector<int64_t>(),
         pybind11::arg("feats") = pybind11::none(), pybind11::arg("row0") = 0);
   m.def("eagle_block_gguf", &eagle_block_gguf, "an EAGLE-3 draft head's layer on GGUF blocks, in place");
-  m.def("int8_peak", &int8_peak, "int8 multiply-adds per second over all threads, as the q8 path issues them");
+  m.def("int8_peak", &int8_peak, "int8 multiply-adds per second over all threads, at the widest dot product the kernels run");
   m.def("kv_types", &specdec::kv_type_names, "the KV cache types attention runs on this CPU (f16, q8_0, q4_0)");
   m.def("isa", &isa, "the q8 kernel's build in use: avx2, vnni or amx");
   m.def("set_isa", &set_isa,

@@ -101,7 +101,7 @@ inline void load_group(const QView& W, int64_t g, int64_t b, __m256i r[8]) {
   void q8_rows(const Q8Rows& a, const QView& W, float* y, int64_t g0, int64_t g1);        \
   template <bool Q16>                                                                     \
   void kq_rows(const Q8Rows& a, const QView& W, float* y, int64_t g0, int64_t g1);        \
-  double dot_rate(double seconds);
+  double dot_peak(double seconds);
 namespace avx2 { SPECDEC_GGUF_BUILD }
 namespace vnni { SPECDEC_GGUF_BUILD }
 #undef SPECDEC_GGUF_BUILD

@@ -91,7 +91,7 @@ def render(r: KernelsRun) -> str:
              f"the lower median {r.bandwidth_median_GBps:.1f}; the memory floors use the best); "
              f"multiply-add rate over "
              f"{r.threads} threads: fp32 FMA {rates['fp32'] / 1e9:.0f} G/s, "
-             f"int8 blocks {rates['int8'] / 1e9:.0f} G/s ({rates.get('isa', 'avx2')}). "
+             f"int8 dot products {rates['int8'] / 1e9:.0f} G/s ({rates.get('isa', 'avx2')}). "
              f"Prompts: code edits of {r.prompt_tokens['432']} and {r.prompt_tokens['1000']} tokens (chat "
              f"template; the long one for TTFT only), {r.new_tokens} new tokens, greedy.", "",
              "| path | MB read / token | memory floor ms (+ KV) | compute floor ms | plain tok/s | "

@@ -2,7 +2,8 @@
 shares one machine state (`--quick`: contexts 512 and 3072, fewer repetitions).
 
 1. This machine: read bandwidth (a sum over 1 GiB), the fp32 multiply-add peak of the native kernels' FMA and the rate
-   the matrix products are issued at (int8 blocks on the gguf-q16 default, as `profile` measures it).
+   of the int8 dot products the matrix products issue on the gguf-q16 default, each at the widest vector the kernels
+   run here, as `profile` measures them.
 2. Per context (512, 2k, 3k, 4k, 8k): the one-row decode pass against its memory floor (weight bytes plus the KV
    bytes of the context, at the measured bandwidth), and the verify cost curve T(n)/T(1) for 1 to 9 rows.
 3. Time to first token of `Engine.generate` at 3k and 8k prompt tokens against the compute floor (the pass's
@@ -152,7 +153,7 @@ def run_long_context(args) -> int:
     log("bandwidth and multiply-add peak")
     bw = measure_bandwidth(1 << 30, 7)["read_GBps"] * 1e9
     peak = model.kernels.fma_peak(0.5) if model.kernels is not None else float("nan")
-    products = compute_floor(model, 0.0)  # the rate the matrix products are issued at (int8 blocks on gguf-q16)
+    products = compute_floor(model, 0.0)  # the peak rate of the products' arithmetic (int8 on gguf-q16)
     att_rate = attention_rate(model)[0] if model.kernels is not None else None
     rates = Rates(bw, products["macs_per_s"] if products else peak, peak, att_rate)
     weights, kv = model.weight_bytes_per_token, model.kv_bytes_per_token()

@@ -332,9 +332,14 @@ def prompt_entry(model, tokens: int, reps: int = 2, seconds: float = 0.5) -> dic
 
 
 def compute_floor(model, step_s: float, seconds: float = 0.5) -> dict | None:
-    """Multiply-adds per token over the rate this machine issues them at, as the model's kernels do: fp32 FMA
-    chains (fp16, gguf), or the int8 block dot products of gguf-q8 (vpdpbusd on a CPU with AVX512-VNNI, else
-    vpmaddubsw; gguf-q16 issues two a multiply-add, one per plane). None without the native kernels."""
+    """Multiply-adds per token over the peak rate of this machine's vector units for the model's arithmetic: fp32
+    FMAs (fp16, gguf), or int8 dot products (gguf-q8; gguf-q16 issues two a multiply-add, one per plane), each at the
+    widest vector the kernels run here (kernels' fma_peak, int8_peak: 512 bits with AVX-512, where an Intel core or a
+    Zen 5 runs twice the 256-bit rate). The kernels' own instruction mix reaches it at best, so a pass can never beat
+    its floor. AMX's tiles, where a prefill's products and attention run on such a CPU, peak far higher than the
+    vector units (about 3 T int8 multiply-adds a second a core on an AMX Xeon) but need their operands
+    loaded and their sums scaled: the floors count the vector units, which the tiled products do not outrun
+    (docs/results/kv-cache-long-context.md). None without the native kernels."""
     traits = TargetTraits.of(model)
     kernels, macs, act_bits = traits.kernels, traits.macs_per_token, traits.act_bits
     if kernels is None or macs is None:
@@ -342,7 +347,7 @@ def compute_floor(model, step_s: float, seconds: float = 0.5) -> dict | None:
     if act_bits:
         planes = act_bits // 8  # q16 holds its activations in two int8 planes
         rate = kernels.int8_peak(seconds) / planes
-        arithmetic = f"int8 blocks, {kernels.isa()} ({planes} activation plane(s))"
+        arithmetic = f"int8 dot products, {kernels.isa()} build ({planes} activation plane(s))"
     else:
         rate, arithmetic = kernels.fma_peak(seconds), "fp32 FMA"
     floor = macs / rate
