@@ -231,23 +231,25 @@ def test_the_floors_peaks_run_the_widest_vector_the_kernels_do(kernels):
     attention's tiles do, and an Intel core runs them at twice the 256-bit rate), so no kernel beats a floor built
     on them. Against the AVX2 build's (set_isa), the wide ones may be as fast (a Zen 4 splits 512-bit operations) or
     up to about 2x (int8 up to about 4x: AVX2 spends three instructions on 256 bits where VNNI spends one on 512;
-    3.6x on an AMX Xeon), never slower, and never as fast as chains GCC merged would read (12 chains counted, one
-    run: 12x). Best of 3 short runs each, on a shared machine."""
+    3.6x on an AMX Xeon), not much slower, and never as fast as chains GCC merged would read (12 chains counted,
+    one run: 12x). One thread (a neighbour on the other core slows both arms alike), builds alternated 3 times, the
+    best of each."""
     if not kernels.cpu_has_vnni():
         pytest.skip("the wide build needs AVX512-VNNI")
-
-    def best(f):
-        return max(f(0.03) for _ in range(3))
-
-    before = kernels.set_isa("vnni")
+    before, threads = kernels.set_isa("vnni"), torch.get_num_threads()
+    torch.set_num_threads(1)
+    rates = {"vnni": [], "avx2": []}
     try:
-        wide_fma, wide_int8 = best(kernels.fma_peak), best(kernels.int8_peak)
-        kernels.set_isa("avx2")
-        fma, int8 = best(kernels.fma_peak), best(kernels.int8_peak)
+        for _ in range(3):
+            for isa in rates:
+                kernels.set_isa(isa)
+                rates[isa].append((kernels.fma_peak(0.02), kernels.int8_peak(0.02)))
     finally:
         kernels.set_isa(before)
-    assert 0.7 < wide_fma / fma < 3.0, (wide_fma, fma)
-    assert 0.7 < wide_int8 / int8 < 6.0, (wide_int8, int8)
+        torch.set_num_threads(threads)
+    (wide_fma, wide_int8), (fma, int8) = ([max(r[i] for r in rates[isa]) for i in (0, 1)] for isa in rates)
+    assert 0.6 < wide_fma / fma < 3.0, (wide_fma, fma)
+    assert 0.6 < wide_int8 / int8 < 6.0, (wide_int8, int8)
 
 
 # ---- the model on a tiny all-quantized GGUF ------------------------------------------------------------------------

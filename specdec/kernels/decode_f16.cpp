@@ -399,9 +399,10 @@ __attribute__((target("avx512f"))) double fma_rate16(double secs) {
 }
 
 // The fp32 multiply-add peak of this machine's vector units: every thread runs 12 independent FMA chains at the widest
-// vector the kernels run here (16 lanes with AVX-512, 8 on AVX2 or after set_isa("avx2")) for about `seconds`. Returns multiply-adds per second, all
-// threads together. The floors count it (bench/hardware/profile.py): attention's tiles over an f16 cache issue 16
-// lanes where the CPU has them, which an Intel core or a Zen 5 runs at twice the 8-lane rate (a Zen 4 splits them).
+// vector the kernels run here (16 lanes with AVX-512, 8 on AVX2 or after set_isa("avx2")) for about `seconds`.
+// Returns multiply-adds per second, all threads together. The floors count it (bench/hardware/profile.py): attention's
+// tiles over an f16 cache issue 16 lanes where the CPU has them, which an Intel core or a Zen 5 runs at twice the
+// 8-lane rate (a Zen 4 splits them in two).
 double fma_peak(double seconds) {
   if (specdec::wide) return specdec::over_threads(seconds, fma_rate16);
   return specdec::over_threads(seconds, [](double secs) {
@@ -448,7 +449,8 @@ double stream_read(torch::Tensor buf, int64_t reps) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("stream_read", &stream_read, "bytes per second of every thread streaming its share of a byte tensor");
-  m.def("fma_peak", &fma_peak, "fp32 multiply-adds per second over all threads (12 FMA chains a thread, at the widest vector the kernels run)");
+  m.def("fma_peak", &fma_peak,
+        "fp32 multiply-adds per second over all threads (12 FMA chains a thread, at the widest vector the kernels run)");
   m.def("gemv_f16", &gemv_f16, "fp16-weight GEMV for a few rows");
   m.def("decode_block", &decode_block, "one decoder block for a decode/verify pass, in place");
   m.def("rms_norm", &rms_norm, "RMSNorm over rows");

@@ -727,7 +727,8 @@ void specdec::register_gguf(pybind11::module& m) {
         pybind11::arg("hq"), pybind11::arg("hk"), pybind11::arg("eps"), pybind11::arg("taps") = std::vector<int64_t>(),
         pybind11::arg("feats") = pybind11::none(), pybind11::arg("row0") = 0);
   m.def("eagle_block_gguf", &eagle_block_gguf, "an EAGLE-3 draft head's layer on GGUF blocks, in place");
-  m.def("int8_peak", &int8_peak, "int8 multiply-adds per second over all threads, at the widest dot product the kernels run");
+  m.def("int8_peak", &int8_peak,
+        "int8 multiply-adds per second over all threads, at the widest dot product the kernels run");
   m.def("kv_types", &specdec::kv_type_names, "the KV cache types attention runs on this CPU (f16, q8_0, q4_0)");
   m.def("isa", &isa, "the q8 kernel's build in use: avx2, vnni or amx");
   m.def("set_isa", &set_isa,
