@@ -335,9 +335,9 @@ def compute_floor(model, step_s: float, seconds: float = 0.5) -> dict | None:
     """Multiply-adds per token over the peak rate of this machine's vector units for the model's arithmetic: fp32
     FMAs (fp16, gguf), or int8 dot products (gguf-q8; gguf-q16 issues two a multiply-add, one per plane), each at the
     widest vector the kernels run here (kernels' fma_peak, int8_peak: 512 bits with AVX-512, where an Intel core or a
-    Zen 5 runs twice the 256-bit rate). The kernels' own instruction mix reaches it at best, so a pass can never beat
-    its floor. AMX's tiles, where a prefill's products and attention run on such a CPU, peak far higher than the
-    vector units (about 3 T int8 multiply-adds a second a core on an AMX Xeon) but need their operands
+    Zen 5 runs twice the 256-bit rate). The kernels' own instruction mix reaches it at best, so no vector kernel's
+    pass beats its floor. AMX's tiles, where a prefill's products and attention run on such a CPU, peak far higher
+    than the vector units (about 3 T int8 multiply-adds a second a core on an AMX Xeon) but need their operands
     loaded and their sums scaled: the floors count the vector units, which the tiled products do not outrun
     (docs/results/kv-cache-long-context.md). None without the native kernels."""
     traits = TargetTraits.of(model)
