@@ -173,6 +173,22 @@ def test_a_profile_reads_typed_and_saves_what_it_read(tmp_path):
         Profile.from_json({**data, "contexts": [data["contexts"][0], {"context": 5, "verify_cost": {"0": 1}}]})
 
 
+def test_kept_at_read_rate_adds_the_extra_cache_at_the_read_rate():
+    from specdec.theory.floor import kept_at_read_rate, kept_ceiling
+
+    # a 2.5 ms short pass, 39 MB more cache at 26 GB/s (1.5 ms): 2.5 / 4.0
+    assert kept_at_read_rate(2.5e-3, 39e6, 26e9) == pytest.approx(0.625)
+    assert kept_at_read_rate(2.5e-3, 0, 26e9) == 1.0  # no extra cache: nothing lost
+    # a short pass at its bytes' time (100 MB at 25 GB/s) keeps what the bytes' ratio says
+    assert kept_at_read_rate(100e6 / 25e9, 40e6, 25e9) == pytest.approx(kept_ceiling(100e6, 10e3, 0, 4000))
+    # one that beats it (its weights from a cache) keeps less, one slower than it more
+    assert kept_at_read_rate(2e-3, 40e6, 25e9) < kept_ceiling(100e6, 10e3, 0, 4000) < kept_at_read_rate(6e-3, 40e6,
+                                                                                                        25e9)
+    for bad in ((0, 1e6, 25e9), (1e-3, -1, 25e9), (1e-3, 1e6, 0)):
+        with pytest.raises(ValueError):
+            kept_at_read_rate(*bad)
+
+
 def test_kept_ceiling_is_the_ratio_of_bytes_read():
     from specdec.theory.floor import kept_ceiling
 

@@ -18,7 +18,9 @@ attention over the positions before it at the cache type's rate, the LM head onc
 
 The most of its short-context speed decoding keeps at a long context when both passes take just the time to read
 their bytes (`kept_ceiling`): the ratio of those bytes. A short pass slower than its reading leaves a long one more
-room; a decoder at its floor keeps no more.
+room; a decoder at its floor keeps no more. When the short pass is as measured and the long one adds only the time
+to read its extra cache at the measured read rate (`kept_at_read_rate`), it keeps less than the bytes' ratio where
+the short pass beats its bytes' time: where a cache larger than the model holds the weights between passes.
 
 Whichever of reading and multiplying takes longer binds; a kernel that overlaps the other with it entirely meets
 the floor. All rates are measured on the machine the floor is printed for (bench/hardware/profile.py), so a
@@ -113,3 +115,14 @@ def kept_ceiling(weight_bytes: float, kv_bytes_per_position: float, short_positi
         raise ValueError("weights read, bytes a position, and 0 <= short <= long positions")
     return (weight_bytes + kv_bytes_per_position * short_positions) / (weight_bytes + kv_bytes_per_position
                                                                          * long_positions)
+
+
+def kept_at_read_rate(short_s: float, extra_bytes: float, bytes_per_s: float) -> float:
+    """The most of its short-context decoding speed a pass keeps if it costs the short pass's measured time (short_s
+    a token) plus the time to read the extra cached keys and values of the long context (extra_bytes) at the
+    machine's read rate. Where the short pass reads its weights faster than that rate (from a last-level cache
+    that holds the model between passes), this is below `kept_ceiling`, and it is the ceiling for attention alone:
+    what a kernel reaching it leaves is the weights' time, which the cache's bytes did not add to."""
+    if short_s <= 0 or extra_bytes < 0 or bytes_per_s <= 0:
+        raise ValueError("a short pass's time, extra bytes >= 0 and a read rate > 0")
+    return short_s / (short_s + extra_bytes / bytes_per_s)
