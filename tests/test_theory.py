@@ -182,8 +182,8 @@ def test_kept_at_read_rate_adds_the_extra_cache_at_the_read_rate():
     # a short pass at its bytes' time (100 MB at 25 GB/s) keeps what the bytes' ratio says
     assert kept_at_read_rate(100e6 / 25e9, 40e6, 25e9) == pytest.approx(kept_ceiling(100e6, 10e3, 0, 4000))
     # one that beats it (its weights from a cache) keeps less, one slower than it more
-    assert kept_at_read_rate(2e-3, 40e6, 25e9) < kept_ceiling(100e6, 10e3, 0, 4000) < kept_at_read_rate(6e-3, 40e6,
-                                                                                                        25e9)
+    at_floor = kept_ceiling(100e6, 10e3, 0, 4000)
+    assert kept_at_read_rate(2e-3, 40e6, 25e9) < at_floor < kept_at_read_rate(6e-3, 40e6, 25e9)
     for bad in ((0, 1e6, 25e9), (1e-3, -1, 25e9), (1e-3, 1e6, 0)):
         with pytest.raises(ValueError):
             kept_at_read_rate(*bad)

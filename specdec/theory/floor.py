@@ -121,8 +121,9 @@ def kept_at_read_rate(short_s: float, extra_bytes: float, bytes_per_s: float) ->
     """The most of its short-context decoding speed a pass keeps if it costs the short pass's measured time (short_s
     a token) plus the time to read the extra cached keys and values of the long context (extra_bytes) at the
     machine's read rate. Where the short pass reads its weights faster than that rate (from a last-level cache
-    that holds the model between passes), this is below `kept_ceiling`, and it is the ceiling for attention alone:
-    what a kernel reaching it leaves is the weights' time, which the cache's bytes did not add to."""
+    that holds the model between passes), this is below `kept_ceiling`. It takes the rest of the pass to cost the
+    same at both lengths: a cache that displaces the weights from that last-level cache slows the rest too
+    (docs/results/kv-cache-long-context.md, "Attention from memory")."""
     if short_s <= 0 or extra_bytes < 0 or bytes_per_s <= 0:
         raise ValueError("a short pass's time, extra bytes >= 0 and a read rate > 0")
     return short_s / (short_s + extra_bytes / bytes_per_s)
